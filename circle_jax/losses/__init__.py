@@ -1,0 +1,63 @@
+"""Pair-similarity and proxy losses for deep metric learning.
+
+Every loss is a pure function of embeddings (or of a similarity/distance
+matrix) and integer labels: jit- and vmap-able, float32 compute, a float32
+scalar out. Pair-based losses take ``axis_name`` to see the global batch
+across devices. See ``_common`` for the shared conventions.
+"""
+
+from circle_jax.losses.circle import (
+    circle_loss,
+    circle_loss_from_similarity,
+    circle_loss_class_level,
+    unified_loss,
+    unified_loss_from_similarity,
+    unified_loss_class_level,
+)
+from circle_jax.losses.multi_similarity import (
+    multi_similarity_loss,
+    multi_similarity_loss_from_similarity,
+)
+from circle_jax.losses.gpw import (
+    pair_weights,
+)
+from circle_jax.losses.ranked_list import (
+    ranked_list_loss,
+    ranked_list_loss_from_distance,
+)
+from circle_jax.losses.proxy_anchor import (
+    proxy_anchor_loss,
+    ranked_proxy_anchor_loss,
+)
+from circle_jax.losses.validation import (
+    validate_labels,
+)
+from circle_jax.losses.pair_baselines import (
+    contrastive_loss,
+    triplet_margin_loss,
+    lifted_structure_loss,
+    n_pair_loss,
+    margin_loss,
+)
+from circle_jax.losses.proxy_baselines import (
+    proxy_nca_loss,
+    soft_triple_loss,
+)
+from circle_jax.losses.classification import (
+    normface_loss,
+    cosface_loss,
+    arcface_loss,
+    softmax_loss,
+)
+from circle_jax.losses.miners import (
+    multi_similarity_miner,
+    batch_hard_miner,
+    semi_hard_miner,
+    pair_margin_miner,
+    distance_weighted_miner,
+)
+from circle_jax.losses.registry import (
+    LOSSES,
+    LossEntry,
+    get_loss,
+)

@@ -1,0 +1,5 @@
+"""Placeholder: being written."""
+
+def pair_weights(*args, **kwargs):
+  raise NotImplementedError('pair_weights')
+

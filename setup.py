@@ -1,0 +1,33 @@
+"""circle_jax: deep metric learning losses and training in JAX/Flax."""
+
+import pathlib
+
+import setuptools
+
+_HERE = pathlib.Path(__file__).parent
+
+
+def _requirements():
+  lines = (_HERE / "requirements.txt").read_text().splitlines()
+  reqs = [l.split("#")[0].strip() for l in lines]
+  test_only = ("pytest",)
+  return [r for r in reqs if r and not r.startswith(test_only)]
+
+
+setuptools.setup(
+    name="circle_jax",
+    version="0.1.0",
+    description=(
+        "Pair-similarity losses (Circle, Multi-Similarity, Ranked List, "
+        "Proxy-Anchor, ...) and a Flax training stack for deep metric learning."
+    ),
+    long_description=(_HERE / "README.md").read_text(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=setuptools.find_packages(include=["circle_jax", "circle_jax.*"]),
+    install_requires=_requirements(),
+    extras_require={
+        # Side-by-side benchmarks against the peer libraries.
+        "bench": ["torch", "pytorch-metric-learning==2.9.0", "faiss-cpu==1.15.1"],
+    },
+)

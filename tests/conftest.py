@@ -1,0 +1,24 @@
+"""Test setup: 8 simulated CPU devices, set before JAX is imported."""
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import pathlib  # noqa: E402
+
+import pytest  # noqa: E402
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+OMNIGLOT_DIR = REPO_ROOT.parent / "shared" / "data" / "omniglot"
+
+
+@pytest.fixture(scope="session")
+def omniglot_dir():
+  """The shared official Omniglot 'background small' archives (skip if absent)."""
+  if not (OMNIGLOT_DIR / "images_background_small1.zip").exists():
+    pytest.skip(f"Omniglot archives not found at {OMNIGLOT_DIR}")
+  return OMNIGLOT_DIR

@@ -1,0 +1,112 @@
+"""Tests of the shared loss utilities (masks, safe reductions, global batch)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec as P
+from scipy.special import logsumexp as sp_logsumexp
+
+from circle_jax.losses import _common
+
+
+def test_masked_logsumexp_matches_scipy_and_ignores_masked_values():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(5, 7)) * 30
+  mask = rng.random((5, 7)) < 0.5
+  mask[0] = False
+  x_poisoned = np.where(mask, x, 1e30)  # masked entries must not matter
+  got = np.asarray(_common.masked_logsumexp(jnp.asarray(x_poisoned, jnp.float32),
+                                            jnp.asarray(mask)))
+  for i in range(5):
+    want = sp_logsumexp(x[i][mask[i]]) if mask[i].any() else -np.inf
+    np.testing.assert_allclose(got[i], want, rtol=1e-5)
+
+
+def test_empty_sets_give_zero_loss_and_zero_gradient():
+  x = jnp.array([[1e4, -3.0, 2.0]], jnp.float32)
+  mask = jnp.zeros((1, 3), bool)
+  f = lambda x: jnp.sum(_common.log1p_sum_exp(x, mask))
+  v, g = jax.value_and_grad(f)(x)
+  assert float(v) == 0.0
+  np.testing.assert_array_equal(np.asarray(g), 0.0)
+  h = lambda x: jnp.sum(_common.masked_mean(x, mask))
+  v, g = jax.value_and_grad(h)(x)
+  assert float(v) == 0.0 and np.all(np.asarray(g) == 0.0)
+
+
+def test_l2_normalize_zero_vector_is_finite():
+  x = jnp.zeros((2, 4), jnp.bfloat16)
+  y, vjp = jax.vjp(_common.l2_normalize, x)
+  assert y.dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(y), 0.0)
+  (g,) = vjp(jnp.ones_like(y))
+  assert np.all(np.isfinite(np.asarray(g, np.float32)))
+
+
+def test_euclidean_from_cosine_identical_vectors_zero_distance_finite_grad():
+  g = jax.grad(lambda s: jnp.sum(_common.euclidean_from_cosine(s)))(jnp.ones((2, 2)))
+  assert np.all(np.isfinite(np.asarray(g)))
+  np.testing.assert_array_equal(
+      np.asarray(_common.euclidean_from_cosine(jnp.ones((2, 2)))), 0.0)
+
+
+def test_pair_masks_exclude_self_and_respect_offset_and_miner_masks():
+  labels = jnp.array([0, 0, 1, 1])
+  pos, neg = _common.pair_masks(labels[2:], labels, row_offset=2)
+  np.testing.assert_array_equal(np.asarray(pos), [[0, 0, 0, 1], [0, 0, 1, 0]])
+  np.testing.assert_array_equal(np.asarray(neg), [[1, 1, 0, 0], [1, 1, 0, 0]])
+  keep = jnp.array([[True, False, True, True], [True, True, True, True]])
+  _, neg = _common.pair_masks(labels[2:], labels, row_offset=2, neg_mask=keep)
+  np.testing.assert_array_equal(np.asarray(neg), [[1, 0, 0, 0], [1, 1, 0, 0]])
+  with pytest.raises(ValueError, match="pos_mask"):
+    _common.pair_masks(labels, labels, pos_mask=jnp.ones((3, 4), bool))
+
+
+def test_input_checks_name_the_argument():
+  with pytest.raises(ValueError, match="embeddings"):
+    _common.check_embeddings(jnp.ones((3,)))
+  with pytest.raises(TypeError, match="embeddings"):
+    _common.check_embeddings(jnp.ones((3, 2), jnp.int32))
+  with pytest.raises(TypeError, match="labels"):
+    _common.check_labels(jnp.ones((3,)), 3)
+  with pytest.raises(ValueError, match="length 2"):
+    _common.check_labels(jnp.ones((2,), jnp.int32), 3)
+  with pytest.raises(ValueError, match="dimension 5"):
+    _common.check_class_vectors(jnp.ones((4, 5)), 3)
+
+
+def _toy_global_loss(x, labels):
+  s = _common.cosine_similarity(x, x)
+  pos, neg = _common.pair_masks(labels, labels)
+  per = _common.log1p_sum_exp(10 * s, neg) + _common.log1p_sum_exp(-10 * s, pos)
+  return _common.mean_over_valid(per, pos.any(1))
+
+
+def _toy_local_loss(x, labels, axis_name):
+  xg, lg, off = _common.gathered_batch(x, labels, axis_name)
+  s = _common.cosine_similarity(x, xg)
+  pos, neg = _common.pair_masks(labels, lg, row_offset=off)
+  per = _common.log1p_sum_exp(10 * s, neg) + _common.log1p_sum_exp(-10 * s, pos)
+  return _common.mean_over_valid(per, pos.any(1), axis_name)
+
+
+@pytest.mark.parametrize("mode", ["shard_map", "pmap"])
+def test_global_batch_value_and_gradient_equal_single_device(mode):
+  n = jax.device_count()
+  assert n == 8
+  x = jax.random.normal(jax.random.PRNGKey(0), (16, 5))
+  labels = jnp.array([0, 1, 2, 3] * 3 + [5, 6, 7, 0])
+  ref_v, ref_g = jax.value_and_grad(_toy_global_loss)(x, labels)
+  f = jax.value_and_grad(functools.partial(_toy_local_loss, axis_name="d"))
+  if mode == "shard_map":
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+    v, g = jax.shard_map(f, mesh=mesh, in_specs=(P("d"), P("d")),
+                         out_specs=(P(), P("d")))(x, labels)
+  else:
+    v, g = jax.pmap(f, axis_name="d")(x.reshape(n, -1, 5), labels.reshape(n, -1))
+    v, g = v[0], g.reshape(16, 5)
+  np.testing.assert_allclose(float(v), float(ref_v), rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(g), np.asarray(ref_g), atol=1e-5)
