@@ -1,0 +1,263 @@
+"""Optimisers with parameter groups, learning-rate schedules, warm-up and clipping.
+
+The parameter tree is ``{'model': {'backbone': ..., 'head': ...}, 'loss': ...}``
+(see :mod:`circle_jax.train.state`). Every leaf belongs to one of three groups:
+
+* ``backbone``: ``params['model']`` except ``'head'`` (the pretrained trunk);
+* ``head``: ``params['model']['head']`` (the embedding layer);
+* ``loss``: ``params['loss']`` (proxies, class weights).
+
+Each group gets the base learning rate times its multiplier (Proxy-Anchor
+trains the proxies at x100). The update of a group is, as in PyTorch::
+
+  u = -lr_group(t) * scale(g + wd * w)       # adam, sgd, rmsprop ("L2", coupled)
+  u = -lr_group(t) * (scale(g) + wd * w)     # adamw (decoupled)
+
+where ``scale`` is the optimiser's moment rescaling and ``t`` the global step.
+
+"Warm-up epochs" in the DML codes (Proxy-Anchor: ``--warm 1``) train only the
+head and the loss parameters: the backbone has ``requires_grad=False``, so
+PyTorch neither moves it nor updates its optimiser moments. ``freeze_backbone_steps``
+reproduces that exactly: during those steps the backbone's update is zero and
+its optimiser state (moments and bias-correction count) is left untouched; the
+learning-rate schedule runs on the global step, like PyTorch's ``LRScheduler``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+
+PyTree = Any
+GROUPS = ("backbone", "head", "loss")
+OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
+SCHEDULES = ("constant", "step", "cosine")
+
+
+def param_group(path: tuple) -> str:
+  """The group (``backbone``, ``head`` or ``loss``) of a parameter path."""
+  keys = [getattr(k, "key", getattr(k, "name", k)) for k in path]
+  if keys and keys[0] == "loss":
+    return "loss"
+  if len(keys) > 1 and keys[0] == "model" and keys[1] == "head":
+    return "head"
+  return "backbone"
+
+
+def param_labels(params: PyTree) -> PyTree:
+  """A tree like ``params`` with each leaf replaced by its group name."""
+  return jax.tree_util.tree_map_with_path(lambda p, _: param_group(p), params)
+
+
+class FreezeState(NamedTuple):
+  count: jax.Array  # int32, saturates at the number of frozen steps.
+  inner: optax.OptState
+
+
+def freeze_for_steps(
+    inner: optax.GradientTransformation, num_steps: int
+) -> optax.GradientTransformation:
+  """Zero updates and a frozen ``inner`` state for the first ``num_steps`` calls.
+
+  Equivalent to PyTorch's ``requires_grad=False`` for those steps: the
+  parameters do not move and ``inner``'s state (e.g. Adam moments and their
+  bias-correction count) starts evolving only at step ``num_steps``.
+  """
+  num_steps = int(num_steps)
+  if num_steps <= 0:
+    return inner
+
+  def init_fn(params):
+    return FreezeState(jnp.zeros([], jnp.int32), inner.init(params))
+
+  def update_fn(updates, state, params=None):
+    new_updates, new_inner = inner.update(updates, state.inner, params)
+    frozen = state.count < num_steps
+    new_updates = jax.tree.map(
+        lambda u: jnp.where(frozen, jnp.zeros_like(u), u), new_updates)
+    new_inner = jax.tree.map(
+        lambda old, new: jnp.where(frozen, old, new), state.inner, new_inner)
+    count = jnp.minimum(state.count + 1, num_steps)
+    return new_updates, FreezeState(count, new_inner)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def make_schedule(
+    learning_rate: float,
+    *,
+    schedule: str = "constant",
+    num_train_steps: int = 1,
+    lr_warmup_steps: int = 0,
+    decay_every_steps: int = 0,
+    decay_factor: float = 0.1,
+    cosine_final_fraction: float = 0.0,
+) -> optax.Schedule:
+  """Learning rate as a function of the global step.
+
+  Args:
+    learning_rate: the peak (base) learning rate.
+    schedule: ``constant``; ``step`` (multiply by ``decay_factor`` every
+      ``decay_every_steps``, PyTorch's ``StepLR``); ``cosine`` (from the peak to
+      ``cosine_final_fraction * learning_rate`` at ``num_train_steps``).
+    num_train_steps: total steps (cosine horizon).
+    lr_warmup_steps: linear ramp from 0 to the peak over these first steps.
+    decay_every_steps: period of the step schedule.
+    decay_factor: factor of the step schedule.
+    cosine_final_fraction: final learning rate of the cosine, as a fraction.
+
+  Returns:
+    An optax schedule ``step -> learning rate``.
+  """
+  if schedule not in SCHEDULES:
+    raise ValueError(
+        f"Unknown `optim.schedule` {schedule!r}; use one of {SCHEDULES}.")
+  if learning_rate < 0:
+    raise ValueError(f"`optim.learning_rate` must be >= 0; got {learning_rate}.")
+  warm = max(int(lr_warmup_steps), 0)
+  if schedule == "constant":
+    main = optax.constant_schedule(learning_rate)
+  elif schedule == "step":
+    if decay_every_steps <= 0:
+      raise ValueError(
+          "`optim.decay_every_steps` must be > 0 for the step schedule; got "
+          f"{decay_every_steps}.")
+    main = optax.exponential_decay(
+        learning_rate, transition_steps=int(decay_every_steps),
+        decay_rate=decay_factor, staircase=True)
+  else:
+    main = optax.cosine_decay_schedule(
+        learning_rate, decay_steps=max(int(num_train_steps) - warm, 1),
+        alpha=cosine_final_fraction)
+  if warm == 0:
+    return main
+  ramp = optax.linear_schedule(0.0, learning_rate, warm)
+  return optax.join_schedules([ramp, main], [warm])
+
+
+def _scale_transform(name: str, *, b1, b2, eps, momentum, nesterov, rms_decay):
+  if name in ("adam", "adamw"):
+    return optax.scale_by_adam(b1=b1, b2=b2, eps=eps)
+  if name == "sgd":
+    return optax.trace(decay=momentum, nesterov=nesterov) if momentum else (
+        optax.identity())
+  if name == "rmsprop":
+    # PyTorch RMSprop: g / (sqrt(v) + eps), v = a v + (1 - a) g^2, optional momentum.
+    rms = optax.scale_by_rms(decay=rms_decay, eps=eps, eps_in_sqrt=False)
+    if momentum:
+      return optax.chain(rms, optax.trace(decay=momentum, nesterov=nesterov))
+    return rms
+  raise ValueError(f"Unknown `optim.name` {name!r}; use one of {OPTIMIZERS}.")
+
+
+def make_optimizer(
+    *,
+    name: str = "adam",
+    learning_rate: float = 1e-4,
+    weight_decay: float = 0.0,
+    lr_multipliers: Optional[Mapping[str, float]] = None,
+    freeze_backbone_steps: int = 0,
+    schedule: str = "constant",
+    num_train_steps: int = 1,
+    lr_warmup_steps: int = 0,
+    decay_every_steps: int = 0,
+    decay_factor: float = 0.1,
+    cosine_final_fraction: float = 0.0,
+    grad_clip_norm: float = 0.0,
+    grad_clip_value: float = 0.0,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    momentum: float = 0.0,
+    nesterov: bool = False,
+    rms_decay: float = 0.99,
+) -> optax.GradientTransformation:
+  """Builds the optimiser for a ``{'model', 'loss'}`` parameter tree.
+
+  Args:
+    name: ``adam``, ``adamw``, ``sgd`` or ``rmsprop`` (PyTorch semantics).
+    learning_rate: base learning rate (of the backbone group).
+    weight_decay: L2 (coupled) for adam/sgd/rmsprop, decoupled for adamw.
+    lr_multipliers: per-group multipliers, keys among ``backbone``, ``head``,
+      ``loss`` (missing groups get 1).
+    freeze_backbone_steps: warm-up steps during which only ``head`` and
+      ``loss`` are trained (see the module docstring).
+    schedule, num_train_steps, lr_warmup_steps, decay_every_steps,
+      decay_factor, cosine_final_fraction: see :func:`make_schedule`.
+    grad_clip_norm: if > 0, clip the global gradient norm to this value.
+    grad_clip_value: if > 0, clip each gradient entry to ``[-v, v]``
+      (PyTorch's ``clip_grad_value_``, used by the Proxy-Anchor code).
+    b1, b2, eps: Adam's moments and epsilon (eps is also RMSprop's).
+    momentum, nesterov: SGD / RMSprop momentum.
+    rms_decay: RMSprop's smoothing constant (PyTorch's ``alpha``).
+
+  Returns:
+    An ``optax.GradientTransformation``.
+  """
+  multipliers = {g: 1.0 for g in GROUPS}
+  for group, value in dict(lr_multipliers or {}).items():
+    if group not in GROUPS:
+      raise ValueError(
+          f"Unknown parameter group {group!r} in `optim.lr_multipliers`; use "
+          f"{GROUPS}.")
+    multipliers[group] = float(value)
+  if weight_decay < 0:
+    raise ValueError(f"`optim.weight_decay` must be >= 0; got {weight_decay}.")
+  if name not in OPTIMIZERS:
+    raise ValueError(f"Unknown `optim.name` {name!r}; use one of {OPTIMIZERS}.")
+  base = make_schedule(
+      learning_rate, schedule=schedule, num_train_steps=num_train_steps,
+      lr_warmup_steps=lr_warmup_steps, decay_every_steps=decay_every_steps,
+      decay_factor=decay_factor, cosine_final_fraction=cosine_final_fraction)
+
+  def group_tx(group):
+    scale = _scale_transform(name, b1=b1, b2=b2, eps=eps, momentum=momentum,
+                             nesterov=nesterov, rms_decay=rms_decay)
+    parts = []
+    if weight_decay and name != "adamw":
+      parts.append(optax.add_decayed_weights(weight_decay))
+    parts.append(scale)
+    if weight_decay and name == "adamw":
+      parts.append(optax.add_decayed_weights(weight_decay))
+    inner = optax.chain(*parts)
+    if group == "backbone":
+      inner = freeze_for_steps(inner, freeze_backbone_steps)
+    mult = multipliers[group]
+    lr: Callable = lambda step: base(step) * mult
+    return optax.chain(inner, optax.scale_by_learning_rate(lr))
+
+  chain = []
+  if grad_clip_value and grad_clip_value > 0:
+    chain.append(optax.clip(grad_clip_value))
+  if grad_clip_norm and grad_clip_norm > 0:
+    chain.append(optax.clip_by_global_norm(grad_clip_norm))
+  chain.append(optax.partition({g: group_tx(g) for g in GROUPS}, param_labels))
+  return optax.chain(*chain)
+
+
+def optimizer_from_config(optim_config, *, num_train_steps: int):
+  """:func:`make_optimizer` from an ``ml_collections`` ``config.optim``.
+
+  ``config.optim`` holds :func:`make_optimizer`'s keyword arguments except
+  ``num_train_steps``, which comes from ``config.num_train_steps``.
+  """
+  kwargs = dict(optim_config)
+  kwargs["lr_multipliers"] = dict(kwargs.get("lr_multipliers") or {})
+  return make_optimizer(num_train_steps=num_train_steps, **kwargs)
+
+
+def learning_rates(optim_config, num_train_steps: int) -> Callable[[int], dict]:
+  """``step -> {group: lr}`` for logging."""
+  base = make_schedule(
+      optim_config.learning_rate, schedule=optim_config.get("schedule", "constant"),
+      num_train_steps=num_train_steps,
+      lr_warmup_steps=optim_config.get("lr_warmup_steps", 0),
+      decay_every_steps=optim_config.get("decay_every_steps", 0),
+      decay_factor=optim_config.get("decay_factor", 0.1),
+      cosine_final_fraction=optim_config.get("cosine_final_fraction", 0.0))
+  mult = dict(optim_config.get("lr_multipliers") or {})
+  return lambda step: {g: float(base(step)) * float(mult.get(g, 1.0))
+                       for g in GROUPS}

@@ -1,0 +1,100 @@
+"""The training state: model parameters, loss parameters, BN statistics, optimiser.
+
+Parameters live in one tree ``{'model': ..., 'loss': ...}`` so that a single
+optax transformation (with parameter groups, see :mod:`circle_jax.train.optim`)
+updates the network and the loss parameters (proxies, class weights) together.
+``'loss'`` is an empty dict for losses without parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import flax
+import jax
+import optax
+from flax.training import train_state
+
+PyTree = Any
+
+
+class TrainState(train_state.TrainState):
+  """``flax.training.train_state.TrainState`` plus BatchNorm statistics.
+
+  Attributes:
+    step: int32 scalar, the number of optimiser updates applied.
+    apply_fn: the model's ``apply`` (static, not saved).
+    params: ``{'model': model params, 'loss': loss params or {}}``.
+    tx: the optax transformation (static, not saved).
+    opt_state: its state.
+    batch_stats: the model's ``batch_stats`` collection (``{}`` without BN).
+  """
+
+  batch_stats: PyTree = flax.struct.field(default_factory=dict)
+
+
+def create_train_state(
+    model: flax.linen.Module,
+    tx: optax.GradientTransformation,
+    sample_images: jax.Array,
+    *,
+    key: jax.Array,
+    loss_params: Optional[PyTree] = None,
+) -> TrainState:
+  """Initialises a model and wraps it with ``tx`` into a :class:`TrainState`.
+
+  Args:
+    model: a Flax module called as ``model(images, train=...)``.
+    tx: the optimiser, built for the ``{'model', 'loss'}`` parameter tree.
+    sample_images: ``[b, ...]`` images (any batch size) used to trace shapes.
+    key: PRNG key for the model initialisation.
+    loss_params: the loss' parameters (e.g. ``{'proxies': [C, D]}``) or None.
+
+  Returns:
+    A :class:`TrainState` at step 0 with host-independent (uncommitted) arrays.
+  """
+  variables = model.init(key, sample_images, train=False)
+  variables = flax.core.unfreeze(variables)
+  params = {
+      "model": variables.pop("params"),
+      "loss": {} if loss_params is None else dict(loss_params),
+  }
+  batch_stats = variables.pop("batch_stats", {})
+  return TrainState.create(
+      apply_fn=model.apply, params=params, tx=tx, batch_stats=batch_stats
+  )
+
+
+def model_variables(state: TrainState) -> dict:
+  """The ``{'params', 'batch_stats'}`` variables to call ``model.apply`` with."""
+  variables = {"params": state.params["model"]}
+  if state.batch_stats:
+    variables["batch_stats"] = state.batch_stats
+  return variables
+
+
+def state_to_tree(state: TrainState) -> dict:
+  """The savable part of the state (no functions), as a plain dict."""
+  return {
+      "step": state.step,
+      "params": state.params,
+      "opt_state": state.opt_state,
+      "batch_stats": state.batch_stats,
+  }
+
+
+def state_from_tree(template: TrainState, tree: dict) -> TrainState:
+  """Puts a tree from :func:`state_to_tree` back into ``template``'s structure."""
+  def like(t, x):
+    return jax.tree.unflatten(jax.tree.structure(t), jax.tree.leaves(x))
+
+  return template.replace(
+      step=tree["step"],
+      params=like(template.params, tree["params"]),
+      opt_state=like(template.opt_state, tree["opt_state"]),
+      batch_stats=like(template.batch_stats, tree["batch_stats"]),
+  )
+
+
+def count_params(tree: PyTree) -> int:
+  return int(sum(x.size for x in jax.tree.leaves(tree)))

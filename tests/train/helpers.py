@@ -1,0 +1,90 @@
+"""Small models and losses shared by the trainer tests.
+
+The trainer is generic in the model and the loss; these tiny ones keep the
+compilations fast. Each test that needs the project's real registries
+(``circle_jax.losses.get_loss``, ``circle_jax.models.get_model``) uses them
+directly.
+"""
+
+import dataclasses
+from typing import Callable, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from circle_jax.losses import _common
+
+
+class TinyNet(nn.Module):
+  """conv -> (BN) -> relu -> mean pool -> dense head -> L2 normalise."""
+
+  embedding_dim: int = 4
+  use_bn: bool = True
+  freeze_bn: bool = False
+
+  @nn.compact
+  def __call__(self, images, *, train: bool):
+    x = images.astype(jnp.float32)
+    backbone = _Backbone(use_bn=self.use_bn, freeze_bn=self.freeze_bn,
+                         name="backbone")
+    x = backbone(x, train=train)
+    x = nn.Dense(self.embedding_dim, name="head")(x)
+    return _common.l2_normalize(x)
+
+
+class _Backbone(nn.Module):
+  use_bn: bool
+  freeze_bn: bool
+
+  @nn.compact
+  def __call__(self, x, *, train):
+    x = nn.Conv(3, (3, 3), use_bias=not self.use_bn)(x)
+    if self.use_bn:
+      x = nn.BatchNorm(use_running_average=not train or self.freeze_bn,
+                       momentum=0.5)(x)
+    x = nn.relu(x)
+    return jnp.mean(x, axis=(1, 2))
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """The subset of ``LossEntry`` the step uses."""
+
+  name: str
+  apply: Callable
+  param_name: Optional[str] = None
+  supports_axis_name: bool = True
+  needs_key: bool = False
+
+
+def _pair_loss(embeddings, labels, params=None, *, axis_name=None, scale=8.0):
+  """A Circle-like pair loss of the global batch (written with _common)."""
+  del params
+  xg, lg, off = _common.gathered_batch(embeddings, labels, axis_name)
+  s = _common.cosine_similarity(embeddings, xg)
+  pos, neg = _common.pair_masks(labels, lg, row_offset=off)
+  per = (_common.log1p_sum_exp(scale * s, neg)
+         + _common.log1p_sum_exp(-scale * s, pos))
+  return _common.mean_over_valid(per, pos.any(1), axis_name)
+
+
+def _proxy_loss(embeddings, labels, proxies, *, axis_name=None, scale=8.0):
+  """Normalised-softmax over proxies, mean over the global batch."""
+  s = _common.cosine_similarity(embeddings, proxies)
+  logits = scale * s
+  per = jax.nn.logsumexp(logits, axis=1) - jnp.take_along_axis(
+      logits, labels[:, None], axis=1)[:, 0]
+  return _common.mean_over_valid(per, jnp.ones_like(per), axis_name)
+
+
+PAIR = Entry("toy_pair", _pair_loss)
+PROXY = Entry("toy_proxy", _proxy_loss, param_name="proxies")
+
+
+def fake_batch(key, batch_size=16, num_classes=4, size=6):
+  k1, _ = jax.random.split(key)
+  labels = jnp.arange(batch_size) % num_classes
+  images = jax.random.normal(k1, (batch_size, size, size, 1))
+  images = images + labels[:, None, None, None].astype(jnp.float32)
+  return {"image": images, "label": labels.astype(jnp.int32)}
