@@ -1,0 +1,34 @@
+"""Datasets and input pipelines for zero-shot deep metric learning.
+
+* :func:`get_dataset_info` / :func:`load_split`: tfds builders of CUB-200,
+  Cars-196, SOP, In-Shop, Omniglot and digits with class-disjoint splits,
+  stored as ArrayRecord and read with random access.
+* :class:`PKSampler`, :class:`RandomSampler`: batches as deterministic
+  functions of ``(seed, step)``.
+* :func:`get_preprocess`: the papers' preprocessing (``bninception``,
+  ``imagenet``, ``grayscale``; train and eval variants).
+* :func:`train_iterator`, :func:`eval_iterator`, :func:`global_batch`: grain
+  pipelines and multi-host batch assembly.
+
+See docs/data.md.
+"""
+
+from circle_jax.data.augment import get_preprocess
+from circle_jax.data.augment import ImageDecodeError
+from circle_jax.data.augment import Preprocess
+from circle_jax.data.augment import PRESETS
+from circle_jax.data.builders import CorruptImageError
+from circle_jax.data.builders import MissingDatasetFilesError
+from circle_jax.data.builders import split_labels
+from circle_jax.data.pipeline import eval_iterator
+from circle_jax.data.pipeline import EvalIterable
+from circle_jax.data.pipeline import global_batch
+from circle_jax.data.pipeline import train_iterator
+from circle_jax.data.pipeline import TrainIterator
+from circle_jax.data.registry import DATASETS
+from circle_jax.data.registry import DatasetSpec
+from circle_jax.data.registry import get_builder
+from circle_jax.data.registry import get_dataset_info
+from circle_jax.data.registry import load_split
+from circle_jax.data.samplers import PKSampler
+from circle_jax.data.samplers import RandomSampler

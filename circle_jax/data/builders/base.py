@@ -1,0 +1,548 @@
+"""Shared machinery of the dataset builders: source trees, split plans, errors.
+
+Every builder in :mod:`circle_jax.data.builders` is a
+``tfds.core.GeneratorBasedBuilder`` that writes ArrayRecord files read back
+with random access (``builder.as_data_source(split)``). Records are::
+
+  {'image': bytes,      # the encoded image exactly as found (JPEG/PNG)
+   'label': int64,      # contiguous class id 0..C-1 within the split
+   'path': bytes}       # the image's path in the official layout (utf-8)
+
+Images are stored encoded (``tfds.features.Tensor(shape=(), dtype=object)``)
+rather than as ``tfds.features.Image``, which needs TensorFlow to encode; they
+are decoded with PIL in the input pipeline (:mod:`circle_jax.data.pipeline`).
+
+Order and labels. Builders write with ``disable_shuffling=True`` and integer
+keys, so a split is stored sorted by ``(label, path)``: the same files give the
+same ArrayRecord order whatever the archive layout or generation order. Labels
+are the rank of the class among the split's classes (sorted by the dataset's
+own class id), and the number of images of each class is saved in the
+``DatasetInfo`` metadata (``info.metadata['splits'][split]['class_counts']``),
+so the label of every record is known without reading the records
+(:func:`split_labels`).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import inspect
+import io
+import pathlib
+import tarfile
+import zipfile
+from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+from absl import logging
+from etils import epath
+import numpy as np
+import tensorflow_datasets as tfds
+from PIL import Image
+
+# Non-image files that archive trees keep in memory on their first scan, so
+# metadata can be read from a .tgz without a second pass.
+_METADATA_SUFFIXES = (".txt", ".mat", ".csv", ".json")
+_MAX_METADATA_BYTES = 64 << 20
+
+
+class MissingDatasetFilesError(FileNotFoundError):
+  """Raised when the files a dataset needs are neither found nor downloadable."""
+
+
+class CorruptImageError(ValueError):
+  """Raised when an image of a dataset cannot be decoded; names the file."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpectedFile:
+  """One file (or folder) a builder needs, for the missing-files message.
+
+  Attributes:
+    alternatives: paths relative to the manual directory, any one of which
+      satisfies the requirement (e.g. an archive or its extracted folder).
+    source: where to get it (URL or instructions).
+  """
+
+  alternatives: Tuple[str, ...]
+  source: str
+
+  def describe(self) -> str:
+    alts = " or ".join(f"'{a}'" for a in self.alternatives)
+    return f"  - {alts}\n      from: {self.source}"
+
+
+def missing_files_error(dataset: str, manual_dir, expected: Sequence[ExpectedFile],
+                        missing: Sequence[ExpectedFile], hint: str = ""):
+  """Builds a :class:`MissingDatasetFilesError` naming every expected file."""
+  lines = [
+      f"Dataset '{dataset}': required files not found in the manual directory "
+      f"{str(manual_dir)!r}.",
+      "Missing:",
+      *[m.describe() for m in missing],
+      "Expected layout (all of):",
+      *[e.describe() for e in expected],
+  ]
+  if hint:
+    lines.append(hint)
+  return MissingDatasetFilesError("\n".join(lines))
+
+
+# ----------------------------------------------------------------------------
+# Source trees: a folder, a zip or a tar(.gz) seen as `relative path -> bytes`.
+# ----------------------------------------------------------------------------
+
+
+class SourceTree(abc.ABC):
+  """Read-only view of files addressed by '/'-separated relative paths."""
+
+  description: str
+
+  @abc.abstractmethod
+  def names(self) -> List[str]:
+    """All file paths in the tree."""
+
+  @abc.abstractmethod
+  def read_bytes(self, rel: str) -> bytes:
+    """Content of one (metadata) file; KeyError if absent."""
+
+  @abc.abstractmethod
+  def iter_files(self, rels: Iterable[str]) -> Iterator[Tuple[str, bytes]]:
+    """Yields `(rel, content)` for each requested path, in storage order.
+
+    Raises:
+      CorruptImageError: listing requested paths that are not in the tree.
+    """
+
+  def exists(self, rel: str) -> bool:
+    return rel in self._name_set()
+
+  def _name_set(self):
+    if not hasattr(self, "_names_cache"):
+      self._names_cache = set(self.names())
+    return self._names_cache
+
+  def _missing(self, rels):
+    missing = sorted(set(rels) - self._name_set())
+    if missing:
+      shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
+      raise CorruptImageError(
+          f"{len(missing)} image file(s) listed by the metadata are missing from "
+          f"{self.description}: {shown}. The copy is incomplete; download it "
+          "again.")
+
+
+class DirTree(SourceTree):
+  """An extracted folder."""
+
+  def __init__(self, root):
+    self.root = pathlib.Path(root)
+    self.description = f"folder {str(self.root)!r}"
+
+  def names(self):
+    return [p.relative_to(self.root).as_posix()
+            for p in self.root.rglob("*") if p.is_file()]
+
+  def exists(self, rel):
+    return (self.root / rel).is_file()
+
+  def read_bytes(self, rel):
+    path = self.root / rel
+    if not path.is_file():
+      raise KeyError(rel)
+    return path.read_bytes()
+
+  def iter_files(self, rels):
+    rels = list(rels)
+    missing = [r for r in rels if not (self.root / r).is_file()]
+    if missing:
+      self._names_cache = set(rels) - set(missing)
+      self._missing(rels)
+    for rel in rels:
+      yield rel, (self.root / rel).read_bytes()
+
+
+class ZipTree(SourceTree):
+  """A zip archive (random access)."""
+
+  def __init__(self, path):
+    self.path = pathlib.Path(path)
+    self.description = f"archive {str(self.path)!r}"
+    try:
+      with zipfile.ZipFile(self.path) as zf:
+        self._names = [i.filename for i in zf.infolist() if not i.is_dir()]
+    except (zipfile.BadZipFile, OSError) as e:
+      raise CorruptImageError(
+          f"Cannot read the zip archive {str(self.path)!r} ({e}); it is "
+          "truncated or corrupt. Download it again.") from e
+
+  def names(self):
+    return list(self._names)
+
+  def read_bytes(self, rel):
+    with zipfile.ZipFile(self.path) as zf:
+      return zf.read(rel)
+
+  def iter_files(self, rels):
+    rels = list(rels)
+    self._missing(rels)
+    with zipfile.ZipFile(self.path) as zf:
+      for rel in rels:
+        try:
+          data = zf.read(rel)
+        except (zipfile.BadZipFile, OSError, EOFError) as e:
+          raise CorruptImageError(
+              f"Cannot read {rel!r} from {self.description} ({e}).") from e
+        yield rel, data
+
+
+class TarTree(SourceTree):
+  """A tar archive, possibly compressed; read as a stream (one pass per call).
+
+  The first scan records every member name and keeps small metadata files
+  (``.txt``, ``.mat``, ...) in memory; ``iter_files`` then streams the archive
+  once more and yields the requested members in archive order.
+  """
+
+  def __init__(self, path):
+    self.path = pathlib.Path(path)
+    self.description = f"archive {str(self.path)!r}"
+    self._names = None
+    self._small = {}
+
+  def _scan(self):
+    if self._names is not None:
+      return
+    names = []
+    for member, tf in self._members():
+      names.append(member.name)
+      if (member.name.endswith(_METADATA_SUFFIXES)
+          and member.size <= _MAX_METADATA_BYTES):
+        self._small[member.name] = tf.extractfile(member).read()
+    self._names = names
+
+  def _members(self):
+    try:
+      with tarfile.open(self.path, mode="r|*") as tf:
+        for member in tf:
+          if member.isfile():
+            name = member.name[2:] if member.name.startswith("./") else member.name
+            member.name = name
+            yield member, tf
+    except (tarfile.TarError, OSError, EOFError) as e:
+      raise CorruptImageError(
+          f"Cannot read the tar archive {str(self.path)!r} ({e}); it is "
+          "truncated or corrupt. Download it again.") from e
+
+  def names(self):
+    self._scan()
+    return list(self._names)
+
+  def read_bytes(self, rel):
+    self._scan()
+    if rel in self._small:
+      return self._small[rel]
+    for member, tf in self._members():
+      if member.name == rel:
+        return tf.extractfile(member).read()
+    raise KeyError(rel)
+
+  def iter_files(self, rels):
+    wanted = set(rels)
+    self._scan()
+    self._missing(wanted)
+    for member, tf in self._members():
+      if member.name in wanted:
+        yield member.name, tf.extractfile(member).read()
+
+
+def open_tree(path) -> SourceTree:
+  """A folder, a ``.zip`` or a tar archive as a :class:`SourceTree`."""
+  path = pathlib.Path(path)
+  if path.is_dir():
+    return DirTree(path)
+  if zipfile.is_zipfile(path):
+    return ZipTree(path)
+  return TarTree(path)
+
+
+def find_source(manual_dir, *, folder: str, archives: Sequence[str],
+                marker: Optional[str] = None) -> Optional[SourceTree]:
+  """Finds `folder` (extracted) or one of `archives` under `manual_dir`.
+
+  The returned tree addresses files as ``'<folder>/...'`` in both cases (the
+  official archives contain the folder at their top level). `manual_dir` may
+  also be the extracted folder itself.
+
+  Args:
+    manual_dir: directory to search (or None).
+    folder: the top-level folder of the official archive.
+    archives: archive file names, relative to `manual_dir`.
+    marker: a file inside `folder` whose presence identifies an extracted
+      copy (default: the folder merely existing).
+
+  Returns:
+    A tree, or None if nothing was found.
+  """
+  if manual_dir is None:
+    return None
+  root = pathlib.Path(manual_dir)
+  def ok(d):
+    return d.is_dir() and (marker is None or (d / marker).exists())
+  if ok(root / folder):
+    return DirTree(root)
+  if root.name == folder and ok(root):
+    return DirTree(root.parent)
+  for name in archives:
+    if (root / name).is_file():
+      return open_tree(root / name)
+  return None
+
+
+# ----------------------------------------------------------------------------
+# Split plans and the builder base class.
+# ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedImage:
+  """One image of a split: where it is and which class it belongs to.
+
+  Attributes:
+    source: key of the :class:`SourceTree` holding it.
+    member: its path inside that tree.
+    path: the path written to the record (the official relative path).
+    class_key: sortable original class id (int, or tuple for Omniglot).
+  """
+
+  source: str
+  member: str
+  path: str
+  class_key: object
+
+
+def finalize_split(images: Sequence[PlannedImage], class_keys=None):
+  """Sorts a split by (class, path) and assigns contiguous labels.
+
+  Args:
+    images: the split's images.
+    class_keys: the label space (default: the split's own classes); splits
+      that must share labels (In-Shop query and gallery) pass their union.
+
+  Returns:
+    `(images, labels, class_keys)`: images sorted by `(class_key, path)`,
+    int64 labels (rank of each image's class among the split's classes) and
+    the sorted list of class keys.
+  """
+  images = sorted(images, key=lambda im: (im.class_key, im.path))
+  if class_keys is None:
+    class_keys = sorted({im.class_key for im in images})
+  rank = {k: i for i, k in enumerate(class_keys)}
+  labels = np.array([rank[im.class_key] for im in images], np.int64)
+  return images, labels, class_keys
+
+
+def encode_png(array: np.ndarray) -> bytes:
+  """Encodes a uint8 ``[H, W]`` or ``[H, W, 3]`` array as PNG bytes."""
+  buf = io.BytesIO()
+  Image.fromarray(np.asarray(array, np.uint8)).save(buf, format="PNG")
+  return buf.getvalue()
+
+
+def check_image(data: bytes, where: str) -> None:
+  """Parses an encoded image's header (and PNG checksums) with PIL.
+
+  Raises:
+    CorruptImageError: naming `where` if PIL cannot identify or verify it.
+  """
+  try:
+    with Image.open(io.BytesIO(data)) as im:
+      im.verify()
+  except Exception as e:  # PIL raises many types (OSError, SyntaxError, ...).
+    raise CorruptImageError(
+        f"Corrupt or unreadable image {where}: {type(e).__name__}: {e}. "
+        "Download the dataset again.") from e
+
+
+# Keys are spread over the md5-hash range tfds buckets on, so that with
+# `disable_shuffling` the writer still spills evenly to its 1000 on-disk
+# buckets (a few MiB each) instead of sorting one huge bucket in memory.
+_KEY_SPACE = 2**128
+
+
+def _key(index: int, total: int) -> int:
+  return index * (_KEY_SPACE // max(total, 1))
+
+
+class EncodedImageBuilder(tfds.core.GeneratorBasedBuilder,
+                          skip_registration=True):
+  """Base builder: encoded images + contiguous labels + paths.
+
+  Subclasses set ``name``, ``SPLITS``, ``EXPECTED_FILES`` and implement
+  :meth:`_open_sources` (find or download the source trees) and
+  :meth:`_plan` (read the metadata into per-split lists of
+  :class:`PlannedImage`). ``EXPECTED_SIZES`` (split -> number of images of the
+  complete official dataset) is checked after planning; a mismatch is
+  recorded in the metadata and logged, not raised, so partial copies and
+  test fixtures still build.
+
+  Construct with ``allow_download=False`` to forbid network access for
+  datasets that have a download URL (the manual directory is always tried
+  first).
+  """
+
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "Initial release."}
+  SPLITS: Tuple[str, ...] = ("train", "test")
+  # Groups of splits labelled in one shared label space.
+  SHARED_LABELS: Tuple[Tuple[str, ...], ...] = ()
+  EXPECTED_FILES: Tuple[ExpectedFile, ...] = ()
+  EXPECTED_SIZES: Mapping[str, int] = {}
+  HOMEPAGE = ""
+  CITATION = ""
+  DESCRIPTION = ""
+
+  def __init__(self, *, allow_download: bool = True, **kwargs):
+    self.allow_download = allow_download
+    super().__init__(**kwargs)
+
+  # tfds finds a builder's source file (for its checksums.tsv) through
+  # `importlib_resources`, a package it does not install; point it at the
+  # module file directly.
+  @tfds.core.utils.classproperty
+  @classmethod
+  def code_path(cls):  # pylint: disable=no-self-argument
+    return epath.Path(inspect.getfile(cls))
+
+  def _info(self):
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description=self.DESCRIPTION,
+        features=tfds.features.FeaturesDict({
+            "image": tfds.features.Tensor(shape=(), dtype=np.object_),
+            "label": tfds.features.Tensor(shape=(), dtype=np.int64),
+            "path": tfds.features.Text(),
+        }),
+        supervised_keys=("image", "label"),
+        homepage=self.HOMEPAGE or None,
+        citation=self.CITATION or None,
+        disable_shuffling=True,
+        metadata=tfds.core.MetadataDict(),
+    )
+
+  # -- to implement --------------------------------------------------------
+
+  @abc.abstractmethod
+  def _open_sources(self, manual_dir, dl_manager) -> Dict[str, SourceTree]:
+    """Returns the source trees, or raises MissingDatasetFilesError."""
+
+  @abc.abstractmethod
+  def _plan(self, sources: Mapping[str, SourceTree]
+            ) -> Dict[str, List[PlannedImage]]:
+    """Reads the metadata: split name -> images of that split."""
+
+  # -- helpers for subclasses ----------------------------------------------
+
+  def missing(self, manual_dir, missing: Sequence[ExpectedFile], hint=""):
+    return missing_files_error(self.name, manual_dir, self.EXPECTED_FILES,
+                               missing, hint)
+
+  @staticmethod
+  def manual_dir_of(dl_manager):
+    """The manual directory, or None when unset, absent or empty."""
+    try:
+      return dl_manager.manual_dir
+    except (AssertionError, ValueError):
+      return None
+
+  # -- tfds hooks ----------------------------------------------------------
+
+  def plan_splits(self, manual_dir, dl_manager=None):
+    """Opens the sources and returns `{split: (images, labels, class_keys)}`."""
+    if manual_dir is not None:
+      manual_dir = pathlib.Path(str(manual_dir))
+    sources = self._open_sources(manual_dir, dl_manager)
+    plan = self._plan(sources)
+    keys = {}
+    for group in self.SHARED_LABELS:
+      union = sorted({im.class_key for s in group for im in plan[s]})
+      keys.update({s: union for s in group})
+    return sources, {s: finalize_split(plan[s], keys.get(s))
+                     for s in self.SPLITS}
+
+  def _split_generators(self, dl_manager):
+    manual_dir = self.manual_dir_of(dl_manager)
+    sources, plans = self.plan_splits(manual_dir, dl_manager)
+    meta = {}
+    for split, (images, labels, class_keys) in plans.items():
+      if not images:
+        raise ValueError(
+            f"Dataset '{self.name}': split '{split}' has no images; the "
+            f"metadata found in {[s.description for s in sources.values()]} "
+            "lists none for it.")
+      counts = np.bincount(labels, minlength=len(class_keys))
+      expected = self.EXPECTED_SIZES.get(split)
+      meta[split] = {
+          "num_examples": len(images),
+          "num_classes": len(class_keys),
+          "class_counts": counts.tolist(),
+          "class_names": [_class_name(k) for k in class_keys],
+          "complete": expected is None or expected == len(images),
+      }
+      if expected is not None and expected != len(images):
+        logging.warning(
+            "%s/%s: %d images, the complete official dataset has %d.",
+            self.name, split, len(images), expected)
+    self.info.metadata["splits"] = meta
+    return {
+        split: self._generate_examples(sources, images, labels)
+        for split, (images, labels, _) in plans.items()
+    }
+
+  def _generate_examples(self, sources, images, labels):
+    total = len(images)
+    by_source: Dict[str, Dict[str, List[int]]] = {}
+    for i, im in enumerate(images):
+      by_source.setdefault(im.source, {}).setdefault(im.member, []).append(i)
+    for source_key, members in by_source.items():
+      tree = sources[source_key]
+      for member, data in tree.iter_files(members):
+        for i in members[member]:
+          where = f"'{images[i].path}' ({tree.description})"
+          check_image(data, where)
+          yield _key(i, total), {
+              "image": data,
+              "label": int(labels[i]),
+              "path": images[i].path,
+          }
+
+
+def _class_name(key) -> str:
+  if isinstance(key, tuple):
+    return "/".join(str(k) for k in key)
+  return str(key)
+
+
+def split_labels(source) -> np.ndarray:
+  """The int64 label of every record of a split, without reading the images.
+
+  Uses the per-class counts saved by :class:`EncodedImageBuilder` (records
+  are sorted by label); any other random-access source of ``{'label': ...}``
+  records is read record by record.
+
+  Args:
+    source: a data source from :func:`circle_jax.data.load_split` (or any
+      sequence of dicts with a ``'label'``).
+
+  Returns:
+    int64 array ``[len(source)]``.
+  """
+  info = getattr(source, "dataset_info", None)
+  split = getattr(source, "split", None)
+  meta = getattr(info, "metadata", None) if info is not None else None
+  if meta and "splits" in meta and str(split) in meta["splits"]:
+    counts = meta["splits"][str(split)]["class_counts"]
+    labels = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    if len(labels) == len(source):
+      return labels
+  return np.array([int(source[i]["label"]) for i in range(len(source))],
+                  np.int64)

@@ -1,0 +1,159 @@
+"""Dataset names used by configs -> builders, split metadata and defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Mapping, Optional, Tuple
+
+import tensorflow_datasets as tfds
+
+from circle_jax.data import augment
+from circle_jax.data import builders
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetSpec:
+  """What a trainer needs to know about a dataset before reading it.
+
+  Attributes:
+    name: the config name (``cub200``, ``cars196``, ...).
+    num_train_classes: classes of the train split (the proxy count).
+    num_test_classes: classes of the evaluation split(s).
+    num_images: split name -> number of images of the complete dataset.
+    channels: 3 (RGB) or 1 (grayscale).
+    train_split: the split to train on ('train').
+    eval_splits: ``('test',)``, or ``('query', 'gallery')`` for In-Shop
+      (retrieve each query among the gallery).
+    preprocess: default preset kwargs for :func:`augment.get_preprocess`
+      (``preset``, ``image_size``, ``resize_size``, ``scale``).
+    ks_name: key of the dataset's default Recall@K list in
+      ``circle_jax.evaluation.DEFAULT_KS`` (the dataset name).
+    ks: that list, ``(1, 2, 4, 8)`` for CUB/Cars/Omniglot/digits,
+      ``(1, 10, 100, 1000)`` for SOP, ``(1, 10, 20, 30, 40)`` for In-Shop.
+    needs_files: False only for ``digits``.
+  """
+
+  name: str
+  num_train_classes: int
+  num_test_classes: int
+  num_images: Mapping[str, int]
+  channels: int
+  train_split: str
+  eval_splits: Tuple[str, ...]
+  preprocess: Mapping[str, object]
+  ks_name: str
+  ks: Tuple[int, ...]
+  needs_files: bool = True
+
+  @property
+  def splits(self) -> Tuple[str, ...]:
+    return (self.train_split,) + self.eval_splits
+
+  @property
+  def eval_preprocess_name(self) -> str:
+    return str(self.preprocess["preset"])
+
+  def get_preprocess(self, *, train: bool, **overrides) -> augment.Preprocess:
+    """This dataset's default preset (train or eval), with `overrides`."""
+    kwargs = dict(self.preprocess)
+    kwargs.update(overrides)
+    return augment.get_preprocess(kwargs.pop("preset"), train=train, **kwargs)
+
+
+_RGB = dict(preset="bninception", image_size=224, resize_size=256,
+            scale=(0.16, 1.0))
+
+DATASETS = {
+    s.name: s for s in (
+        DatasetSpec("cub200", 100, 100, {"train": 5864, "test": 5924}, 3,
+                    "train", ("test",), _RGB, "cub200", (1, 2, 4, 8)),
+        DatasetSpec("cars196", 98, 98, {"train": 8054, "test": 8131}, 3,
+                    "train", ("test",), _RGB, "cars196", (1, 2, 4, 8)),
+        DatasetSpec("sop", 11318, 11316, {"train": 59551, "test": 60502}, 3,
+                    "train", ("test",), _RGB, "sop", (1, 10, 100, 1000)),
+        DatasetSpec("inshop", 3997, 3985,
+                    {"train": 25882, "query": 14218, "gallery": 12612}, 3,
+                    "train", ("query", "gallery"), _RGB, "inshop",
+                    (1, 10, 20, 30, 40)),
+        DatasetSpec("omniglot", 964, 659, {"train": 19280, "test": 13180}, 1,
+                    "train", ("test",), dict(preset="grayscale", image_size=28),
+                    "omniglot", (1, 2, 4, 8)),
+        DatasetSpec("omniglot_small", 136, 106, {"train": 2720, "test": 2120},
+                    1, "train", ("test",),
+                    dict(preset="grayscale", image_size=28), "omniglot_small",
+                    (1, 2, 4, 8)),
+        DatasetSpec("digits", 5, 5, {"train": 901, "test": 896}, 1, "train",
+                    ("test",), dict(preset="grayscale", image_size=16),
+                    "digits", (1, 2, 4, 8), needs_files=False),
+    )
+}
+
+
+def _spec(name) -> DatasetSpec:
+  if name not in DATASETS:
+    raise ValueError(f"Unknown dataset {name!r}; known datasets: "
+                     f"{', '.join(DATASETS)}.")
+  return DATASETS[name]
+
+
+def get_dataset_info(name: str) -> DatasetSpec:
+  """The :class:`DatasetSpec` of a dataset name.
+
+  Raises:
+    ValueError: for an unknown name, listing the known ones.
+  """
+  return _spec(name)
+
+
+def get_builder(name: str, *, data_dir, download: bool = False,
+                **kwargs) -> builders.EncodedImageBuilder:
+  """The tfds builder of `name` writing ArrayRecord files under `data_dir`."""
+  _spec(name)
+  return builders.BUILDERS[name](data_dir=str(data_dir),
+                                 file_format="array_record",
+                                 allow_download=download, **kwargs)
+
+
+def load_split(name: str, split: str, *, data_dir,
+               manual_dir: Optional[str] = None, download: bool = False):
+  """Random-access source of one split; builds the dataset on first use.
+
+  The first call for a dataset runs the tfds ``download_and_prepare``: it
+  reads the official files from `manual_dir` (or downloads them, for
+  Omniglot only and only when `download` is True) and writes ArrayRecord
+  files to ``<data_dir>/<name>/1.0.0/``. Later calls only open those files.
+
+  Args:
+    name: a dataset name (see :data:`DATASETS`).
+    split: 'train' or 'test' (In-Shop: 'train', 'query' or 'gallery').
+    data_dir: where the prepared dataset lives.
+    manual_dir: folder holding the official archives or their extracted
+      folders (default ``<data_dir>/downloads/manual``).
+    download: allow downloading the files that have a public URL.
+
+  Returns:
+    A ``tfds`` ``ArrayRecordDataSource`` (``len()``, ``source[i]``,
+    ``source.__getitems__(indices)``) of records ``{'image': bytes (encoded
+    JPEG/PNG), 'label': int (0..C-1 within the split; In-Shop query and
+    gallery share labels), 'path': bytes (utf-8 official relative path)}``,
+    sorted by ``(label, path)``. :func:`circle_jax.data.split_labels` gives
+    all labels without reading images.
+
+  Raises:
+    ValueError: unknown dataset or split.
+    MissingDatasetFilesError: the files are missing (the message lists every
+      expected file and where to get it).
+    CorruptImageError: an image or archive cannot be read (names it).
+  """
+  spec = _spec(name)
+  if split not in spec.splits:
+    raise ValueError(f"Dataset {name!r} has splits {', '.join(spec.splits)}; "
+                     f"got {split!r}.")
+  builder = get_builder(name, data_dir=data_dir, download=download)
+  if not builder.is_prepared():
+    config = tfds.download.DownloadConfig(
+        manual_dir=str(pathlib.Path(manual_dir).expanduser())
+        if manual_dir is not None else None)
+    builder.download_and_prepare(download_config=config)
+  return builder.as_data_source(split)
