@@ -37,19 +37,28 @@ OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
 SCHEDULES = ("constant", "step", "cosine")
 
 
-def param_group(path: tuple) -> str:
-  """The group (``backbone``, ``head`` or ``loss``) of a parameter path."""
-  keys = [getattr(k, "key", getattr(k, "name", k)) for k in path]
+def param_group(path: tuple, frozen: frozenset = frozenset()) -> str:
+  """The group (``backbone``, ``head``, ``loss`` or ``frozen``) of a path.
+
+  Args:
+    path: a key path into ``{'model': ..., 'loss': ...}``.
+    frozen: paths under ``params['model']`` that never move (the BatchNorm
+      scale/bias of a ``freeze_bn`` model, ``circle_jax.models.frozen_bn_paths``).
+  """
+  keys = tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
   if keys and keys[0] == "loss":
     return "loss"
+  if keys[1:] in frozen:
+    return "frozen"
   if len(keys) > 1 and keys[0] == "model" and keys[1] == "head":
     return "head"
   return "backbone"
 
 
-def param_labels(params: PyTree) -> PyTree:
+def param_labels(params: PyTree, frozen: frozenset = frozenset()) -> PyTree:
   """A tree like ``params`` with each leaf replaced by its group name."""
-  return jax.tree_util.tree_map_with_path(lambda p, _: param_group(p), params)
+  return jax.tree_util.tree_map_with_path(
+      lambda p, _: param_group(p, frozen), params)
 
 
 class FreezeState(NamedTuple):
@@ -160,6 +169,7 @@ def make_optimizer(
     weight_decay: float = 0.0,
     lr_multipliers: Optional[Mapping[str, float]] = None,
     freeze_backbone_steps: int = 0,
+    frozen_paths=(),
     schedule: str = "constant",
     num_train_steps: int = 1,
     lr_warmup_steps: int = 0,
@@ -185,6 +195,9 @@ def make_optimizer(
       ``loss`` (missing groups get 1).
     freeze_backbone_steps: warm-up steps during which only ``head`` and
       ``loss`` are trained (see the module docstring).
+    frozen_paths: key tuples under ``params['model']`` that are never updated
+      (no gradient step, no weight decay): the BatchNorm affine parameters of
+      a ``freeze_bn`` model.
     schedule, num_train_steps, lr_warmup_steps, decay_every_steps,
       decay_factor, cosine_final_fraction: see :func:`make_schedule`.
     grad_clip_norm: if > 0, clip the global gradient norm to this value.
@@ -234,11 +247,17 @@ def make_optimizer(
     chain.append(optax.clip(grad_clip_value))
   if grad_clip_norm and grad_clip_norm > 0:
     chain.append(optax.clip_by_global_norm(grad_clip_norm))
-  chain.append(optax.partition({g: group_tx(g) for g in GROUPS}, param_labels))
+  frozen = frozenset(tuple(str(k) for k in p) for p in frozen_paths)
+  transforms = {g: group_tx(g) for g in GROUPS}
+  if frozen:
+    transforms["frozen"] = optax.set_to_zero()
+  chain.append(optax.partition(
+      transforms, lambda params: param_labels(params, frozen)))
   return optax.chain(*chain)
 
 
-def optimizer_from_config(optim_config, *, num_train_steps: int):
+def optimizer_from_config(optim_config, *, num_train_steps: int,
+                          frozen_paths=()):
   """:func:`make_optimizer` from an ``ml_collections`` ``config.optim``.
 
   ``config.optim`` holds :func:`make_optimizer`'s keyword arguments except
@@ -246,7 +265,8 @@ def optimizer_from_config(optim_config, *, num_train_steps: int):
   """
   kwargs = dict(optim_config)
   kwargs["lr_multipliers"] = dict(kwargs.get("lr_multipliers") or {})
-  return make_optimizer(num_train_steps=num_train_steps, **kwargs)
+  return make_optimizer(num_train_steps=num_train_steps,
+                        frozen_paths=frozen_paths, **kwargs)
 
 
 def learning_rates(optim_config, num_train_steps: int) -> Callable[[int], dict]:

@@ -50,8 +50,8 @@ def make_loss_fn(entry, hyper: Optional[dict] = None) -> LossFn:
   """Adapts a ``circle_jax.losses`` registry entry to the step's loss signature.
 
   Args:
-    entry: a ``LossEntry`` (``apply``, ``param_name``, ``supports_axis_name``,
-      ``needs_key``).
+    entry: a ``circle_jax.losses.LossEntry`` (``apply``, ``param_name``,
+      ``supports_axis_name``).
     hyper: the loss hyperparameters (keyword arguments of ``entry.apply``).
 
   Returns:
@@ -65,15 +65,10 @@ def make_loss_fn(entry, hyper: Optional[dict] = None) -> LossFn:
     params = None
     if entry.param_name is not None:
       params = loss_params[entry.param_name]
-    kwargs = dict(hyper)
-    if entry.needs_key:
-      kwargs["key"] = key
-    if entry.supports_axis_name:
-      return entry.apply(embeddings, labels, params, axis_name=axis_name,
-                         **kwargs)
-    local = entry.apply(embeddings, labels, params, **kwargs)
-    if axis_name is None:
-      return local
+    if entry.supports_axis_name or axis_name is None:
+      return entry.apply(embeddings, labels, params, key=key,
+                         axis_name=axis_name, **hyper)
+    local = entry.apply(embeddings, labels, params, key=key, **hyper)
     return _common.global_sum(local, axis_name) / jax.lax.psum(1, axis_name)
 
   return loss_fn

@@ -49,13 +49,19 @@ class _Backbone(nn.Module):
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-  """The subset of ``LossEntry`` the step uses."""
+  """The subset of ``circle_jax.losses.LossEntry`` the step uses."""
 
   name: str
-  apply: Callable
+  fn: Callable
   param_name: Optional[str] = None
   supports_axis_name: bool = True
-  needs_key: bool = False
+
+  def apply(self, embeddings, labels, params=None, *, key=None,
+            axis_name=None, **hyper):
+    del key
+    if axis_name is not None:
+      hyper["axis_name"] = axis_name
+    return self.fn(embeddings, labels, params, **hyper)
 
 
 def _pair_loss(embeddings, labels, params=None, *, axis_name=None, scale=8.0):

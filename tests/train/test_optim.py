@@ -1,0 +1,143 @@
+"""Optimisers: PyTorch semantics, parameter groups, warm-up freeze, schedules."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from circle_jax.train import optim
+
+
+def _params():
+  return {
+      "model": {"backbone": {"w": jnp.array([1.0, -2.0])},
+                "head": {"w": jnp.array([0.5])}},
+      "loss": {"proxies": jnp.array([[3.0, 0.0]])},
+  }
+
+
+def _grads(t):
+  return {
+      "model": {"backbone": {"w": jnp.array([0.1 * (t + 1), -0.3])},
+                "head": {"w": jnp.array([0.2])}},
+      "loss": {"proxies": jnp.array([[-0.05, 0.4]])},
+  }
+
+
+def _run(tx, steps):
+  params = _params()
+  state = tx.init(params)
+  history = [params]
+  for t in range(steps):
+    updates, state = tx.update(_grads(t), state, params)
+    params = optax.apply_updates(params, updates)
+    history.append(params)
+  return history
+
+
+def _adam_reference(ws, gs, lr, *, b1=0.9, b2=0.999, eps=1e-8, wd=0.0,
+                    decoupled=False, start=0):
+  """torch.optim.Adam / AdamW on one tensor, the tensor frozen before `start`."""
+  w = np.array(ws, np.float64)
+  m = np.zeros_like(w)
+  v = np.zeros_like(w)
+  k = 0
+  for t, g in enumerate(gs):
+    if t < start:
+      continue
+    k += 1
+    g = np.array(g, np.float64)
+    if wd and not decoupled:
+      g = g + wd * w
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    step = (m / (1 - b1**k)) / (np.sqrt(v / (1 - b2**k)) + eps)
+    if wd and decoupled:
+      step = step + wd * w
+    w = w - lr[t] * step
+  return w
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw"])
+def test_adam_groups_weight_decay_and_warmup_freeze_match_torch_semantics(name):
+  lr, steps, freeze = 0.01, 5, 2
+  tx = optim.make_optimizer(
+      name=name, learning_rate=lr, weight_decay=0.1,
+      lr_multipliers={"head": 10.0, "loss": 100.0},
+      freeze_backbone_steps=freeze)
+  hist = _run(tx, steps)
+  gs = [_grads(t) for t in range(steps)]
+  decoupled = name == "adamw"
+  # Backbone: untouched during the freeze, then fresh Adam moments.
+  for t in range(freeze + 1):
+    np.testing.assert_array_equal(hist[t]["model"]["backbone"]["w"], [1.0, -2.0])
+  want = _adam_reference([1.0, -2.0], [g["model"]["backbone"]["w"] for g in gs],
+                         [lr] * steps, wd=0.1, decoupled=decoupled, start=freeze)
+  np.testing.assert_allclose(hist[-1]["model"]["backbone"]["w"], want, rtol=1e-5, atol=1e-5)
+  want = _adam_reference([0.5], [g["model"]["head"]["w"] for g in gs],
+                         [10 * lr] * steps, wd=0.1, decoupled=decoupled)
+  np.testing.assert_allclose(hist[-1]["model"]["head"]["w"], want, rtol=1e-5, atol=1e-5)
+  want = _adam_reference([[3.0, 0.0]], [g["loss"]["proxies"] for g in gs],
+                         [100 * lr] * steps, wd=0.1, decoupled=decoupled)
+  np.testing.assert_allclose(hist[-1]["loss"]["proxies"], want, rtol=1e-5, atol=1e-5)
+
+
+def test_sgd_momentum_rmsprop_and_frozen_paths():
+  tx = optim.make_optimizer(name="sgd", learning_rate=0.1, momentum=0.9,
+                            frozen_paths=[("head", "w")])
+  hist = _run(tx, 2)
+  g0, g1 = _grads(0), _grads(1)
+  buf = 0.9 * np.asarray(g0["model"]["backbone"]["w"]) + np.asarray(
+      g1["model"]["backbone"]["w"])
+  want = np.array([1.0, -2.0]) - 0.1 * np.asarray(g0["model"]["backbone"]["w"]) - 0.1 * buf
+  np.testing.assert_allclose(hist[-1]["model"]["backbone"]["w"], want, rtol=1e-6)
+  np.testing.assert_array_equal(hist[-1]["model"]["head"]["w"], [0.5])
+
+  tx = optim.make_optimizer(name="rmsprop", learning_rate=0.1, eps=1e-8)
+  hist = _run(tx, 1)
+  g = np.asarray(_grads(0)["loss"]["proxies"], np.float64)
+  v = 0.01 * g * g  # torch: v = alpha v + (1 - alpha) g^2, alpha = 0.99
+  want = np.array([[3.0, 0.0]]) - 0.1 * g / (np.sqrt(v) + 1e-8)
+  np.testing.assert_allclose(hist[-1]["loss"]["proxies"], want, rtol=1e-5, atol=1e-5)
+
+
+def test_clipping():
+  tx = optim.make_optimizer(name="sgd", learning_rate=1.0, grad_clip_value=0.1)
+  hist = _run(tx, 1)
+  np.testing.assert_allclose(hist[1]["loss"]["proxies"], [[3.05, -0.1]], rtol=1e-6)
+  tx = optim.make_optimizer(name="sgd", learning_rate=1.0, grad_clip_norm=1e-3)
+  hist = _run(tx, 1)
+  delta = jax.tree.map(lambda a, b: a - b, hist[1], hist[0])
+  np.testing.assert_allclose(float(optax.global_norm(delta)), 1e-3, rtol=1e-4)
+
+
+def test_schedules():
+  s = optim.make_schedule(1.0, schedule="step", decay_every_steps=10,
+                          decay_factor=0.5)
+  np.testing.assert_allclose([float(s(t)) for t in (0, 9, 10, 25)],
+                             [1, 1, 0.5, 0.25])
+  s = optim.make_schedule(2.0, schedule="cosine", num_train_steps=110,
+                          lr_warmup_steps=10)
+  np.testing.assert_allclose([float(s(t)) for t in (0, 5, 10, 60, 110)],
+                             [0, 1, 2, 1, 0], atol=1e-6)
+  # The schedule follows the global step, also for a frozen backbone.
+  tx = optim.make_optimizer(name="sgd", learning_rate=1.0, schedule="step",
+                            decay_every_steps=1, decay_factor=0.5,
+                            freeze_backbone_steps=2)
+  hist = _run(tx, 3)
+  np.testing.assert_allclose(
+      hist[3]["model"]["backbone"]["w"] - hist[2]["model"]["backbone"]["w"],
+      -0.25 * np.asarray(_grads(2)["model"]["backbone"]["w"]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(name="lamb"), "optim.name"),
+    (dict(schedule="poly"), "optim.schedule"),
+    (dict(schedule="step"), "decay_every_steps"),
+    (dict(lr_multipliers={"proxies": 100.0}), "lr_multipliers"),
+    (dict(weight_decay=-1.0), "weight_decay"),
+])
+def test_bad_settings_name_the_field(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    optim.make_optimizer(**kwargs)
