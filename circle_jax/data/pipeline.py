@@ -21,6 +21,7 @@ import dataclasses
 import math
 from typing import Any, Dict, Iterator, Optional
 
+from absl import flags
 import grain
 import jax
 import numpy as np
@@ -29,6 +30,18 @@ from circle_jax.data import augment
 
 # A MapDataset needs a length; train pipelines are this long (never reached).
 _ENDLESS = 2**62
+
+
+def _mp_prefetch(ds, num_workers: int):
+  """``ds.mp_prefetch`` with `num_workers` processes (0: unchanged)."""
+  if not num_workers:
+    return ds
+  # grain's worker processes read absl flags; outside an absl app (pytest,
+  # notebooks) they are unparsed, so accept their defaults.
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+  return ds.mp_prefetch(grain.multiprocessing.MultiprocessingOptions(
+      num_workers=num_workers))
 
 
 def _records(source, indices):
@@ -118,10 +131,7 @@ class TrainIterator(Iterator[Dict[str, np.ndarray]]):
       raise ValueError(f"`start_step` must be >= 0; got {step}.")
     self.close()
     ds = grain.MapDataset.range(step, _ENDLESS).map(self._fn)
-    ds = ds.to_iter_dataset(self._read)
-    if self._num_workers:
-      ds = ds.mp_prefetch(grain.multiprocessing.MultiprocessingOptions(
-          num_workers=self._num_workers))
+    ds = _mp_prefetch(ds.to_iter_dataset(self._read), self._num_workers)
     self._it = iter(ds)
     self._step = step
 
@@ -134,6 +144,8 @@ class TrainIterator(Iterator[Dict[str, np.ndarray]]):
     return self
 
   def __next__(self) -> Dict[str, np.ndarray]:
+    if self._it is None:
+      raise RuntimeError("The iterator was closed; set_state() restarts it.")
     batch = next(self._it)
     self._step += 1
     return batch
@@ -231,11 +243,8 @@ class EvalIterable:
 
   def __iter__(self):
     ds = grain.MapDataset.range(self._num_batches).map(self._fn)
-    ds = ds.to_iter_dataset(self._read)
-    if self._num_workers:
-      ds = ds.mp_prefetch(grain.multiprocessing.MultiprocessingOptions(
-          num_workers=self._num_workers))
-    return iter(ds)
+    return iter(_mp_prefetch(ds.to_iter_dataset(self._read),
+                             self._num_workers))
 
 
 def eval_iterator(source, *, preprocess, batch_size: int,

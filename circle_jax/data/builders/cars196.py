@@ -68,7 +68,7 @@ class Cars196(base.EncodedImageBuilder, skip_registration=True):
       ann = np.atleast_1d(mat["annotations"])
       paths = [str(p) for p in ann["relative_im_path"]]
       class_ids = np.asarray(ann["class"], dtype=np.int64)
-    except (KeyError, ValueError, TypeError, OSError) as e:
+    except Exception as e:  # scipy raises MatReadError, ValueError, ...
       raise ValueError(
           f"Cannot read {where} ({type(e).__name__}: {e}); expected the "
           "official annotation file with an 'annotations' struct array "

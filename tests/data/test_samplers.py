@@ -1,0 +1,90 @@
+"""PKSampler / RandomSampler: determinism, resume, structure, shards."""
+
+import numpy as np
+import pytest
+
+from circle_jax import data
+
+# 7 classes: sizes 5, 1, 3, 8, 2, 4, 6 (two classes have fewer than K=3).
+LABELS = np.random.default_rng(0).permutation(
+    np.repeat(np.arange(7), [5, 1, 3, 8, 2, 4, 6]))
+
+
+def test_pk_batches_are_p_classes_by_k_images():
+  s = data.PKSampler(LABELS, classes_per_batch=4, images_per_class=3, seed=3)
+  assert s.batch_size == 12 and s.num_classes_with_fewer_than_k == 2
+  seen_classes = set()
+  for step in range(200):
+    idx = s.indices(step)
+    assert idx.shape == (12,) and idx.dtype == np.int64
+    groups = LABELS[idx].reshape(4, 3)
+    assert (groups == groups[:, :1]).all()               # K of one class
+    assert len(set(groups[:, 0])) == 4                   # P distinct classes
+    for row, members in zip(groups[:, 0], idx.reshape(4, 3)):
+      if np.sum(LABELS == row) >= 3:                      # no repeats if possible
+        assert len(set(members)) == 3
+    seen_classes.update(groups[:, 0])
+  assert seen_classes == set(range(7))
+
+
+def test_small_classes_are_sampled_with_replacement():
+  s = data.PKSampler(LABELS, classes_per_batch=7, images_per_class=3, seed=0)
+  single = np.flatnonzero(LABELS == 1)  # the class with one image
+  for step in range(5):
+    groups = s.indices(step).reshape(7, 3)
+    row = groups[LABELS[groups[:, 0]] == 1][0]
+    np.testing.assert_array_equal(row, np.repeat(single, 3))
+
+
+@pytest.mark.parametrize("make", [
+    lambda seed: data.PKSampler(LABELS, classes_per_batch=2,
+                                images_per_class=4, seed=seed),
+    lambda seed: data.RandomSampler(len(LABELS), batch_size=8, seed=seed),
+])
+def test_deterministic_in_seed_and_step_and_resumable(make):
+  a, b = make(5), make(5)
+  stream = [a.indices(s) for s in range(30)]
+  # A fresh sampler queried from step 17 on (a restart) continues the stream.
+  for s in range(17, 30):
+    np.testing.assert_array_equal(b.indices(s), stream[s])
+  # Query order does not matter; another seed gives another stream.
+  np.testing.assert_array_equal(b.indices(3), stream[3])
+  assert not all(np.array_equal(x, y) for x, y in
+                 zip(stream, [make(6).indices(s) for s in range(30)]))
+
+
+def test_random_sampler_visits_every_example_once_per_epoch():
+  n, bs = 29, 8
+  s = data.RandomSampler(n, batch_size=bs, seed=1)
+  stream = np.concatenate([s.indices(t) for t in range(12)])  # 96 = 3 epochs + 9
+  for e in range(3):
+    np.testing.assert_array_equal(np.sort(stream[e * n:(e + 1) * n]),
+                                  np.arange(n))
+  assert not np.array_equal(stream[:n], stream[n:2 * n])
+
+
+@pytest.mark.parametrize("count", [1, 2, 4])
+def test_process_shards_are_contiguous_slices(count):
+  s = data.PKSampler(LABELS, classes_per_batch=4, images_per_class=2, seed=0)
+  full = s.indices(9)
+  parts = [s.local_indices(9, p, count) for p in range(count)]
+  np.testing.assert_array_equal(np.concatenate([i for i, _ in parts]), full)
+  np.testing.assert_array_equal(np.concatenate([p for _, p in parts]),
+                                np.arange(8))
+
+
+def test_bad_arguments():
+  with pytest.raises(ValueError, match="only 7 classes"):
+    data.PKSampler(LABELS, classes_per_batch=8, images_per_class=2)
+  with pytest.raises(ValueError, match="1-D integer"):
+    data.PKSampler(LABELS.astype(float), classes_per_batch=2,
+                   images_per_class=2)
+  with pytest.raises(ValueError, match=">= 1"):
+    data.PKSampler(LABELS, classes_per_batch=2, images_per_class=0)
+  s = data.RandomSampler(10, batch_size=6)
+  with pytest.raises(ValueError, match="not divisible"):
+    s.local_indices(0, 0, 4)
+  with pytest.raises(ValueError, match="process_index"):
+    s.local_indices(0, 2, 2)
+  with pytest.raises(ValueError, match="step"):
+    s.indices(-1)
