@@ -143,7 +143,7 @@ def _rebuild_tensor(storage, storage_offset, size, stride, *_unused):
   view = np.lib.stride_tricks.as_strided(
       flat[storage_offset:], shape=size,
       strides=tuple(s * flat.itemsize for s in stride), writeable=False)
-  return np.array(view)  # Owns its memory, C-contiguous.
+  return np.array(view, order="C")  # Owns its memory, C-contiguous.
 
 
 def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad,
