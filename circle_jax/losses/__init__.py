@@ -24,10 +24,13 @@ from circle_jax.losses.gpw import (
 from circle_jax.losses.ranked_list import (
     ranked_list_loss,
     ranked_list_loss_from_distance,
+    ranked_list_loss_from_similarity,
 )
 from circle_jax.losses.proxy_anchor import (
     proxy_anchor_loss,
+    proxy_anchor_loss_from_similarity,
     ranked_proxy_anchor_loss,
+    ranked_proxy_anchor_loss_from_distance,
 )
 from circle_jax.losses.validation import (
     validate_labels,

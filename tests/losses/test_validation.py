@@ -1,0 +1,55 @@
+"""Tests of the host-side label check (circle_jax/losses/validation.py)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from circle_jax.losses import validate_labels
+
+
+def test_valid_labels_pass_and_come_back_as_numpy():
+  out = validate_labels(jnp.array([0, 3, 2, 3]), 4)
+  assert isinstance(out, np.ndarray)
+  np.testing.assert_array_equal(out, [0, 3, 2, 3])
+  labels = np.arange(12, dtype=np.int64).reshape(3, 4)  # [devices, batch]
+  np.testing.assert_array_equal(validate_labels(labels, 12), labels)
+  assert validate_labels(np.array([], np.int32), 1).shape == (0,)
+  np.testing.assert_array_equal(validate_labels(np.uint8([1]), np.int64(2)),
+                                [1])
+
+
+def test_out_of_range_labels_are_named_with_positions():
+  with pytest.raises(ValueError) as info:
+    validate_labels(np.array([0, 5, 1, -1, 4, 3]), 4)
+  msg = str(info.value)
+  assert "[0, 4)" in msg and "3 out-of-range" in msg
+  assert "values [-1, 4, 5]" in msg and "positions [1, 3, 4]" in msg
+  # The edge: num_classes itself is out of range, num_classes - 1 is not.
+  with pytest.raises(ValueError, match=r"values \[3\]"):
+    validate_labels(np.array([2, 3]), 3)
+  with pytest.raises(ValueError, match=r"positions \[\(1, 0\)\]"):
+    validate_labels(np.array([[0, 1], [9, 1]]), 2)
+
+
+def test_long_reports_are_truncated():
+  with pytest.raises(ValueError, match=r"found 30 .*\(and 20 more\)"):
+    validate_labels(np.arange(30) + 100, 10)
+
+
+def test_bad_arguments():
+  with pytest.raises(TypeError, match="labels.*float"):
+    validate_labels(np.array([0.0, 1.0]), 2)
+  with pytest.raises(TypeError, match="labels.*bool"):
+    validate_labels(np.array([True, False]), 2)
+  with pytest.raises(TypeError, match="num_classes"):
+    validate_labels(np.array([0, 1]), 2.0)
+  with pytest.raises(TypeError, match="num_classes"):
+    validate_labels(np.array([0, 1]), True)
+  with pytest.raises(ValueError, match="num_classes"):
+    validate_labels(np.array([0]), 0)
+
+
+def test_traced_labels_are_refused_with_a_hint():
+  with pytest.raises(TypeError, match="outside jit"):
+    jax.jit(lambda l: validate_labels(l, 3))(jnp.array([0, 1]))
