@@ -17,6 +17,7 @@ from circle_jax.losses.circle import (
 from circle_jax.losses.multi_similarity import (
     multi_similarity_loss,
     multi_similarity_loss_from_similarity,
+    multi_similarity_weights,
 )
 from circle_jax.losses.gpw import (
     pair_weights,
@@ -37,10 +38,15 @@ from circle_jax.losses.validation import (
 )
 from circle_jax.losses.pair_baselines import (
     contrastive_loss,
+    contrastive_loss_from_distance,
     triplet_margin_loss,
+    triplet_margin_loss_from_distance,
     lifted_structure_loss,
+    lifted_structure_loss_from_distance,
     n_pair_loss,
+    n_pair_loss_from_similarity,
     margin_loss,
+    margin_loss_from_distance,
 )
 from circle_jax.losses.proxy_baselines import (
     proxy_nca_loss,
@@ -63,4 +69,5 @@ from circle_jax.losses.registry import (
     LOSSES,
     LossEntry,
     get_loss,
+    loss_table_markdown,
 )

@@ -1,20 +1,427 @@
-"""Placeholder: being written."""
+"""Circle loss and the unified loss of pair similarity (Sun et al., CVPR 2020).
 
-def circle_loss(*args, **kwargs):
-  raise NotImplementedError('circle_loss')
+Both losses are written as functions of a similarity block ``[M, N]`` (a
+private per-anchor core), exposed as a square similarity-matrix form
+(``*_from_similarity``, used by :func:`circle_jax.losses.pair_weights`) and as
+thin embedding wrappers that build the cosine-similarity block, including the
+global batch across devices (``axis_name``). The class-level variants compare
+each sample with ``C`` class weight vectors instead of with the batch.
 
-def circle_loss_from_similarity(*args, **kwargs):
-  raise NotImplementedError('circle_loss_from_similarity')
+Reduction conventions:
 
-def circle_loss_class_level(*args, **kwargs):
-  raise NotImplementedError('circle_loss_class_level')
+* pair-wise forms (``circle_loss``, ``unified_loss`` and their
+  ``_from_similarity`` forms): mean over the anchors that have at least one
+  positive and one negative; anchors without either contribute nothing, and a
+  batch without any valid anchor gives 0 with zero gradient;
+* class-level forms: mean over all samples of the batch.
 
-def unified_loss(*args, **kwargs):
-  raise NotImplementedError('unified_loss')
+References:
+  Sun, Cheng, Zhang, Zhang, Zheng, Wang, Wei. "Circle Loss: A Unified
+  Perspective of Pair Similarity Optimization". CVPR 2020.
+  https://arxiv.org/abs/2002.10857
+"""
 
-def unified_loss_from_similarity(*args, **kwargs):
-  raise NotImplementedError('unified_loss_from_similarity')
+from __future__ import annotations
 
-def unified_loss_class_level(*args, **kwargs):
-  raise NotImplementedError('unified_loss_class_level')
+from typing import Optional, Tuple
 
+import jax
+import jax.numpy as jnp
+
+from circle_jax.losses import _common
+
+Array = jax.Array
+
+
+# ----------------------------------------------------------------------------
+# Per-anchor cores on an [M, N] similarity block.
+# ----------------------------------------------------------------------------
+
+
+def _circle_per_anchor(
+    similarity: Array,
+    pos: Array,
+    neg: Array,
+    *,
+    margin,
+    gamma,
+) -> Tuple[Array, Array]:
+  """Per-anchor Circle loss of an ``[M, N]`` block.
+
+  Args:
+    similarity: ``[M, N]`` float32 similarities of ``M`` anchors to ``N``
+      candidates.
+    pos: ``[M, N]`` bool, the positive pairs of each anchor.
+    neg: ``[M, N]`` bool, the negative pairs of each anchor.
+    margin: relaxation ``m``.
+    gamma: scale ``gamma``.
+
+  Returns:
+    ``(per_anchor, valid)``, both ``[M]``: the loss of each anchor (0 where
+    not valid) and whether the anchor has at least one positive and one
+    negative.
+  """
+  s = similarity
+  # Optimum O_p = 1 + m, O_n = -m; margins Delta_p = 1 - m, Delta_n = m. The
+  # weights alpha are constants in backprop (the paper scales the gradient by
+  # them; it does not differentiate them).
+  alpha_p = jax.lax.stop_gradient(jax.nn.relu(1.0 + margin - s))
+  alpha_n = jax.lax.stop_gradient(jax.nn.relu(s + margin))
+  logit_p = -gamma * alpha_p * (s - (1.0 - margin))
+  logit_n = gamma * alpha_n * (s - margin)
+  return _softplus_of_lse_sum(logit_p, logit_n, pos, neg)
+
+
+def _unified_per_anchor(
+    similarity: Array,
+    pos: Array,
+    neg: Array,
+    *,
+    gamma,
+    margin,
+) -> Tuple[Array, Array]:
+  """Per-anchor unified loss (eq. 1) of an ``[M, N]`` block; see above."""
+  s = similarity
+  return _softplus_of_lse_sum(-gamma * s, gamma * (s + margin), pos, neg)
+
+
+def _softplus_of_lse_sum(logit_p, logit_n, pos, neg):
+  """``log(1 + sum_n exp(logit_n) * sum_p exp(logit_p))`` per row, masked.
+
+  Written as ``softplus(lse_n + lse_p)`` with masked, max-shifted logsumexps,
+  so it is finite for any scale. Rows with an empty positive or negative set
+  give 0 with a zero gradient.
+  """
+  lse_p = _common.masked_logsumexp(logit_p, pos)
+  lse_n = _common.masked_logsumexp(logit_n, neg)
+  valid = jnp.any(pos, axis=-1) & jnp.any(neg, axis=-1)
+  x = jnp.where(valid, lse_p + lse_n, 0.0)
+  return jnp.where(valid, jax.nn.softplus(x), 0.0), valid
+
+
+# ----------------------------------------------------------------------------
+# Shared plumbing.
+# ----------------------------------------------------------------------------
+
+
+def _check_hyper(gamma):
+  _common.check_positive(gamma, "gamma")
+
+
+def _from_similarity(core, similarity, labels, pos_mask, neg_mask, **hyper):
+  similarity, labels = _common.check_similarity(similarity, labels)
+  pos, neg = _common.pair_masks(labels, labels, 0, pos_mask, neg_mask)
+  per_anchor, valid = core(similarity, pos, neg, **hyper)
+  return _common.to_float32_scalar(_common.mean_over_valid(per_anchor, valid))
+
+
+def _from_embeddings(core, embeddings, labels, axis_name, pos_mask, neg_mask,
+                     **hyper):
+  embeddings = _common.check_embeddings(embeddings)
+  labels = _common.check_labels(labels, embeddings.shape[0])
+  all_embeddings, all_labels, row_offset = _common.gathered_batch(
+      embeddings, labels, axis_name)
+  similarity = _common.cosine_similarity(embeddings, all_embeddings)
+  pos, neg = _common.pair_masks(labels, all_labels, row_offset, pos_mask,
+                                neg_mask)
+  per_anchor, valid = core(similarity, pos, neg, **hyper)
+  return _common.to_float32_scalar(
+      _common.mean_over_valid(per_anchor, valid, axis_name))
+
+
+def _class_level(core, embeddings, labels, class_weights, **hyper):
+  embeddings = _common.check_embeddings(embeddings)
+  labels = _common.check_labels(labels, embeddings.shape[0])
+  class_weights = _common.check_class_vectors(
+      class_weights, embeddings.shape[1], name="class_weights")
+  similarity = _common.cosine_similarity(embeddings, class_weights)
+  classes = jnp.arange(class_weights.shape[0], dtype=labels.dtype)
+  pos = labels[:, None] == classes[None, :]
+  per_sample, _ = core(similarity, pos, ~pos, **hyper)
+  return _common.to_float32_scalar(jnp.mean(per_sample))
+
+
+# ----------------------------------------------------------------------------
+# Circle loss.
+# ----------------------------------------------------------------------------
+
+
+def circle_loss_from_similarity(
+    similarity: Array,
+    labels: Array,
+    *,
+    margin: float = 0.4,
+    gamma: float = 80.0,
+    pos_mask: Optional[Array] = None,
+    neg_mask: Optional[Array] = None,
+) -> Array:
+  r"""Pair-wise Circle loss of a square similarity matrix.
+
+  Row ``i`` is an anchor; its positives ``P_i`` are the other samples with its
+  label and its negatives ``N_i`` the samples with another label (intersected
+  with ``pos_mask`` / ``neg_mask``). With the paper's eq. (6) and the settings
+  ``O_p = 1 + m``, ``O_n = -m``, ``Delta_p = 1 - m``, ``Delta_n = m``:
+
+  .. math::
+
+    \alpha_p = [1 + m - s_p]_+, \qquad \alpha_n = [s_n + m]_+,
+
+    \ell_i = \log\Big[1 + \sum_{j \in N_i} e^{\gamma \alpha_n^j (s_n^j - m)}
+                        \sum_{k \in P_i} e^{-\gamma \alpha_p^k (s_p^k - 1 + m)}
+                 \Big]
+           = \operatorname{softplus}\big(\mathrm{LSE}_{N_i} + \mathrm{LSE}_{P_i}\big),
+
+  and ``L`` is the mean of ``l_i`` over the anchors with ``P_i`` and ``N_i``
+  both non-empty (0 when there is none). The weights ``alpha`` are constants
+  in backprop, as in the paper's gradients (eqs. 9-10), so ``dL/ds`` is *not*
+  the derivative of the value with respect to the ``s`` inside ``alpha``.
+
+  Args:
+    similarity: ``[B, B]`` float similarity matrix (cast to float32). It need
+      not be symmetric: row ``i`` holds anchor ``i``'s similarities.
+    labels: ``[B]`` integer labels.
+    margin: relaxation ``m`` (paper: 0.25 for face recognition, 0.4 for
+      fine-grained retrieval).
+    gamma: scale ``gamma`` (> 0).
+    pos_mask: optional ``[B, B]`` bool mask of usable positive pairs (miner).
+    neg_mask: optional ``[B, B]`` bool mask of usable negative pairs (miner).
+
+  Returns:
+    float32 scalar: the mean Circle loss over valid anchors.
+
+  References:
+    Sun et al., "Circle Loss: A Unified Perspective of Pair Similarity
+    Optimization", CVPR 2020, eqs. (6), (9), (10).
+  """
+  _check_hyper(gamma)
+  return _from_similarity(_circle_per_anchor, similarity, labels, pos_mask,
+                          neg_mask, margin=margin, gamma=gamma)
+
+
+def circle_loss(
+    embeddings: Array,
+    labels: Array,
+    *,
+    margin: float = 0.4,
+    gamma: float = 80.0,
+    axis_name=None,
+    pos_mask: Optional[Array] = None,
+    neg_mask: Optional[Array] = None,
+) -> Array:
+  r"""Pair-wise Circle loss of a batch of embeddings.
+
+  The embeddings are L2-normalised (zero vectors stay zero) and compared by
+  cosine similarity; see :func:`circle_loss_from_similarity` for the math:
+
+  .. math::
+
+    \ell_i = \operatorname{softplus}\Big(
+        \mathrm{LSE}_{j \in N_i}\, \gamma \alpha_n^j (s_n^j - m)
+      + \mathrm{LSE}_{k \in P_i}\, -\gamma \alpha_p^k (s_p^k - 1 + m) \Big),
+    \quad L = \operatorname{mean}_{i:\,P_i \neq \emptyset \neq N_i} \ell_i.
+
+  Args:
+    embeddings: ``[B, D]`` float32 or bfloat16 embeddings (computed in
+      float32).
+    labels: ``[B]`` integer labels.
+    margin: relaxation ``m``.
+    gamma: scale ``gamma`` (> 0).
+    axis_name: optional mapped axis (``jax.shard_map`` / ``jax.pmap``). The
+      local anchors are compared with the batch gathered over the axis; the
+      result is the loss of the global batch on every device and the gradient
+      is that of the single-device loss on the concatenated batch.
+    pos_mask: optional ``[B, B_global]`` bool mask of usable positive pairs
+      (``B_global == B`` without ``axis_name``), intersected with the labels.
+    neg_mask: optional ``[B, B_global]`` bool mask of usable negative pairs.
+
+  Returns:
+    float32 scalar: the mean over anchors that have at least one positive and
+    one negative (0, with zero gradient, when there is none).
+
+  References:
+    Sun et al., "Circle Loss: A Unified Perspective of Pair Similarity
+    Optimization", CVPR 2020, eq. (6).
+  """
+  _check_hyper(gamma)
+  return _from_embeddings(_circle_per_anchor, embeddings, labels, axis_name,
+                          pos_mask, neg_mask, margin=margin, gamma=gamma)
+
+
+def circle_loss_class_level(
+    embeddings: Array,
+    labels: Array,
+    class_weights: Array,
+    *,
+    margin: float = 0.25,
+    gamma: float = 256.0,
+) -> Array:
+  r"""Circle loss with class-level labels (face recognition / re-ID form).
+
+  Each sample has one positive similarity ``s_p = cos(x, W_y)`` to its own
+  class weight and ``C - 1`` negative similarities ``s_n^j = cos(x, W_j)``:
+
+  .. math::
+
+    \ell = \log\Big[1 + e^{-\gamma \alpha_p (s_p - 1 + m)}
+                     \sum_{j \neq y} e^{\gamma \alpha_n^j (s_n^j - m)}\Big],
+    \quad \alpha_p = [1 + m - s_p]_+,\ \alpha_n^j = [s_n^j + m]_+
+
+  (``alpha`` constant in backprop), averaged over the samples.
+
+  Labels are not range-checked (impossible under ``jit``): a sample whose
+  label is outside ``[0, C)`` has no positive and contributes 0. Validate
+  labels on the host (``circle_jax.losses.validate_labels``).
+
+  Args:
+    embeddings: ``[B, D]`` float32 or bfloat16 embeddings.
+    labels: ``[B]`` integer class ids in ``[0, C)``.
+    class_weights: ``[C, D]`` float class weight vectors (L2-normalised
+      inside).
+    margin: relaxation ``m`` (paper: 0.25).
+    gamma: scale ``gamma`` (> 0; paper: 256).
+
+  Returns:
+    float32 scalar: the mean loss over the ``B`` samples.
+
+  References:
+    Sun et al., "Circle Loss: A Unified Perspective of Pair Similarity
+    Optimization", CVPR 2020, eq. (6) with class-level labels.
+  """
+  _check_hyper(gamma)
+  return _class_level(_circle_per_anchor, embeddings, labels, class_weights,
+                      margin=margin, gamma=gamma)
+
+
+# ----------------------------------------------------------------------------
+# Unified loss.
+# ----------------------------------------------------------------------------
+
+
+def unified_loss_from_similarity(
+    similarity: Array,
+    labels: Array,
+    *,
+    gamma: float = 80.0,
+    margin: float = 0.4,
+    pos_mask: Optional[Array] = None,
+    neg_mask: Optional[Array] = None,
+) -> Array:
+  r"""Unified loss of pair similarity (eq. 1) of a square similarity matrix.
+
+  .. math::
+
+    \ell_i = \log\Big[1 + \sum_{j \in N_i} \sum_{k \in P_i}
+                      e^{\gamma (s_n^j - s_p^k + m)}\Big]
+           = \operatorname{softplus}\big(
+               \mathrm{LSE}_{N_i}\, \gamma (s_n + m)
+             + \mathrm{LSE}_{P_i}\, (-\gamma s_p)\big),
+
+  averaged over anchors with ``P_i`` and ``N_i`` both non-empty. As
+  ``gamma -> inf``, ``l_i / gamma`` tends to the hard-mined triplet loss
+  ``[max_j s_n^j - min_k s_p^k + m]_+`` (eq. 3).
+
+  Args:
+    similarity: ``[B, B]`` float similarity matrix (row ``i``: anchor ``i``).
+    labels: ``[B]`` integer labels.
+    gamma: scale ``gamma`` (> 0).
+    margin: margin ``m``.
+    pos_mask: optional ``[B, B]`` bool mask of usable positive pairs.
+    neg_mask: optional ``[B, B]`` bool mask of usable negative pairs.
+
+  Returns:
+    float32 scalar: the mean over valid anchors (0 when there is none).
+
+  References:
+    Sun et al., "Circle Loss: A Unified Perspective of Pair Similarity
+    Optimization", CVPR 2020, eqs. (1) and (3).
+  """
+  _check_hyper(gamma)
+  return _from_similarity(_unified_per_anchor, similarity, labels, pos_mask,
+                          neg_mask, gamma=gamma, margin=margin)
+
+
+def unified_loss(
+    embeddings: Array,
+    labels: Array,
+    *,
+    gamma: float = 80.0,
+    margin: float = 0.4,
+    axis_name=None,
+    pos_mask: Optional[Array] = None,
+    neg_mask: Optional[Array] = None,
+) -> Array:
+  r"""Unified loss of pair similarity (eq. 1) with pair-wise labels.
+
+  Cosine similarities of the L2-normalised embeddings; per anchor
+
+  .. math::
+
+    \ell_i = \log\Big[1 + \sum_{j \in N_i} e^{\gamma (s_n^j + m)}
+                          \sum_{k \in P_i} e^{-\gamma s_p^k}\Big],
+
+  averaged over the anchors with at least one positive and one negative.
+
+  Args:
+    embeddings: ``[B, D]`` float32 or bfloat16 embeddings.
+    labels: ``[B]`` integer labels.
+    gamma: scale ``gamma`` (> 0).
+    margin: margin ``m``.
+    axis_name: optional mapped axis; the global-batch loss (see
+      :func:`circle_loss`).
+    pos_mask: optional ``[B, B_global]`` bool mask of usable positive pairs.
+    neg_mask: optional ``[B, B_global]`` bool mask of usable negative pairs.
+
+  Returns:
+    float32 scalar: the mean over valid anchors (0 when there is none).
+
+  References:
+    Sun et al., "Circle Loss: A Unified Perspective of Pair Similarity
+    Optimization", CVPR 2020, eq. (1).
+  """
+  _check_hyper(gamma)
+  return _from_embeddings(_unified_per_anchor, embeddings, labels, axis_name,
+                          pos_mask, neg_mask, gamma=gamma, margin=margin)
+
+
+def unified_loss_class_level(
+    embeddings: Array,
+    labels: Array,
+    class_weights: Array,
+    *,
+    gamma: float = 64.0,
+    margin: float = 0.35,
+) -> Array:
+  r"""Unified loss (eq. 1) with class-level labels: AM-Softmax (eq. 2).
+
+  With one positive ``s_p = cos(x, W_y)`` and ``C - 1`` negatives
+  ``s_n^j = cos(x, W_j)``:
+
+  .. math::
+
+    \ell = \log\Big[1 + \sum_{j \neq y} e^{\gamma (s_n^j - s_p + m)}\Big]
+         = -\log \frac{e^{\gamma (s_p - m)}}
+                      {e^{\gamma (s_p - m)} + \sum_{j \neq y} e^{\gamma s_n^j}},
+
+  i.e. the AM-Softmax / CosFace cross-entropy with scale ``gamma`` and
+  additive margin ``m``, averaged over the samples. Out-of-range labels
+  contribute 0 (see :func:`circle_loss_class_level`).
+
+  Args:
+    embeddings: ``[B, D]`` float32 or bfloat16 embeddings.
+    labels: ``[B]`` integer class ids in ``[0, C)``.
+    class_weights: ``[C, D]`` float class weight vectors (L2-normalised
+      inside).
+    gamma: scale ``gamma`` (> 0).
+    margin: additive cosine margin ``m``.
+
+  Returns:
+    float32 scalar: the mean loss over the ``B`` samples.
+
+  References:
+    Sun et al., "Circle Loss: A Unified Perspective of Pair Similarity
+    Optimization", CVPR 2020, eqs. (1)-(2). Wang et al., "Additive Margin
+    Softmax for Face Verification", IEEE SPL 2018.
+  """
+  _check_hyper(gamma)
+  return _class_level(_unified_per_anchor, embeddings, labels, class_weights,
+                      gamma=gamma, margin=margin)
