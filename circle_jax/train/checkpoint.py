@@ -89,13 +89,22 @@ class Checkpoints:
         data=ocp.args.JsonSave(_to_json(data_state or {})),
         meta=ocp.args.JsonSave(_to_json(meta)))
 
-  def save_latest(self, step: int, state_tree: PyTree, data_state=None) -> bool:
-    """Saves (asynchronously) unless ``step`` is already saved."""
+  def save_latest(self, step: int, state_tree: PyTree, data_state=None,
+                  meta: Optional[dict] = None) -> bool:
+    """Saves (asynchronously) unless ``step`` is already saved.
+
+    Args:
+      step: the step (number of updates applied).
+      state_tree: host copy of the state (``state_to_tree`` then ``to_host``).
+      data_state: the train iterator's ``get_state()``.
+      meta: extra JSON-serialisable items kept in ``meta`` with the step.
+    """
     step = int(step)
     if step in self.latest.all_steps():
       return False
     return self.latest.save(
-        step, args=self._args(state_tree, data_state, {"step": step}),
+        step, args=self._args(state_tree, data_state,
+                              dict(meta or {}, step=step)),
         force=True)
 
   def save_best(self, step: int, state_tree: PyTree, data_state,
@@ -136,13 +145,15 @@ class Checkpoints:
         step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
     return dict(meta["meta"])
 
-  def restore(self, template: PyTree, *, step: Optional[int] = None,
+  def restore(self, template: Optional[PyTree] = None, *,
+              step: Optional[int] = None,
               which: str = "latest"):
     """Restores ``(state_tree, data_state, meta)``.
 
     Args:
       template: a host (numpy) tree with the structure, shapes and dtypes of
-        the saved state (e.g. of a freshly initialised state).
+        the saved state (e.g. of a freshly initialised state); None returns
+        the saved tree as nested dicts/lists.
       step: the step to restore (default: the latest, or the best).
       which: ``latest`` or ``best``.
 
@@ -156,8 +167,10 @@ class Checkpoints:
       step = manager.latest_step() if which == "latest" else manager.best_step()
     if step is None:
       raise FileNotFoundError(f"No {which} checkpoint in {self.directory}.")
-    abstract = jax.tree.map(
-        lambda x: np.zeros(np.shape(x), np.asarray(x).dtype), template)
+    abstract = None
+    if template is not None:
+      abstract = jax.tree.map(
+          lambda x: np.zeros(np.shape(x), np.asarray(x).dtype), template)
     out = manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract),
         data=ocp.args.JsonRestore(),

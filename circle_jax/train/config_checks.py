@@ -1,0 +1,156 @@
+"""Checks a training config before anything is built, naming the bad field.
+
+:func:`check_config` runs in :func:`circle_jax.train.loop.train_and_evaluate`
+before any data is read or any model is compiled, so a typo fails in a second
+with a message such as ``config.loss.name: unknown loss 'circel'; known
+losses: ...``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import jax
+
+from circle_jax import data as data_lib
+from circle_jax import losses as losses_lib
+from circle_jax import models as models_lib
+from circle_jax.train import optim as optim_lib
+from circle_jax.train import step as step_lib
+
+RETRIEVAL_METRICS = ("precision@1", "r_precision", "map@r")
+CLUSTERING_METRICS = ("nmi", "ami")
+
+
+class ConfigError(ValueError):
+  """A config value is invalid; the message starts with the field's name."""
+
+
+def _fail(field: str, message: str):
+  raise ConfigError(f"config.{field}: {message}")
+
+
+def num_classes(config, info) -> Optional[int]:
+  """The class count for loss parameters: ``dataset.num_classes`` or the info's."""
+  n = config.dataset.get("num_classes", None)
+  if n is None and info is not None:
+    n = info.num_train_classes
+  return n
+
+
+def loss_hyper(config) -> dict:
+  """The loss hyperparameters: every ``config.loss`` field except ``name``."""
+  return {k: v for k, v in config.loss.items() if k != "name"}
+
+
+def metric_names(ks, clustering: bool):
+  names = [f"recall@{k}" for k in ks] + list(RETRIEVAL_METRICS)
+  if clustering:
+    names += list(CLUSTERING_METRICS)
+  return names
+
+
+def check_config(config, *, device_count: Optional[int] = None,
+                 process_count: Optional[int] = None) -> None:
+  """Raises :class:`ConfigError` naming the first invalid field.
+
+  Args:
+    config: the ``ml_collections.ConfigDict`` of a run.
+    device_count: devices the step runs on (default ``jax.device_count()``, or
+      1 for ``parallelism='none'``).
+    process_count: processes (default ``jax.process_count()``).
+  """
+  for field in ("dataset", "model", "loss", "batch", "optim"):
+    if field not in config:
+      _fail(field, "missing section.")
+  # Dataset.
+  name = config.dataset.get("name")
+  if name not in data_lib.DATASETS:
+    _fail("dataset.name", f"unknown dataset {name!r}; known datasets: "
+          f"{', '.join(sorted(data_lib.DATASETS))}.")
+  info = data_lib.get_dataset_info(name)
+  if info.needs_files and not (config.dataset.get("manual_dir")
+                               or config.dataset.get("data_dir")):
+    _fail("dataset.manual_dir", f"dataset {name!r} is read from its official "
+          "files; set --config.dataset.manual_dir to the folder holding them.")
+  # Model.
+  if config.model.get("name") not in models_lib.MODELS:
+    _fail("model.name", f"unknown model {config.model.get('name')!r}; known "
+          f"models: {', '.join(sorted(models_lib.MODELS))}.")
+  dim = config.model.get("embedding_dim")
+  if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
+    _fail("model.embedding_dim", f"must be a positive int; got {dim!r}.")
+  if config.model.get("dtype", "float32") not in ("float32", "bfloat16"):
+    _fail("model.dtype", "must be 'float32' or 'bfloat16'; got "
+          f"{config.model.get('dtype')!r}.")
+  # Loss.
+  loss_name = config.loss.get("name")
+  if loss_name not in losses_lib.LOSSES:
+    _fail("loss.name", f"unknown loss {loss_name!r}; known losses: "
+          f"{', '.join(sorted(losses_lib.LOSSES))}.")
+  entry = losses_lib.get_loss(loss_name)
+  unknown = sorted(set(loss_hyper(config)) - set(entry.defaults))
+  if unknown:
+    _fail(f"loss.{unknown[0]}", f"loss {loss_name!r} has no hyperparameter(s) "
+          f"{unknown}; it accepts {sorted(entry.defaults)}.")
+  if entry.param_name is not None:
+    n = num_classes(config, info)
+    if not isinstance(n, int) or n <= 0:
+      _fail("dataset.num_classes", f"loss {loss_name!r} ({entry.kind}) learns "
+            f"one {entry.param_name} row per class and needs the number of "
+            f"train classes; got {n!r}.")
+  # Batch and devices.
+  mode = config.get("parallelism", "shard_map")
+  if mode not in step_lib.MODES:
+    _fail("parallelism", f"unknown mode {mode!r}; use one of {step_lib.MODES}.")
+  p = config.batch.get("classes_per_batch")
+  k = config.batch.get("images_per_class")
+  for field, v in (("classes_per_batch", p), ("images_per_class", k)):
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+      _fail(f"batch.{field}", f"must be a positive int; got {v!r}.")
+  if p > info.num_train_classes:
+    _fail("batch.classes_per_batch", f"{p} classes per batch but {name!r} has "
+          f"{info.num_train_classes} train classes.")
+  if entry.kind == "pair" and k < 2:
+    _fail("batch.images_per_class", f"pair loss {loss_name!r} needs positive "
+          f"pairs: use at least 2 images per class; got {k}.")
+  if device_count is None:
+    device_count = 1 if mode == "none" else jax.device_count()
+  if process_count is None:
+    process_count = jax.process_count()
+  batch = p * k
+  if batch % device_count:
+    _fail("batch", f"the global batch classes_per_batch x images_per_class = "
+          f"{p} x {k} = {batch} is not divisible by the {device_count} "
+          f"devices; change P or K (or use fewer devices).")
+  if batch % process_count:
+    _fail("batch", f"the global batch {batch} is not divisible by the "
+          f"{process_count} processes.")
+  eval_batch = config.batch.get("eval_batch_size", 256)
+  if (not isinstance(eval_batch, int) or eval_batch < 1
+      or eval_batch % device_count or eval_batch % process_count):
+    _fail("batch.eval_batch_size", f"must be a positive multiple of the "
+          f"{device_count} devices; got {eval_batch!r}.")
+  # Steps.
+  steps = config.get("num_train_steps")
+  if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+    _fail("num_train_steps", f"must be a positive int; got {steps!r}.")
+  for field in ("eval_every_steps", "checkpoint_every_steps", "log_every_steps"):
+    v = config.get(field, 0)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+      _fail(field, f"must be an int >= 0 (0 disables); got {v!r}.")
+  # Metric.
+  ks = tuple(config.get("eval_ks", None) or info.ks)
+  names = metric_names(ks, config.get("eval_clustering", True))
+  best = config.get("best_metric", "recall@1")
+  if best and best not in names:
+    _fail("best_metric", f"{best!r} is not computed; choose one of {names}.")
+  # Optimiser (builds it once to validate every field).
+  try:
+    optim_lib.optimizer_from_config(config.optim, num_train_steps=steps)
+  except TypeError as e:
+    _fail("optim", f"unknown or bad field: {e}.")
+  except ValueError as e:
+    raise ConfigError(re.sub(r"`optim\.(\w+)`", r"config.optim.\1", str(e))
+                      ) from None

@@ -1,0 +1,66 @@
+"""Bad config values fail before training, naming the field."""
+
+import pytest
+
+from circle_jax.train import config_checks
+from experiments.configs import digits
+
+
+def _config(**overrides):
+  c = digits.get_config()
+  for path, value in overrides.items():
+    node = c
+    *parents, leaf = path.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return c
+
+
+def test_default_configs_pass():
+  config_checks.check_config(digits.get_config(), device_count=8,
+                             process_count=1)
+  config_checks.check_config(digits.get_config(), device_count=1,
+                             process_count=1)
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ({"loss.name": "circel"}, "config.loss.name: unknown loss 'circel'"),
+    ({"dataset.name": "mnist"}, "config.dataset.name: unknown dataset 'mnist'"),
+    ({"model.name": "vgg"}, "config.model.name"),
+    ({"model.embedding_dim": 0}, "config.model.embedding_dim"),
+    ({"loss.gama": 80.0}, "config.loss.gama"),
+    ({"batch.images_per_class": 3}, "not divisible by the 8 devices"),
+    ({"batch.classes_per_batch": 6}, "config.batch.classes_per_batch"),
+    ({"batch.images_per_class": 1, "batch.classes_per_batch": 4,
+      "batch.eval_batch_size": 8}, "config.batch.images_per_class"),
+    ({"batch.eval_batch_size": 100}, "config.batch.eval_batch_size"),
+    ({"parallelism": "ddp"}, "config.parallelism"),
+    ({"num_train_steps": 0}, "config.num_train_steps"),
+    ({"eval_every_steps": -1}, "config.eval_every_steps"),
+    ({"best_metric": "recall@3"}, "config.best_metric"),
+    ({"optim.name": "lamb"}, "config.optim.name"),
+    ({"optim.lr_multipliers.proxy": 100.0}, "lr_multipliers"),
+    ({"dataset.name": "cub200"}, "config.dataset.manual_dir"),
+])
+def test_bad_values_name_the_field(overrides, field):
+  c = _config(**overrides)
+  with pytest.raises(config_checks.ConfigError, match=field.replace(
+      "(", r"\(").replace(")", r"\)")):
+    config_checks.check_config(c, device_count=8, process_count=1)
+
+
+def test_proxy_loss_needs_a_class_count():
+  c = _config(**{"loss.name": "proxy_anchor"})
+  del c.loss["gamma"], c.loss["margin"]
+  config_checks.check_config(c, device_count=8, process_count=1)
+  c.dataset.num_classes = 0
+  with pytest.raises(config_checks.ConfigError,
+                     match="config.dataset.num_classes.*proxies"):
+    config_checks.check_config(c, device_count=8, process_count=1)
+
+
+def test_batch_must_split_over_processes():
+  with pytest.raises(config_checks.ConfigError, match="3 processes"):
+    config_checks.check_config(digits.get_config(), device_count=1,
+                               process_count=3)
