@@ -44,6 +44,13 @@ def loss_hyper(config) -> dict:
   return {k: v for k, v in config.loss.items() if k != "name"}
 
 
+def global_batch_size(config) -> int:
+  """``P x K`` for the PK sampler, ``batch.size`` for the random sampler."""
+  if config.batch.get("sampler", "pk") == "random":
+    return config.batch.get("size", 0)
+  return config.batch.classes_per_batch * config.batch.images_per_class
+
+
 def metric_names(ks, clustering: bool):
   names = [f"recall@{k}" for k in ks] + list(RETRIEVAL_METRICS)
   if clustering:
@@ -104,26 +111,37 @@ def check_config(config, *, device_count: Optional[int] = None,
   mode = config.get("parallelism", "shard_map")
   if mode not in step_lib.MODES:
     _fail("parallelism", f"unknown mode {mode!r}; use one of {step_lib.MODES}.")
-  p = config.batch.get("classes_per_batch")
-  k = config.batch.get("images_per_class")
-  for field, v in (("classes_per_batch", p), ("images_per_class", k)):
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-      _fail(f"batch.{field}", f"must be a positive int; got {v!r}.")
-  if p > info.num_train_classes:
-    _fail("batch.classes_per_batch", f"{p} classes per batch but {name!r} has "
-          f"{info.num_train_classes} train classes.")
-  if entry.kind == "pair" and k < 2:
-    _fail("batch.images_per_class", f"pair loss {loss_name!r} needs positive "
-          f"pairs: use at least 2 images per class; got {k}.")
+  sampler = config.batch.get("sampler", "pk")
+  if sampler not in ("pk", "random"):
+    _fail("batch.sampler", f"must be 'pk' or 'random'; got {sampler!r}.")
+  if sampler == "random":
+    size = config.batch.get("size", 0)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 2:
+      _fail("batch.size", f"the random sampler needs a global batch size >= 2;"
+            f" got {size!r}.")
+    p, k = None, None
+  else:
+    p = config.batch.get("classes_per_batch")
+    k = config.batch.get("images_per_class")
+    for field, v in (("classes_per_batch", p), ("images_per_class", k)):
+      if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        _fail(f"batch.{field}", f"must be a positive int; got {v!r}.")
+    if p > info.num_train_classes:
+      _fail("batch.classes_per_batch", f"{p} classes per batch but {name!r} "
+            f"has {info.num_train_classes} train classes.")
+    if entry.kind == "pair" and k < 2:
+      _fail("batch.images_per_class", f"pair loss {loss_name!r} needs "
+            f"positive pairs: use at least 2 images per class; got {k}.")
   if device_count is None:
     device_count = 1 if mode == "none" else jax.device_count()
   if process_count is None:
     process_count = jax.process_count()
-  batch = p * k
+  batch = global_batch_size(config)
   if batch % device_count:
-    _fail("batch", f"the global batch classes_per_batch x images_per_class = "
-          f"{p} x {k} = {batch} is not divisible by the {device_count} "
-          f"devices; change P or K (or use fewer devices).")
+    what = (f"classes_per_batch x images_per_class = {p} x {k} = {batch}"
+            if p is not None else f"size = {batch}")
+    _fail("batch", f"the global batch {what} is not divisible by the "
+          f"{device_count} devices; change it (or use fewer devices).")
   if batch % process_count:
     _fail("batch", f"the global batch {batch} is not divisible by the "
           f"{process_count} processes.")

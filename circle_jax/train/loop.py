@@ -253,10 +253,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
   train_source = data_lib.load_split(
       info.name, info.train_split, data_dir=data_dir,
       manual_dir=config.dataset.get("manual_dir"))
-  sampler = data_lib.PKSampler(
-      data_lib.split_labels(train_source),
-      classes_per_batch=config.batch.classes_per_batch,
-      images_per_class=config.batch.images_per_class, seed=config.seed)
+  if config.batch.get("sampler", "pk") == "random":
+    sampler = data_lib.RandomSampler(len(train_source),
+                                     batch_size=config.batch.size,
+                                     seed=config.seed)
+  else:
+    sampler = data_lib.PKSampler(
+        data_lib.split_labels(train_source),
+        classes_per_batch=config.batch.classes_per_batch,
+        images_per_class=config.batch.images_per_class, seed=config.seed)
   train_pre = train_preprocess(config, info)
   model = build_model(config, mode)
   state, entry, hyper, step_key = init_state(config, model, info,
@@ -292,7 +297,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
   eval_every = config.get("eval_every_steps", 0)
   ckpt_every = config.get("checkpoint_every_steps", 0)
   log_every = config.get("log_every_steps", 0) or 50
-  global_batch = config.batch.classes_per_batch * config.batch.images_per_class
+  global_batch = config_checks.global_batch_size(config)
   lrs = optim_lib.learning_rates(config.optim, num_steps)
 
   init_metrics = meta.get("init_metrics")

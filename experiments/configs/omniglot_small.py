@@ -1,0 +1,32 @@
+"""Circle loss with conv4 on Omniglot "background small" (CPU scale).
+
+Reads the official archives images_background_small{1,2}.zip::
+
+  python -m experiments.main --config experiments/configs/omniglot_small.py \
+      --workdir /tmp/omniglot_run \
+      --config.dataset.manual_dir=../shared/data/omniglot
+
+Train on the alphabets of the train split, retrieve characters of the unseen
+alphabets of the test split (splits: circle_jax.data, docs/data.md).
+"""
+
+from experiments.configs import base
+
+
+def get_config():
+  c = base.base_config()
+  c.dataset.name = "omniglot_small"
+  c.model.name = "conv4"
+  c.model.embedding_dim = 64
+  c.model.sync_bn = True
+  c.loss.name = "circle"
+  c.loss.gamma = 80.0
+  c.loss.margin = 0.4
+  c.batch.classes_per_batch = 16
+  c.batch.images_per_class = 4
+  c.optim.name = "adam"
+  c.optim.learning_rate = 1e-3
+  c.num_train_steps = 2000
+  c.eval_every_steps = 500
+  c.checkpoint_every_steps = 500
+  return c
