@@ -98,9 +98,13 @@ def _one_update(freeze_bn):
         train=True, mutable=["batch_stats"])
     return jnp.sum(emb[:4] * emb[4:]), new_state
 
-  grads, new_state = jax.grad(loss, has_aux=True)(params)
-  updates, _ = tx.update(grads, tx.init(params), params)
-  return variables, optax.apply_updates(params, updates), new_state
+  @jax.jit
+  def step(params):
+    grads, new_state = jax.grad(loss, has_aux=True)(params)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    return optax.apply_updates(params, updates), new_state
+
+  return (variables,) + step(params)
 
 
 def _changed(before, after, path):
