@@ -1,0 +1,449 @@
+"""Tests of the blockwise Circle / Multi-Similarity / Ranked List losses.
+
+The blockwise functions must equal the dense losses (values and gradients to
+float32 rounding) at every block size, including sizes that do not divide the
+batch, on one device and across 8 simulated devices, without ever building a
+``[B, B]`` array. References: float64 numpy per-anchor loops (values), Circle's
+closed-form gradient (its alpha factors are constants in backprop, so finite
+differences do not apply) and float64 central differences of the reference for
+the other two, and the dense public functions once they are implemented.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec as P
+
+import circle_jax.losses as losses
+from circle_jax.losses import blockwise
+from tests.losses import reference as ref
+
+# ----------------------------------------------------------------------------
+# Float64 numpy references (naive per-anchor loops).
+# ----------------------------------------------------------------------------
+
+
+def _pairs(labels, i, pos_mask=None, neg_mask=None):
+  b = len(labels)
+  pos = [j for j in range(b) if labels[j] == labels[i] and j != i
+         and (pos_mask is None or pos_mask[i, j])]
+  neg = [j for j in range(b) if labels[j] != labels[i]
+         and (neg_mask is None or neg_mask[i, j])]
+  return pos, neg
+
+
+def circle_ref(x, labels, margin=0.4, gamma=80.0, pos_mask=None, neg_mask=None):
+  """Returns (loss, dL/dx) with the paper's gradient (alpha_p, alpha_n constant)."""
+  z = ref.l2n(x)
+  s = z @ z.T
+  b = len(labels)
+  total, count = 0.0, 0
+  g = np.zeros((b, b))
+  for i in range(b):
+    pos, neg = _pairs(labels, i, pos_mask, neg_mask)
+    if not pos or not neg:
+      continue
+    a_p = np.maximum(1 + margin - s[i, pos], 0)
+    a_n = np.maximum(s[i, neg] + margin, 0)
+    l_p = -gamma * a_p * (s[i, pos] - (1 - margin))
+    l_n = gamma * a_n * (s[i, neg] - margin)
+    lse_p, lse_n = ref.logsumexp(l_p), ref.logsumexp(l_n)
+    total += ref.softplus(lse_p + lse_n)
+    count += 1
+    sig = 1 / (1 + np.exp(-(lse_p + lse_n)))
+    g[i, pos] = -sig * np.exp(l_p - lse_p) * gamma * a_p
+    g[i, neg] = sig * np.exp(l_n - lse_n) * gamma * a_n
+  count = max(count, 1)
+  return total / count, _grad_x_from_grad_s(x, g / count)
+
+
+def _grad_x_from_grad_s(x, g):
+  """Chains dL/dS (S = z z^T, z = x/||x||) to dL/dx in float64."""
+  x = np.asarray(x, np.float64)
+  z = ref.l2n(x)
+  dz = g @ z + g.T @ z
+  norm = np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+  return (dz - z * np.sum(z * dz, axis=1, keepdims=True)) / norm
+
+
+def ms_ref(x, labels, alpha=2.0, beta=50.0, base=0.5, epsilon=0.1, mining=True,
+           pos_mask=None, neg_mask=None):
+  s = ref.cos(x)
+  b = len(labels)
+  total = 0.0
+  for i in range(b):
+    pos, neg = _pairs(labels, i, pos_mask, neg_mask)
+    sp, sn = s[i, pos], s[i, neg]
+    if mining:
+      min_pos = sp.min() if len(sp) else np.inf
+      max_neg = sn.max() if len(sn) else -np.inf
+      sp_m = sp[sp - epsilon < max_neg]
+      sn_m = sn[sn + epsilon > min_pos]
+      sp, sn = sp_m, sn_m
+    if len(sp) == 0 or len(sn) == 0:  # with or without mining
+      continue
+    total += np.log1p(np.exp(-alpha * (sp - base)).sum()) / alpha
+    total += np.log1p(np.exp(beta * (sn - base)).sum()) / beta
+  return total / b
+
+
+def rll_ref(x, labels, alpha=1.2, margin=0.4, t_neg=10.0, t_pos=0.0,
+            imbalance=0.5, pos_mask=None, neg_mask=None):
+  """Returns (loss, dL/dx); the normalised weights are constants in backprop."""
+  s = ref.cos(x)
+  d = np.sqrt(np.maximum(2 - 2 * s, 0))
+  b = len(labels)
+  total = 0.0
+  g_d = np.zeros((b, b))  # dL/dd
+  for i in range(b):
+    pos, neg = _pairs(labels, i, pos_mask, neg_mask)
+    pos = [j for j in pos if d[i, j] > alpha - margin]
+    neg = [j for j in neg if d[i, j] < alpha]
+    if pos:
+      v = d[i, pos] - (alpha - margin)
+      w = np.exp(t_pos * v - (t_pos * v).max())
+      w /= w.sum()
+      total += (1 - imbalance) * (w * v).sum()
+      g_d[i, pos] = (1 - imbalance) * w
+    if neg:
+      v = alpha - d[i, neg]
+      w = np.exp(t_neg * v - (t_neg * v).max())
+      w /= w.sum()
+      total += imbalance * (w * v).sum()
+      g_d[i, neg] = -imbalance * w
+  g_s = -g_d / np.where(d > 0, d, np.inf)  # d = sqrt(2 - 2s)
+  return total / b, _grad_x_from_grad_s(x, g_s / b)
+
+
+def numeric_grad(f, x, h=1e-6):
+  x = np.asarray(x, np.float64)
+  g = np.zeros_like(x)
+  for idx in np.ndindex(*x.shape):
+    xp, xm = x.copy(), x.copy()
+    xp[idx] += h
+    xm[idx] -= h
+    g[idx] = (f(xp) - f(xm)) / (2 * h)
+  return g
+
+
+# ----------------------------------------------------------------------------
+# Fixtures.
+# ----------------------------------------------------------------------------
+
+LABELS = np.array([0, 0, 0, 1, 1, 2, 2, 2, 2, 3, 4, 4, 5])  # 3 and 5: no positives
+
+
+@pytest.fixture(scope="module")
+def batch():
+  x = np.random.default_rng(0).normal(size=(len(LABELS), 4)).astype(np.float32)
+  return x, LABELS
+
+
+def _vg(fn, x, labels, **kw):
+  f = jax.jit(jax.value_and_grad(lambda x: fn(x, labels, **kw)))
+  v, g = f(jnp.asarray(x))
+  return float(v), np.asarray(g, np.float64)
+
+
+def _assert_close(got, want, name):
+  v, g = got
+  want_v, want_g = want
+  np.testing.assert_allclose(v, want_v, rtol=2e-5, atol=1e-6, err_msg=name)
+  scale = max(np.abs(want_g).max(), 1e-6)
+  np.testing.assert_allclose(g, want_g, atol=2e-5 * scale, rtol=1e-4,
+                             err_msg=name)
+
+
+BLOCK_SIZES = [1, 4, 64]  # 4 does not divide B=13; 64 > B (one block)
+
+
+# ----------------------------------------------------------------------------
+# Values and gradients against the float64 references.
+# ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def references(batch):
+  x, labels = batch
+  x64 = x.astype(np.float64)
+  rll_kw = dict(t_pos=2.0)
+  return {
+      "circle": circle_ref(x64, labels),
+      "ms": (ms_ref(x64, labels),
+             numeric_grad(lambda v: ms_ref(v, labels), x64)),
+      "rll": rll_ref(x64, labels, **rll_kw),
+  }
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_circle_matches_reference(batch, references, block_size):
+  x, labels = batch
+  got = _vg(blockwise.circle_loss_blockwise, x, labels, margin=0.4, gamma=80.0,
+            block_size=block_size)
+  _assert_close(got, references["circle"], f"circle bs={block_size}")
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_multi_similarity_matches_reference(batch, references, block_size):
+  x, labels = batch
+  got = _vg(blockwise.multi_similarity_loss_blockwise, x, labels, alpha=2.0,
+            beta=50.0, base=0.5, epsilon=0.1, mining=True,
+            block_size=block_size)
+  _assert_close(got, references["ms"], f"ms bs={block_size}")
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_ranked_list_matches_reference(batch, references, block_size):
+  x, labels = batch
+  got = _vg(blockwise.ranked_list_loss_blockwise, x, labels, alpha=1.2,
+            margin=0.4, t_neg=10.0, t_pos=2.0, imbalance=0.5,
+            block_size=block_size)
+  _assert_close(got, references["rll"], f"rll bs={block_size}")
+
+
+def test_multi_similarity_without_mining_matches_reference(batch):
+  x, labels = batch
+  x64 = x.astype(np.float64)
+  want = (ms_ref(x64, labels, mining=False),
+          numeric_grad(lambda v: ms_ref(v, labels, mining=False), x64))
+  got = _vg(blockwise.multi_similarity_loss_blockwise, x, labels, mining=False,
+            block_size=4)
+  _assert_close(got, want, "ms mining=False")
+
+
+def test_miner_masks_are_intersected_with_label_masks(batch):
+  x, labels = batch
+  rng = np.random.default_rng(1)
+  pm = rng.random((13, 13)) < 0.7
+  nm = rng.random((13, 13)) < 0.7
+  x64 = x.astype(np.float64)
+  got = _vg(blockwise.circle_loss_blockwise, x, labels, block_size=5,
+            pos_mask=jnp.asarray(pm), neg_mask=jnp.asarray(nm))
+  _assert_close(got, circle_ref(x64, labels, pos_mask=pm, neg_mask=nm),
+                "circle masks")
+  got = _vg(blockwise.ranked_list_loss_blockwise, x, labels, block_size=5,
+            pos_mask=jnp.asarray(pm), neg_mask=jnp.asarray(nm))
+  _assert_close(got, rll_ref(x64, labels, pos_mask=pm, neg_mask=nm),
+                "rll masks")
+
+
+def test_hand_computed_circle_two_classes():
+  # Two unit vectors per class at known angles; one positive and two negatives
+  # per anchor, every anchor sees the same similarities by symmetry.
+  c, s_ = np.cos(0.3), np.sin(0.3)
+  x = np.array([[1, 0], [c, s_], [-1, 0], [-c, -s_]], np.float32)
+  labels = np.array([0, 0, 1, 1])
+  m, gamma = 0.25, 4.0
+  sp = np.cos(0.3)
+  sn = np.array([-1.0, -np.cos(0.3)])  # cos(pi), cos(pi - 0.3)... for anchor 0
+  lp = -gamma * max(1 + m - sp, 0) * (sp - (1 - m))
+  ln = gamma * np.maximum(sn + m, 0) * (sn - m)  # both alpha_n = 0 here
+  want = np.log1p(np.exp(lp) * np.exp(ln).sum())
+  got = blockwise.circle_loss_blockwise(x, labels, margin=m, gamma=gamma,
+                                        block_size=3)
+  np.testing.assert_allclose(float(got), want, rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------
+# Equality with the dense public losses (once implemented).
+# ----------------------------------------------------------------------------
+
+DENSE = {
+    "circle": (losses.circle_loss, blockwise.circle_loss_blockwise,
+               dict(margin=0.4, gamma=80.0)),
+    "multi_similarity": (losses.multi_similarity_loss,
+                         blockwise.multi_similarity_loss_blockwise,
+                         dict(alpha=2.0, beta=50.0, base=0.5, epsilon=0.1,
+                              mining=True)),
+    "ranked_list": (losses.ranked_list_loss, blockwise.ranked_list_loss_blockwise,
+                    dict(alpha=1.2, margin=0.4, t_neg=10.0, t_pos=0.0,
+                         imbalance=0.5)),
+}
+
+
+def _dense_or_skip(fn, *args, **kw):
+  try:
+    return fn(*args, **kw)
+  except NotImplementedError:
+    pytest.skip(f"dense {fn.__name__} is not implemented yet")
+
+
+@pytest.mark.parametrize("name", sorted(DENSE))
+def test_equals_dense_public_loss(batch, name):
+  dense, block, kw = DENSE[name]
+  x, labels = batch
+  x = jnp.asarray(x)
+  want = _dense_or_skip(jax.value_and_grad(lambda x: dense(x, labels, **kw)), x)
+  want = float(want[0]), np.asarray(want[1], np.float64)
+  for bs in (3, 13):
+    _assert_close(_vg(block, x, labels, block_size=bs, **kw), want,
+                  f"{name} bs={bs}")
+
+
+# ----------------------------------------------------------------------------
+# Multi-device: each device keeps its anchor rows against gathered columns.
+# ----------------------------------------------------------------------------
+
+FNS = {
+    "circle": blockwise.circle_loss_blockwise,
+    "multi_similarity": blockwise.multi_similarity_loss_blockwise,
+    "ranked_list": blockwise.ranked_list_loss_blockwise,
+}
+
+
+@pytest.fixture(scope="module")
+def global_batch():
+  n = jax.device_count()
+  assert n == 8
+  x = np.random.default_rng(2).normal(size=(24, 5)).astype(np.float32)
+  labels = np.array([0, 1, 2, 3, 4, 5] * 3 + [6, 7, 8, 0, 1, 9])
+  return x, labels
+
+
+@pytest.mark.parametrize("mode", ["shard_map", "pmap"])
+@pytest.mark.parametrize("name", sorted(FNS))
+def test_multi_device_equals_single_device(global_batch, name, mode):
+  x, labels = global_batch
+  fn = FNS[name]
+  # block 2 does not divide the 3 local anchors nor the 24 gathered columns.
+  want = _vg(fn, x, labels, block_size=5)
+  f = jax.value_and_grad(
+      lambda x, y: fn(x, y, block_size=2, axis_name="d"))
+  n = jax.device_count()
+  if mode == "shard_map":
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+    v, g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("d"), P("d")),
+                                 out_specs=(P(), P("d"))))(x, labels)
+  else:
+    v, g = jax.pmap(f, axis_name="d")(x.reshape(n, 3, 5), labels.reshape(n, 3))
+    np.testing.assert_allclose(np.asarray(v), float(v[0]), rtol=1e-6)
+    v, g = v[0], g.reshape(24, 5)
+  _assert_close((float(v), np.asarray(g, np.float64)), want, f"{name} {mode}")
+  if name == "circle":  # and the single-device value is the right one
+    _assert_close(want, circle_ref(x.astype(np.float64), labels), "circle ref")
+
+
+# ----------------------------------------------------------------------------
+# Memory: no [B, B] buffer in the compiled program.
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(FNS))
+def test_compiled_memory_is_not_quadratic(name):
+  b, d, block = 4096, 8, 256
+  x = jax.ShapeDtypeStruct((b, d), jnp.float32)
+  y = jax.ShapeDtypeStruct((b,), jnp.int32)
+  f = jax.jit(jax.value_and_grad(
+      lambda x, y: FNS[name](x, y, block_size=block)))
+  stats = f.lower(x, y).compile().memory_analysis()
+  # The dense similarity matrix alone would be b*b*4 = 64 MiB; the blockwise
+  # program needs a few [block, block] tiles and [B, D] gradient buffers.
+  assert stats.temp_size_in_bytes < b * b * 4 // 16, stats
+
+
+# ----------------------------------------------------------------------------
+# Transformations, edge cases, numerics.
+# ----------------------------------------------------------------------------
+
+
+def test_vmap_over_problems_equals_loop(batch):
+  x, labels = batch
+  xs = np.stack([x, x[::-1] * 2.0])
+  ys = np.stack([labels, labels])
+  f = jax.value_and_grad(lambda x, y: blockwise.multi_similarity_loss_blockwise(
+      x, y, block_size=4))
+  v, g = jax.jit(jax.vmap(f))(xs, ys)
+  for k in range(2):
+    _assert_close((float(v[k]), np.asarray(g[k], np.float64)),
+                  _vg(blockwise.multi_similarity_loss_blockwise, xs[k], ys[k],
+                      block_size=4), f"vmap {k}")
+
+
+@pytest.mark.parametrize("name", sorted(FNS))
+def test_degenerate_batches_give_zero_or_finite(name):
+  fn = functools.partial(FNS[name], block_size=2)
+  vg = jax.jit(jax.value_and_grad(fn))
+  x = jnp.asarray(np.random.default_rng(3).normal(size=(5, 3)), jnp.float32)
+  # Circle / MS: one class (no negatives) and all-distinct labels (no
+  # positives) give loss 0 and zero gradient. Ranked List has no such case (its
+  # positive and negative terms are separate), except identical embeddings of
+  # one class (every positive is trivial).
+  if name == "ranked_list":
+    cases = {"one_class_identical": (jnp.ones((5, 3)), jnp.zeros(5, jnp.int32))}
+  else:
+    cases = {"one_class": (x, jnp.zeros(5, jnp.int32)),
+             "distinct": (x, jnp.arange(5))}
+  for case, (xx, labels) in cases.items():
+    v, g = vg(xx, labels)
+    assert float(v) == 0.0, (name, case)
+    np.testing.assert_array_equal(np.asarray(g), 0.0, err_msg=f"{name} {case}")
+  labels = jnp.array([0, 0, 1, 1, 0])
+  for case, xx in {
+      "zeros": jnp.zeros((5, 3)),
+      "identical": jnp.ones((5, 3)),
+      "huge": x * 1e30,
+  }.items():
+    v, g = vg(xx, labels)
+    assert np.isfinite(float(v)) and np.all(np.isfinite(np.asarray(g))), (name, case)
+  v, g = vg(x[:1], labels[:1])  # a batch of one
+  assert float(v) == 0.0 and np.all(np.asarray(g) == 0.0)
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("circle", dict(gamma=256.0, margin=0.25)),
+    ("multi_similarity", dict(beta=50.0, alpha=2.0)),
+    ("ranked_list", dict(t_neg=10.0)),
+])
+def test_bfloat16_inputs_compute_in_float32(batch, name, kw):
+  x, labels = batch
+  x16 = jnp.asarray(x, jnp.bfloat16)
+  vg = jax.jit(jax.value_and_grad(functools.partial(FNS[name], block_size=4,
+                                                   **kw)))
+  v16, g16 = vg(x16, labels)
+  v32, g32 = vg(x16.astype(jnp.float32), labels)
+  assert v16.dtype == jnp.float32 and g16.dtype == jnp.bfloat16
+  # Same (bf16-rounded) inputs, float32 compute: identical values; gradients
+  # differ only by their final rounding to bfloat16 (8 bits of mantissa).
+  assert float(v16) == float(v32)
+  np.testing.assert_allclose(np.asarray(g16, np.float32), np.asarray(g32),
+                             rtol=2**-7, atol=1e-30)
+  assert np.all(np.isfinite(np.asarray(g16, np.float32)))
+
+
+def test_bad_inputs_raise_clear_errors(batch):
+  x, labels = batch
+  fn = blockwise.circle_loss_blockwise
+  with pytest.raises(ValueError, match="block_size"):
+    fn(x, labels, block_size=0)
+  with pytest.raises(TypeError, match="block_size"):
+    fn(x, labels, block_size=2.5)
+  with pytest.raises(TypeError, match="block_size"):
+    fn(x, labels, block_size=jnp.asarray(4))
+  with pytest.raises(ValueError, match="embeddings"):
+    fn(x[0], labels, block_size=4)
+  with pytest.raises(TypeError, match="labels"):
+    fn(x, labels.astype(np.float32), block_size=4)
+  with pytest.raises(ValueError, match="labels"):
+    fn(x, labels[:-1], block_size=4)
+  with pytest.raises(ValueError, match="pos_mask"):
+    fn(x, labels, block_size=4, pos_mask=jnp.ones((3, 3), bool))
+  with pytest.raises(ValueError, match="gamma"):
+    fn(x, labels, block_size=4, gamma=0.0)
+  assert int(np.asarray(fn(x, labels, block_size=np.int64(4)) > 0))
+
+
+def test_no_retracing_for_repeated_calls(batch):
+  x, labels = batch
+  traces = []
+
+  @jax.jit
+  def f(x, y):
+    traces.append(1)
+    return blockwise.ranked_list_loss_blockwise(x, y, block_size=4)
+
+  for k in range(3):
+    f(x + k, labels)
+  assert len(traces) == 1
