@@ -133,8 +133,16 @@ def check_positive(value, name: str):
 
 
 def l2_normalize(x: Array, axis: int = -1) -> Array:
-  """L2-normalises along ``axis`` in float32; zero vectors stay zero (finite grad)."""
+  """L2-normalises along ``axis`` in float32; zero vectors stay zero (finite grad).
+
+  The vector is first divided by its largest absolute entry (a constant for
+  differentiation: the result does not depend on it), so huge norms whose
+  square would overflow float32 keep their direction.
+  """
   x = x.astype(jnp.float32)
+  scale = jnp.max(jnp.abs(x), axis=axis, keepdims=True)
+  scale = jax.lax.stop_gradient(jnp.where(scale > 0, scale, 1.0))
+  x = x / scale
   sq = jnp.sum(x * x, axis=axis, keepdims=True)
   return x * jax.lax.rsqrt(jnp.maximum(sq, _NORM_EPS**2))
 

@@ -110,3 +110,20 @@ def test_global_batch_value_and_gradient_equal_single_device(mode):
     v, g = v[0], g.reshape(16, 5)
   np.testing.assert_allclose(float(v), float(ref_v), rtol=1e-5)
   np.testing.assert_allclose(np.asarray(g), np.asarray(ref_g), atol=1e-5)
+
+
+def test_l2_normalize_keeps_direction_of_huge_and_tiny_norms():
+  x = jnp.array([[3e30, -4e30], [3e-30, 4e-30], [1.0, 0.0]], jnp.float32)
+  y = np.asarray(_common.l2_normalize(x))
+  np.testing.assert_allclose(y, [[0.6, -0.8], [0.6, 0.8], [1.0, 0.0]], rtol=1e-6)
+
+
+def test_l2_normalize_gradient_matches_analytic_jacobian():
+  x = jnp.array([[1e20, 2e20, -2e20]], jnp.float32)
+  ct = jnp.array([[0.3, -1.0, 0.5]], jnp.float32)
+  (g,) = jax.vjp(_common.l2_normalize, x)[1](ct)
+  xn = np.asarray(x, np.float64)[0]
+  n = np.linalg.norm(xn)
+  jac = (np.eye(3) - np.outer(xn, xn) / n**2) / n
+  np.testing.assert_allclose(np.asarray(g)[0], jac @ np.asarray(ct, np.float64)[0],
+                             rtol=1e-5)
