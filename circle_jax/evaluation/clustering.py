@@ -3,7 +3,9 @@
 :func:`kmeans` runs Lloyd's algorithm in JAX from a k-means++ initialisation
 (Arthur & Vassilvitskii 2007): the first center is drawn uniformly, each next
 one with probability proportional to ``D(x)^2``, the squared distance of ``x``
-to its nearest chosen center. Lloyd iterations then alternate
+to its nearest chosen center; as in scikit-learn, each step draws a few
+candidates and keeps the one that lowers ``sum_x D(x)^2`` most ("greedy"
+k-means++). Lloyd iterations then alternate
 
 * assignment: ``a(x) = argmin_c ||x - mu_c||^2`` (lowest ``c`` among ties),
   computed in chunks of rows so memory is ``O(chunk_size * k)``;
@@ -40,6 +42,7 @@ References:
 from __future__ import annotations
 
 import functools
+import math
 from typing import Dict, NamedTuple, Optional
 
 import jax
@@ -93,8 +96,13 @@ def _sq_dist_to(x: Array, x_sq: Array, c: Array) -> Array:
   return jnp.maximum(d, 0.0)
 
 
-def _kmeans_plus_plus(key, x, x_sq, valid, num_clusters):
-  """k-means++ seeding over the valid rows of ``x``: ``[k, D]`` centers."""
+def _kmeans_plus_plus(key, x, x_sq, valid, num_clusters, num_local_trials):
+  """Greedy k-means++ seeding over the valid rows of ``x``: ``[k, D]`` centers.
+
+  Each step draws ``num_local_trials`` candidates with probability
+  proportional to ``D(x)^2`` and keeps the one that most lowers the potential
+  ``sum_x D(x)^2`` (one trial is the original k-means++).
+  """
   uniform = jnp.where(valid, 0.0, -jnp.inf)
   key, sub = jax.random.split(key)
   first = x[jax.random.categorical(sub, uniform)]
@@ -111,9 +119,14 @@ def _kmeans_plus_plus(key, x, x_sq, valid, num_clusters):
         jnp.where(positive, jnp.log(jnp.where(positive, d2, 1.0)), -jnp.inf),
         uniform,
     )
-    c = x[jax.random.categorical(sub, logits)]
-    d2 = jnp.where(valid, jnp.minimum(d2, _sq_dist_to(x, x_sq, c)), 0.0)
-    return centers.at[i].set(c), d2, key
+    cand = jax.random.categorical(sub, logits, shape=(num_local_trials,))
+    c = x[cand]                                               # [L, D]
+    dc = jnp.maximum(
+        x_sq[None, :] + jnp.sum(c * c, axis=1)[:, None]
+        - 2.0 * jnp.matmul(c, x.T, precision=_HIGHEST), 0.0)  # [L, N]
+    new_d2 = jnp.where(valid[None, :], jnp.minimum(d2[None, :], dc), 0.0)
+    best = jnp.argmin(jnp.sum(new_d2, axis=1))
+    return centers.at[i].set(c[best]), new_d2[best], key
 
   centers, _, _ = jax.lax.fori_loop(1, num_clusters, step, (centers, d2, key))
   return centers
@@ -134,22 +147,26 @@ def _assign(x_chunks, x_sq_chunks, centers):
   return a.reshape(-1), dmin.reshape(-1)
 
 
-@functools.partial(jax.jit, static_argnames=("num_clusters", "max_iterations",
-                                             "chunk_rows", "normalize"))
-def _kmeans_impl(x, valid, key, *, num_clusters, max_iterations, chunk_rows,
-                 normalize):
+@functools.partial(jax.jit, static_argnames=("num_clusters", "chunk_rows",
+                                             "normalize", "num_local_trials"))
+def _kmeans_impl(x, key, max_iterations, *, num_clusters, chunk_rows,
+                 normalize, num_local_trials):
   x = x.astype(jnp.float32)
   if normalize:
     x = _l2_normalize(x)
-  x = jnp.where(valid[:, None], x, 0.0)
-  x_sq = jnp.sum(x * x, axis=-1)
   n, dim = x.shape
-  x_chunks = x.reshape(n // chunk_rows, chunk_rows, dim)
-  x_sq_chunks = x_sq.reshape(n // chunk_rows, chunk_rows)
+  x_sq = jnp.sum(x * x, axis=-1)
+  # The seeding sees exactly the N points (independent of the chunking).
+  centers = _kmeans_plus_plus(key, x, x_sq, jnp.ones((n,), bool), num_clusters,
+                              num_local_trials)
+  # Assignments run over row chunks; padded rows are masked out.
+  padded = -(-n // chunk_rows) * chunk_rows
+  valid = jnp.arange(padded) < n
+  x = jnp.pad(x, ((0, padded - n), (0, 0)))
+  x_sq = jnp.pad(x_sq, (0, padded - n))
+  x_chunks = x.reshape(padded // chunk_rows, chunk_rows, dim)
+  x_sq_chunks = x_sq.reshape(padded // chunk_rows, chunk_rows)
   weight = valid.astype(jnp.float32)
-
-  centers = _kmeans_plus_plus(key, x, x_sq, valid, num_clusters)
-  assign, _ = _assign(x_chunks, x_sq_chunks, centers)
 
   def update(centers, assign):
     sums = jax.ops.segment_sum(x * weight[:, None], assign, num_clusters)
@@ -157,22 +174,25 @@ def _kmeans_impl(x, valid, key, *, num_clusters, max_iterations, chunk_rows,
     return jnp.where(counts[:, None] > 0,
                      sums / jnp.maximum(counts, 1.0)[:, None], centers)
 
+  # One loop body for the first assignment (it == -1, no update) and for the
+  # Lloyd iterations (update, then re-assign): a single copy of each step in
+  # the compiled program.
   def cond(state):
-    _, _, it, changed = state
+    _, _, it, changed, _ = state
     return (it < max_iterations) & changed
 
   def body(state):
-    centers, assign, it, _ = state
-    centers = update(centers, assign)
-    new_assign, _ = _assign(x_chunks, x_sq_chunks, centers)
-    changed = jnp.any((new_assign != assign) & valid)
-    return centers, new_assign, it + 1, changed
+    centers, assign, it, _, _ = state
+    centers = jax.lax.cond(it >= 0, update, lambda c, a: c, centers, assign)
+    new_assign, dmin = _assign(x_chunks, x_sq_chunks, centers)
+    changed = (it < 0) | jnp.any((new_assign != assign) & valid)
+    return centers, new_assign, it + 1, changed, dmin
 
-  centers, assign, it, _ = jax.lax.while_loop(
-      cond, body, (centers, assign, jnp.int32(0), jnp.bool_(True)))
-  _, dmin = _assign(x_chunks, x_sq_chunks, centers)
+  init = (centers, jnp.zeros((padded,), jnp.int32), jnp.int32(-1),
+          jnp.bool_(True), jnp.zeros((padded,), jnp.float32))
+  centers, assign, it, _, dmin = jax.lax.while_loop(cond, body, init)
   inertia = jnp.sum(jnp.where(valid, dmin, 0.0))
-  return KMeansResult(centers, assign, inertia, it)
+  return KMeansResult(centers, assign[:n], inertia, it)
 
 
 def _check_embeddings(x, name="embeddings"):
@@ -208,6 +228,7 @@ def kmeans(
     max_iterations: int = 100,
     normalize: bool = True,
     chunk_size: int = 4096,
+    num_local_trials: Optional[int] = None,
 ) -> KMeansResult:
   """k-means (Lloyd) with k-means++ seeding, in JAX on the default device.
 
@@ -220,28 +241,34 @@ def kmeans(
     normalize: L2-normalise the embeddings first (the geometry of cosine
       retrieval; the convention of the metric-learning papers' evaluations).
     chunk_size: rows per assignment step; memory is ``O(chunk_size * k)``.
+    num_local_trials: candidates drawn per seeding step (greedy k-means++);
+      default ``2 + floor(ln k)``, scikit-learn's choice. 1 gives the original
+      k-means++.
 
   Returns:
     A :class:`KMeansResult` of device arrays.
 
-  Cost: the seeding is ``k`` sequential ``O(N D)`` steps; each iteration is
-  ``O(N k D)``.
+  Cost: the seeding is ``k`` sequential ``O(L N D)`` steps (``L`` the local
+  trials); each iteration is ``O(N k D)``. A single seeding is run (no
+  restarts), so the result depends on ``key``.
   """
   x = _check_embeddings(embeddings)
   n = x.shape[0]
   num_clusters = _check_int(num_clusters, "num_clusters", 1, n)
   max_iterations = _check_int(max_iterations, "max_iterations", 0)
   chunk_size = _check_int(chunk_size, "chunk_size", 1)
+  if num_local_trials is None:
+    num_local_trials = 2 + int(math.log(num_clusters))
+  num_local_trials = _check_int(num_local_trials, "num_local_trials", 1)
   if not bool(jnp.all(jnp.isfinite(x))):
     raise ValueError("`embeddings` contains NaN or infinite values.")
-  chunk_rows = min(chunk_size, n)
-  padded = -(-n // chunk_rows) * chunk_rows
-  valid = jnp.arange(padded) < n
-  x = jnp.pad(x.astype(jnp.float32), ((0, padded - n), (0, 0)))
-  res = _kmeans_impl(x, valid, key, num_clusters=num_clusters,
-                     max_iterations=max_iterations, chunk_rows=chunk_rows,
-                     normalize=bool(normalize))
-  return res._replace(assignments=res.assignments[:n])
+  # float32 before jit: one compilation whatever the input float dtype.
+  res = _kmeans_impl(x.astype(jnp.float32), key, jnp.int32(max_iterations),
+                     num_clusters=num_clusters,
+                     chunk_rows=min(chunk_size, n),
+                     normalize=bool(normalize),
+                     num_local_trials=num_local_trials)
+  return res
 
 
 # ----------------------------------------------------------------------------
@@ -364,6 +391,7 @@ def clustering_metrics(
     max_iterations: int = 100,
     normalize: bool = True,
     chunk_size: int = 4096,
+    num_local_trials: Optional[int] = None,
 ) -> Dict[str, float]:
   """NMI and AMI of a k-means clustering of the embeddings against the labels.
 
@@ -372,7 +400,8 @@ def clustering_metrics(
     labels: ``[N]`` integer classes.
     key: ``jax.random`` key for the k-means++ seeding.
     num_clusters: ``k``; default the number of distinct labels.
-    max_iterations, normalize, chunk_size: see :func:`kmeans`.
+    max_iterations, normalize, chunk_size, num_local_trials: see
+      :func:`kmeans`.
 
   Returns:
     ``{'nmi': float, 'ami': float}`` (see :func:`mutual_information_scores`).
@@ -387,5 +416,6 @@ def clustering_metrics(
   if num_clusters is None:
     num_clusters = int(np.unique(y).size)
   res = kmeans(x, num_clusters, key=key, max_iterations=max_iterations,
-               normalize=normalize, chunk_size=chunk_size)
+               normalize=normalize, chunk_size=chunk_size,
+               num_local_trials=num_local_trials)
   return mutual_information_scores(y, res.assignments)

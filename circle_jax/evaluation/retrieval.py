@@ -270,7 +270,7 @@ def _chunk_fn(devices: Tuple[jax.Device, ...], tile: int, num_gallery: int,
   Shapes: ``q [C, D]``, ``q_lab [C]``, ``q_self [C]`` (gallery index to skip,
   or -1), ``g [num_tiles, tile, D]`` (sharded over tiles), ``g_lab
   [num_tiles, tile]``. Outputs: ``rank_first [C]`` int32, the 1-based rank of
-  the first relevant item (garbage where there is none) and ``rel [C, k]``
+  the first relevant item (0 where there is none) and ``rel [C, k]``
   bool, the relevance of the top ``k`` items.
   """
   mesh = Mesh(np.array(devices), (_AXIS,))
@@ -317,7 +317,7 @@ def _chunk_fn(devices: Tuple[jax.Device, ...], tile: int, num_gallery: int,
 
     ahead, _ = jax.lax.scan(
         count_step, jnp.zeros(b.shape, jnp.int32), (tiles, s))
-    rank_first = jax.lax.psum(ahead, _AXIS) + 1
+    rank_first = jnp.where(b > -jnp.inf, jax.lax.psum(ahead, _AXIS) + 1, 0)
 
     # Merge the per-tile top lists (tile order = gallery order), then the
     # per-device ones (device order = gallery order).
@@ -451,7 +451,7 @@ def _rank_queries(q, q_lab, g, g_lab, self_retrieval, chunk_size, devs):
 
   Returns:
     ``(rank_first, rel, r)``: ``rank_first [Q]`` int64, the 1-based rank of
-    each query's first relevant item (meaningless where ``r == 0``); ``rel
+    each query's first relevant item (0 where ``r == 0``); ``rel
     [Q, k]`` bool, the relevance of the top ``k = max(1, max(r))`` items;
     ``r [Q]`` int64, the number of relevant gallery items of each query.
   """

@@ -1,0 +1,245 @@
+"""Benchmark: exact retrieval metrics, circle_jax vs faiss-cpu exact search.
+
+Recall@K, R-Precision and MAP@R on random unit vectors of the sizes of the
+SOP test split (60,502 x 512, self-retrieval, Ks 1/10/100/1000) and In-Shop
+(14,218 queries x 12,612 gallery, Ks 1/10/20/30/40), with class sizes like
+those datasets'. Each measurement runs in a fresh subprocess so that its peak
+resident memory (``ru_maxrss``) is its own; data generation is not timed.
+
+* ``circle_jax``: :func:`circle_jax.evaluation.retrieval_metrics`, one call,
+  compilation included (it is part of what a user waits for).
+* ``faiss exact``: ``faiss.IndexFlatIP`` (brute-force inner product on the
+  normalised vectors) searched for the ``k = max(max(Ks), max R)`` (+1 in
+  self-retrieval, to drop the query itself) neighbours every metric needs,
+  then the same metrics from the neighbour lists in numpy. Queries are
+  searched in blocks of 8,192 to bound the result-array memory.
+
+faiss-cpu is optional (``pip install faiss-cpu==1.15.1``, the ``[bench]``
+extra); without it only circle_jax is measured, and the table says so.
+
+Usage:
+  python experiments/bench_retrieval.py                      # both datasets
+  python experiments/bench_retrieval.py --datasets inshop --scale 0.25
+  python experiments/bench_retrieval.py --output experiments/results/bench_retrieval_cpu.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# name: (queries, gallery or None for self-retrieval, classes, ks)
+DATASETS = {
+    "sop": (60502, None, 11316, (1, 10, 100, 1000)),
+    "inshop": (14218, 12612, 3985, (1, 10, 20, 30, 40)),
+}
+_FAISS_QUERY_BLOCK = 8192
+
+
+def _sizes(rng, total, classes, low, high):
+  """Random class sizes in [low, high] summing to ``total``."""
+  sizes = rng.integers(low, high + 1, classes)
+  while sizes.sum() != total:
+    diff = total - sizes.sum()
+    room = sizes < high if diff > 0 else sizes > low
+    idx = rng.choice(np.flatnonzero(room), min(abs(diff), room.sum()),
+                     replace=False)
+    sizes[idx] += 1 if diff > 0 else -1
+  return sizes
+
+
+def make_data(name, dim, scale, seed=0):
+  """Random unit vectors and labels with the dataset's class structure."""
+  num_q, num_g, classes, ks = DATASETS[name]
+  num_q, classes = int(num_q * scale), max(2, int(classes * scale))
+  rng = np.random.default_rng(seed)
+
+  def unit(n):
+    x = rng.standard_normal((n, dim), dtype=np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+  if num_g is None:  # SOP: 2..12 images per class (mean 5.3)
+    labels = np.repeat(np.arange(classes), _sizes(rng, num_q, classes, 2, 12))
+    return unit(num_q), rng.permutation(labels), None, None, ks
+  num_g = int(num_g * scale)  # In-Shop: 1..8 queries and gallery per class
+  q_lab = np.repeat(np.arange(classes), _sizes(rng, num_q, classes, 1, 8))
+  g_lab = np.repeat(np.arange(classes), _sizes(rng, num_g, classes, 1, 8))
+  return (unit(num_q), rng.permutation(q_lab), unit(num_g),
+          rng.permutation(g_lab), ks)
+
+
+def _metrics_from_neighbours(nbr, q_lab, g_lab, r, ks, exclude_self):
+  """Recall@K, P@1, R-Precision, MAP@R from ``[Q, k]`` neighbour indices."""
+  if exclude_self:  # drop the query itself, keep k columns
+    own = nbr == np.arange(nbr.shape[0])[:, None]
+    keep = ~own
+    keep[own.sum(1) == 0, -1] = False  # self not retrieved: drop the last
+    nbr = nbr[keep].reshape(nbr.shape[0], -1)
+  rel = g_lab[nbr] == q_lab[:, None]
+  valid = r > 0
+  rel, rv = rel[valid].astype(np.float64), r[valid].astype(np.float64)
+  pos = np.arange(1, rel.shape[1] + 1)[None, :]
+  rel_r = rel * (pos <= rv[:, None])
+  out = {f"recall@{k}": float(np.mean(rel[:, :k].any(1))) for k in ks}
+  out["precision@1"] = float(np.mean(rel[:, 0]))
+  out["r_precision"] = float(np.mean(rel_r.sum(1) / rv))
+  out["map@r"] = float(np.mean((rel_r * np.cumsum(rel_r, 1) / pos).sum(1)
+                               / rv))
+  return out
+
+
+def _run_faiss(q, q_lab, g, g_lab, ks):
+  import faiss  # pylint: disable=g-import-not-at-top
+  self_mode = g is None
+  if self_mode:
+    g, g_lab = q, q_lab
+  counts = np.bincount(g_lab, minlength=max(q_lab.max(), g_lab.max()) + 1)
+  r = counts[q_lab] - (1 if self_mode else 0)
+  k = max(max(ks), int(r.max())) + (1 if self_mode else 0)
+  index = faiss.IndexFlatIP(g.shape[1])
+  index.add(g)
+  nbrs = []
+  for lo in range(0, q.shape[0], _FAISS_QUERY_BLOCK):
+    _, idx = index.search(q[lo:lo + _FAISS_QUERY_BLOCK], k)
+    nbrs.append(idx.astype(np.int32))
+  nbr = np.concatenate(nbrs)
+  out = _metrics_from_neighbours(nbr, q_lab, g_lab, r, ks, self_mode)
+  out["faiss_threads"] = faiss.omp_get_max_threads()
+  out["k_searched"] = k
+  return out
+
+
+def _run_ours(q, q_lab, g, g_lab, ks, chunk_size):
+  sys.path.insert(0, _REPO)
+  from circle_jax.evaluation import retrieval_metrics  # pylint: disable=g-import-not-at-top
+  return retrieval_metrics(q, q_lab, g, g_lab, ks=ks, chunk_size=chunk_size)
+
+
+def child(args):
+  """One measurement in this (fresh) process; prints a JSON line."""
+  if args.method == "ours":
+    import jax  # pylint: disable=g-import-not-at-top
+    jax.devices()  # backend start-up is not part of the measurement
+  q, q_lab, g, g_lab, ks = make_data(args.child, args.dim, args.scale)
+  rss_data = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  t0, c0 = time.perf_counter(), time.process_time()
+  if args.method == "ours":
+    res = _run_ours(q, q_lab, g, g_lab, ks, args.chunk_size)
+  else:
+    res = _run_faiss(q, q_lab, g, g_lab, ks)
+  wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  print(json.dumps({"wall_s": wall, "cpu_s": cpu, "peak_rss_mib": peak / 1024,
+                    "peak_over_data_mib": (peak - rss_data) / 1024,
+                    "metrics": res}))
+
+
+def _spawn(name, method, args):
+  cmd = [sys.executable, os.path.abspath(__file__), "--child", name,
+         "--method", method, "--dim", str(args.dim), "--scale",
+         str(args.scale), "--chunk-size", str(args.chunk_size)]
+  load = os.getloadavg()[0]
+  out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  if out.returncode != 0:
+    raise RuntimeError(f"{method} on {name} failed:\n{out.stderr[-3000:]}")
+  res = json.loads(out.stdout.strip().splitlines()[-1])
+  res["load_before"] = load
+  return res
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--datasets", default="sop,inshop")
+  p.add_argument("--dim", type=int, default=512)
+  p.add_argument("--scale", type=float, default=1.0,
+                 help="fraction of the real sizes (quick runs)")
+  p.add_argument("--chunk-size", type=int, default=1024)
+  p.add_argument("--output", default=None, help="write the table here too")
+  p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+  p.add_argument("--method", default=None, help=argparse.SUPPRESS)
+  args = p.parse_args()
+  if args.child:
+    child(args)
+    return
+
+  try:
+    import faiss  # pylint: disable=g-import-not-at-top
+    have_faiss = f"faiss-cpu {faiss.__version__}"
+  except ImportError:
+    have_faiss = None
+    print("faiss-cpu is not installed: measuring circle_jax only "
+          "(pip install faiss-cpu==1.15.1 for the comparison).")
+
+  import jax  # pylint: disable=g-import-not-at-top
+  rows = []
+  for name in args.datasets.split(","):
+    methods = ["ours", "faiss"] if have_faiss else ["ours"]
+    results = {}
+    for method in methods:
+      print(f"{name}: {method} ...", flush=True)
+      results[method] = _spawn(name, method, args)
+      print(json.dumps(results[method]), flush=True)
+    if have_faiss:  # same metrics from both (random data: no exact ties)
+      a, b = results["ours"]["metrics"], results["faiss"]["metrics"]
+      diff = max(abs(a[key] - b[key]) for key in b if key in a)
+      results["faiss"]["max_metric_diff"] = diff
+    rows.append((name, results))
+
+  lines = [
+      "# Exact retrieval metrics: circle_jax vs faiss-cpu exact search (CPU)",
+      "",
+      f"Command: `python experiments/bench_retrieval.py "
+      f"--datasets {args.datasets} --dim {args.dim} --scale {args.scale} "
+      f"--chunk-size {args.chunk_size}`",
+      "",
+      f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), "
+      f"jax {jax.__version__}, {have_faiss or 'faiss-cpu not installed'}. "
+      "Random unit vectors, dim "
+      f"{args.dim}; each cell is one run in a fresh process; wall time "
+      "includes everything after data generation (circle_jax: compilation "
+      "too; faiss: index build, search and the metrics in numpy). `load` is "
+      "the 1-minute load average before the run (the machine is shared).",
+      "",
+      "| data | method | wall s | CPU s | peak RSS MiB | peak over data MiB "
+      "| load | recall@1 | map@r | notes |",
+      "|---|---|---|---|---|---|---|---|---|---|",
+  ]
+  for name, results in rows:
+    nq, ng, _, _ = DATASETS[name]
+    shape = (f"{int(nq * args.scale)} self" if ng is None else
+             f"{int(nq * args.scale)} x {int(ng * args.scale)}")
+    for method, r in results.items():
+      m = r["metrics"]
+      if method == "ours":
+        note = "circle_jax retrieval_metrics"
+      else:
+        note = (f"IndexFlatIP, k={m['k_searched']}, "
+                f"{m['faiss_threads']} threads; max |metric diff| vs "
+                f"circle_jax {r['max_metric_diff']:.1e}")
+      lines.append(
+          f"| {name} ({shape}) | {method} | {r['wall_s']:.1f} | "
+          f"{r['cpu_s']:.1f} | {r['peak_rss_mib']:.0f} | "
+          f"{r['peak_over_data_mib']:.0f} | {r['load_before']:.1f} | "
+          f"{m['recall@1']:.4f} | {m['map@r']:.4f} | {note} |")
+  if not have_faiss:
+    lines.append("")
+    lines.append("faiss-cpu was not installed: no comparison.")
+  table = "\n".join(lines) + "\n"
+  print(table)
+  if args.output:
+    with open(args.output, "w") as f:
+      f.write(table)
+
+
+if __name__ == "__main__":
+  main()
