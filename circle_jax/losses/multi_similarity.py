@@ -128,10 +128,12 @@ def multi_similarity_loss_from_similarity(
   Args:
     similarity: ``[B, B]`` float similarity matrix (row ``i``: anchor ``i``).
     labels: ``[B]`` integer labels.
-    alpha: positive scale ``alpha`` (> 0; official code: 2).
-    beta: negative scale ``beta`` (> 0; paper: 50, official code: 40).
-    base: similarity margin ``lambda`` (paper and code: 0.5, "thresh").
-    epsilon: mining margin ``epsilon`` (>= 0; code: 0.1, "margin").
+    alpha: positive scale ``alpha`` (> 0; official code: 2, "scale_pos").
+    beta: negative scale ``beta`` (> 0; default 50, the official code's
+      configs use 40, "scale_neg").
+    base: similarity margin ``lambda`` (official code: 0.5, "thresh").
+    epsilon: mining margin ``epsilon`` (>= 0; official code: 0.1,
+      "margin").
     mining: apply the pair mining above.
     pos_mask: optional ``[B, B]`` bool mask of usable positive pairs.
     neg_mask: optional ``[B, B]`` bool mask of usable negative pairs.
