@@ -34,11 +34,16 @@ def test_too_small_for_valid_pooling_is_a_clear_error():
 def test_forward_train_and_eval_on_digits_sized_images():
   model = models.get_model("conv4", embedding_dim=8)
   x = np.random.default_rng(0).uniform(size=(6, 8, 8, 1)).astype(np.float32)
-  variables = model.init(jax.random.PRNGKey(0), x, train=False)
+  variables = helpers.random_variables(helpers.variable_shapes(model, x.shape))
   assert variables["params"]["backbone"]["block1_conv"]["kernel"].shape == (
       3, 3, 1, 64)
-  emb, state = model.apply(variables, x, train=True, mutable=["batch_stats"])
-  ev = model.apply(variables, x, train=False)
+
+  @jax.jit
+  def run(variables, x):
+    emb, state = model.apply(variables, x, train=True, mutable=["batch_stats"])
+    return emb, state, model.apply(variables, x, train=False)
+
+  emb, state, ev = run(variables, x)
   for e in (emb, ev):
     assert e.shape == (6, 8) and e.dtype == jnp.float32
     np.testing.assert_allclose(np.linalg.norm(e, axis=1), 1.0, rtol=1e-5)
@@ -54,7 +59,8 @@ def test_bfloat16_compute_keeps_float32_params_and_output():
   x = np.random.default_rng(1).uniform(size=(4, 8, 8, 3)).astype(np.float32)
   variables = helpers.random_variables(helpers.variable_shapes(model, x.shape))
   assert all(v.dtype == np.float32 for v in jax.tree.leaves(variables))
-  out = model.apply(variables, x, train=False)
+  out, out32 = jax.jit(lambda v, x: (model.apply(v, x, train=False),
+                                     model32.apply(v, x, train=False)))(
+                                         variables, x)
   assert out.dtype == jnp.float32
-  np.testing.assert_allclose(out, model32.apply(variables, x, train=False),
-                             atol=0.05)
+  np.testing.assert_allclose(out, out32, atol=0.05)

@@ -77,15 +77,16 @@ def resnet_model():
   return model, helpers.random_variables(shapes), _features_fn(model)
 
 
-@pytest.mark.parametrize("layout", ["legacy.h5", "weights.h5", "keras"])
-def test_keras_resnet50_parity(keras_resnet, resnet_model, layout):
+def test_keras_resnet50_parity_for_every_file_layout(keras_resnet,
+                                                      resnet_model):
   files, x, want = keras_resnet
   model, variables, features = resnet_model
-  variables = models.replace_backbone(
-      variables, models.load_keras_resnet50(files[layout]))
-  got = features(variables, x)
-  assert got.shape == want.shape == (2, 2, 3, 2048)
-  assert _relative_error(got, want) < 1e-5
+  for layout in ("legacy.h5", "weights.h5", "keras"):
+    converted = models.replace_backbone(
+        variables, models.load_keras_resnet50(files[layout]))
+    got = features(converted, x)
+    assert got.shape == want.shape == (2, 2, 3, 2048), layout
+    assert _relative_error(got, want) < 1e-5, layout
 
 
 def test_keras_legacy_names_with_tf_suffix(tmp_path):
@@ -104,18 +105,36 @@ def test_keras_legacy_names_with_tf_suffix(tmp_path):
   assert layers["conv1_conv"]["kernel"].shape == (7, 7, 3, 64)
 
 
-def test_keras_mismatches_are_listed(keras_resnet):
-  files, _, _ = keras_resnet
-  layers = convert._read_keras_weights(str(files["legacy.h5"]))
+def _keras_layers_of_our_resnet():
+  """``{keras layer: {weight: array}}`` with our ResNet-50's shapes."""
+  shapes = helpers.variable_shapes(models.ResNet(), (1, 64, 64, 3))
+  names = {("params", "kernel"): "kernel", ("params", "scale"): "gamma",
+           ("batch_stats", "mean"): "moving_mean",
+           ("batch_stats", "var"): "moving_variance"}
+  layers = {}
+  for col in ("params", "batch_stats"):
+    for path, s in flax.traverse_util.flatten_dict(shapes[col]).items():
+      lname, kind = convert._keras_layer(path[:-1])
+      wname = names.get((col, path[-1]), "beta" if kind == "bn" else "bias")
+      layers.setdefault(lname, {})[wname] = np.zeros(s.shape, np.float32)
+  return layers
+
+
+def test_keras_mismatches_are_listed():
+  layers = _keras_layers_of_our_resnet()
+  assert "conv3_block2_1_conv" in layers and "conv2_block1_0_bn" in layers
+  convert.convert_keras_resnet(layers)  # complete: no error
   del layers["conv2_block1_1_conv"]["kernel"]
   layers["conv1_bn"]["gamma"] = np.ones(65, np.float32)
   layers["extra_dense"] = {"kernel": np.ones((2, 2))}
+  layers["predictions"] = {"kernel": np.ones((2048, 1000))}  # always ignored
   with pytest.raises(models.ConversionError) as e:
     convert.convert_keras_resnet(layers)
   msg = str(e.value)
   assert "missing (1)" in msg and "conv2_block1_1_conv/kernel" in msg
   assert "conv1_bn/gamma: checkpoint (65,), model needs (64,)" in msg
   assert "unexpected" in msg and "extra_dense" in msg
+  assert "predictions" not in msg
   layers["conv1_bn"]["gamma"] = np.ones(64, np.float32)
   with pytest.raises(models.ConversionError, match="missing") as e:
     convert.convert_keras_resnet(layers, strict=False)

@@ -37,8 +37,8 @@ def test_head_zero_embedding_is_finite_with_finite_gradient():
 def test_head_output_is_float32_unit_norm_for_bf16_features():
   f = jax.random.normal(jax.random.PRNGKey(0), (4, 2, 2, 8)).astype(jnp.bfloat16)
   m = head.EmbeddingHead(3)
-  v = m.init(jax.random.PRNGKey(1), f)
-  out = m.apply(v, f)
+  v = jax.jit(m.init)(jax.random.PRNGKey(1), f)
+  out = jax.jit(m.apply)(v, f)
   assert out.dtype == jnp.float32 and out.shape == (4, 3)
   np.testing.assert_allclose(np.linalg.norm(out, axis=1), 1.0, rtol=1e-5)
   assert v["params"]["embedding"]["kernel"].dtype == jnp.float32
