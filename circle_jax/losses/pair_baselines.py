@@ -1,17 +1,593 @@
-"""Placeholder: being written."""
+"""Baseline pair-based losses: contrastive, triplet, lifted structure, N-pair,
+margin.
 
-def contrastive_loss(*args, **kwargs):
-  raise NotImplementedError('contrastive_loss')
+Every loss here has three layers, as the seed losses do:
 
-def triplet_margin_loss(*args, **kwargs):
-  raise NotImplementedError('triplet_margin_loss')
+* a private core on an ``[M, N]`` distance (or similarity) block with boolean
+  ``pos`` / ``neg`` masks, which also performs the (possibly global) reduction;
+* a public square-matrix form ``<name>_from_distance(distance, labels, ...)``
+  (``n_pair_loss_from_similarity`` for the N-pair loss), the function General
+  Pair Weighting differentiates;
+* the embedding wrapper ``<name>(embeddings, labels, ...)``.
 
-def lifted_structure_loss(*args, **kwargs):
-  raise NotImplementedError('lifted_structure_loss')
+Distances are Euclidean distances between L2-normalised embeddings,
+``d_ij = ||x_i/|x_i| - x_j/|x_j| || = sqrt(2 - 2 cos_ij)`` (zero gradient at
+``d = 0``). The N-pair loss is the exception: it uses raw inner products and an
+L2 penalty on the embeddings, as in Sohn (2016).
 
-def n_pair_loss(*args, **kwargs):
-  raise NotImplementedError('n_pair_loss')
+With ``axis_name`` (inside ``jax.shard_map`` or ``jax.pmap``) a wrapper gathers
+the batch across devices, compares its local anchors with the global batch and
+reduces with global sums: the value is the loss of the global batch on every
+device and the gradient with respect to the local embeddings equals the
+single-device gradient on the concatenated batch.
 
-def margin_loss(*args, **kwargs):
-  raise NotImplementedError('margin_loss')
+Miner masks ``pos_mask`` / ``neg_mask`` (see :mod:`circle_jax.losses.miners`)
+have the shape of the block and are intersected with the label masks.
+"""
 
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from circle_jax.losses import _common
+from circle_jax.losses import miners as _miners
+
+Array = jax.Array
+
+TRIPLET_MINING = ("all", "batch_hard", "semi_hard")
+
+
+# ----------------------------------------------------------------------------
+# Helpers.
+# ----------------------------------------------------------------------------
+
+
+def _ratio(total: Array, count: Array, axis_name) -> Array:
+  """(Global) ``sum(total) / max(sum(count), 1)``; the count has no gradient."""
+  total = _common.maybe_global_sum(jnp.sum(total), axis_name)
+  count = jax.lax.stop_gradient(
+      _common.maybe_global_sum(jnp.sum(count.astype(jnp.float32)), axis_name))
+  return total / jnp.maximum(count, 1.0)
+
+
+def _embedding_block(embeddings, labels, axis_name, pos_mask, neg_mask,
+                     normalize=True):
+  """Local anchors against the (global) batch: ``(sim, pos, neg, extras)``."""
+  embeddings = _common.check_embeddings(embeddings)
+  labels = _common.check_labels(labels, embeddings.shape[0])
+  all_emb, all_labels, offset = _common.gathered_batch(
+      embeddings, labels, axis_name)
+  if normalize:
+    sim = _common.cosine_similarity(embeddings, all_emb)
+  else:
+    sim = jnp.matmul(embeddings, all_emb.T,
+                     precision=jax.lax.Precision.HIGHEST)
+  pos, neg = _common.pair_masks(labels, all_labels, offset, pos_mask, neg_mask)
+  return embeddings, labels, sim, pos, neg, offset
+
+
+def _square(matrix, labels, pos_mask, neg_mask, name):
+  matrix, labels = _common.check_similarity(matrix, labels, name=name)
+  pos, neg = _common.pair_masks(labels, labels, 0, pos_mask, neg_mask)
+  return matrix, labels, pos, neg
+
+
+def _check_margin(value, name):
+  if isinstance(value, (int, float)) and value < 0:
+    raise ValueError(f"`{name}` must be >= 0; got {value}.")
+
+
+def _checked_mining(mining):
+  if mining not in TRIPLET_MINING:
+    raise ValueError(
+        f"`mining` must be one of {TRIPLET_MINING}; got {mining!r}.")
+  return mining
+
+
+# ----------------------------------------------------------------------------
+# Contrastive loss.
+# ----------------------------------------------------------------------------
+
+
+def _contrastive_core(dist, pos, neg, *, pos_margin, neg_margin, axis_name):
+  pos_loss = jnp.where(pos, jax.nn.relu(dist - pos_margin), 0.0)
+  neg_loss = jnp.where(neg, jax.nn.relu(neg_margin - dist), 0.0)
+  return (_ratio(pos_loss, pos_loss > 0, axis_name)
+          + _ratio(neg_loss, neg_loss > 0, axis_name))
+
+
+def contrastive_loss_from_distance(
+    distance: Array,
+    labels: Array,
+    *,
+    pos_margin: float = 0.0,
+    neg_margin: float = 0.5,
+    pos_mask: Optional[Array] = None,
+    neg_mask: Optional[Array] = None,
+) -> Array:
+  """Contrastive loss of a square ``[B, B]`` distance matrix.
+
+  See :func:`contrastive_loss`; ``distance`` replaces the Euclidean distances
+  of the normalised embeddings.
+  """
+  dist, _, pos, neg = _square(distance, labels, pos_mask, neg_mask, "distance")
+  return _contrastive_core(dist, pos, neg, pos_margin=pos_margin,
+                           neg_margin=neg_margin, axis_name=None)
+
+
+def contrastive_loss(
+    embeddings: Array,
+    labels: Array,
+    *,
+    pos_margin: float = 0.0,
+    neg_margin: float = 0.5,
+    axis_name: Optional[str] = None,
+    pos_mask: Optional[Array] = None,
+    neg_mask: Optional[Array] = None,
+) -> Array:
+  r"""Two-margin contrastive loss (Hadsell et al. 2006; Musgrave et al. 2020).
+
+  On Euclidean distances ``d`` between L2-normalised embeddings:
+
+  .. math::
+
+    L = \operatorname*{mean}_{(i,j) \in P,\ \ell^+_{ij} > 0} \ell^+_{ij}
+      + \operatorname*{mean}_{(i,j) \in N,\ \ell^-_{ij} > 0} \ell^-_{ij},
+    \quad \ell^+_{ij} = [d_{ij} - m_+]_+,\ \ell^-_{ij} = [m_- - d_{ij}]_+ .
+
+  Reduction: positive and negative pair terms are each averaged over the
+  ordered pairs with a non-zero term (pytorch-metric-learning's
+  ``AvgNonZeroReducer``, used by "A Metric Learning Reality Check") and
+  summed; a side with no non-zero pair contributes 0. The distances are not
+  squared (Hadsell et al. square them; the Reality Check form does not).
+
+  Args:
+    embeddings: ``[B, D]`` float32 or bfloat16.
+    labels: ``[B]`` integer labels.
+    pos_margin: ``m_+``, positives closer than this are not pulled.
+    neg_margin: ``m_-``, negatives farther than this are not pushed.
+    axis_name: global-batch loss across devices (see module docstring).
+    pos_mask, neg_mask: optional miner masks of the block's shape.
+
+  Returns:
+    float32 scalar.
+
+  References:
+    Hadsell, Chopra, LeCun, "Dimensionality Reduction by Learning an
+    Invariant Mapping", CVPR 2006. Musgrave, Belongie, Lim, "A Metric
+    Learning Reality Check", ECCV 2020.
+  """
+  _check_margin(pos_margin, "pos_margin")
+  _, _, sim, pos, neg, _ = _embedding_block(
+      embeddings, labels, axis_name, pos_mask, neg_mask)
+  return _contrastive_core(_common.euclidean_from_cosine(sim), pos, neg,
+                           pos_margin=pos_margin, neg_margin=neg_margin,
+                           axis_name=axis_name)
+
+
+# ----------------------------------------------------------------------------
+# Triplet margin loss.
+# ----------------------------------------------------------------------------
+
+
+def _triplet_core(dist, pos, neg, *, margin, mining, axis_name):
+  if mining == "all":
+    hinge = dist[:, :, None] - dist[:, None, :] + margin  # [M, P, N]
+    valid = pos[:, :, None] & neg[:, None, :]
+    loss = jnp.where(valid, jax.nn.relu(hinge), 0.0)
+    per_anchor = jnp.sum(loss, axis=(1, 2))
+    nonzero = jnp.sum(loss > 0, axis=(1, 2))
+    return _ratio(per_anchor, nonzero, axis_name)
+  if mining == "batch_hard":
+    valid = pos.any(1) & neg.any(1)
+    hardest_pos = jnp.max(jnp.where(pos, dist, -jnp.inf), axis=1)
+    hardest_neg = jnp.min(jnp.where(neg, dist, jnp.inf), axis=1)
+    gap = jnp.where(valid, hardest_pos - hardest_neg, 0.0)
+    per_anchor = jnp.where(valid, jax.nn.relu(gap + margin), 0.0)
+    return _common.mean_over_valid(per_anchor, valid, axis_name)
+  # "semi_hard": for each positive pair the closest negative farther than the
+  # positive; if there is none, the farthest negative (FaceNet as implemented
+  # by TensorFlow Addons' TripletSemiHardLoss).
+  d_ap = dist[:, :, None]
+  d_an = dist[:, None, :]
+  outside = neg[:, None, :] & (d_an > d_ap)  # [M, P, N]
+  has_outside = outside.any(axis=2)
+  closest_outside = jnp.min(jnp.where(outside, d_an, jnp.inf), axis=2)
+  farthest = jnp.max(jnp.where(neg, dist, -jnp.inf), axis=1)  # [M]
+  valid = pos & neg.any(1, keepdims=True)
+  chosen = jnp.where(has_outside, closest_outside, farthest[:, None])
+  chosen = jnp.where(valid, chosen, 0.0)
+  loss = jnp.where(valid, jax.nn.relu(dist - chosen + margin), 0.0)
+  return _ratio(loss, valid, axis_name)
+
+
+def triplet_margin_loss_from_distance(
+    distance: Array,
+    labels: Array,
+    *,
+    margin: float = 0.2,
+    mining: str = "all",
+    pos_mask: Optional[Array] = None,
+    neg_mask: Optional[Array] = None,
+) -> Array:
+  """Triplet margin loss of a square ``[B, B]`` distance matrix.
+
+  See :func:`triplet_margin_loss`.
+  """
+  mining = _checked_mining(mining)
+  dist, _, pos, neg = _square(distance, labels, pos_mask, neg_mask, "distance")
+  return _triplet_core(dist, pos, neg, margin=margin, mining=mining,
+                       axis_name=None)
+
+
+def triplet_margin_loss(
+    embeddings: Array,
+    labels: Array,
+    *,
+    margin: float = 0.2,
+    mining: str = "all",
+    axis_name: Optional[str] = None,
+    pos_mask: Optional[Array] = None,
+    neg_mask: Optional[Array] = None,
+) -> Array:
+  r"""Triplet margin loss with in-batch mining (Schroff et al.; Hermans et al.).
+
+  On Euclidean distances ``d`` between L2-normalised embeddings, a triplet
+  ``(a, p, n)`` (``p`` a positive, ``n`` a negative of ``a``) costs
+  ``\ell_{apn} = [d_{ap} - d_{an} + m]_+``.
+
+  * ``mining="all"``: every triplet of the batch;
+    ``L = \operatorname{mean}_{\ell_{apn} > 0} \ell_{apn}``, the mean over the
+    triplets with non-zero loss (0 if none).
+  * ``mining="batch_hard"`` (Hermans et al.): per anchor, the farthest
+    positive and the closest negative,
+    ``L = \operatorname{mean}_a [\max_p d_{ap} - \min_n d_{an} + m]_+`` over
+    anchors with at least one positive and one negative.
+  * ``mining="semi_hard"`` (Schroff et al., as in TensorFlow Addons'
+    ``TripletSemiHardLoss``): every positive pair ``(a, p)`` takes the closest
+    negative with ``d_{an} > d_{ap}``, or the farthest negative if none is
+    farther than the positive; ``L`` is the mean over positive pairs whose
+    anchor has a negative.
+
+  Masks from a miner restrict the positive and negative pairs before mining.
+  ``"all"`` and ``"semi_hard"`` form ``[M, N, N]`` triplet tensors that XLA
+  fuses into the reductions.
+
+  Args:
+    embeddings: ``[B, D]`` float32 or bfloat16.
+    labels: ``[B]`` integer labels.
+    margin: the margin ``m``.
+    mining: ``"all"``, ``"batch_hard"`` or ``"semi_hard"``.
+    axis_name: global-batch loss across devices (see module docstring).
+    pos_mask, neg_mask: optional miner masks of the block's shape.
+
+  Returns:
+    float32 scalar.
+
+  References:
+    Schroff, Kalenichenko, Philbin, "FaceNet", CVPR 2015. Hermans, Beyer,
+    Leibe, "In Defense of the Triplet Loss for Person Re-Identification",
+    arXiv:1703.07737, 2017.
+  """
+  mining = _checked_mining(mining)
+  _check_margin(margin, "margin")
+  _, _, sim, pos, neg, _ = _embedding_block(
+      embeddings, labels, axis_name, pos_mask, neg_mask)
+  return _triplet_core(_common.euclidean_from_cosine(sim), pos, neg,
+                       margin=margin, mining=mining, axis_name=axis_name)
+
+
+# ----------------------------------------------------------------------------
+# Lifted structure loss.
+# ----------------------------------------------------------------------------
+
+
+def _lifted_core(dist, pos, neg, *, margin, axis_name):
+  # log sum_{k in N_i} exp(margin - d_ik) for every row; the column sample j
+  # needs the same quantity for its own row, which lives on its device.
+  row_lse = _common.masked_logsumexp(margin - dist, neg)  # [M]
+  if axis_name is None:
+    col_lse = row_lse
+  else:
+    col_lse = _common.gather_global(row_lse, axis_name)  # [N]
+  m, n = dist.shape
+  both = jnp.stack([jnp.broadcast_to(row_lse[:, None], (m, n)),
+                    jnp.broadcast_to(col_lse[None, :], (m, n))], axis=-1)
+  lse = _common.masked_logsumexp(both, jnp.isfinite(both), axis=-1)
+  has_neg = jnp.isfinite(lse)
+  j = jnp.where(pos & has_neg, lse, 0.0) + dist
+  loss = jnp.where(pos & has_neg, jnp.square(jax.nn.relu(j)), 0.0)
+  return 0.5 * _ratio(loss, pos, axis_name)
+
+
+def lifted_structure_loss_from_distance(
+    distance: Array,
+    labels: Array,
+    *,
+    margin: float = 1.0,
+    pos_mask: Optional[Array] = None,
+    neg_mask: Optional[Array] = None,
+) -> Array:
+  """Lifted structure loss of a square ``[B, B]`` distance matrix.
+
+  See :func:`lifted_structure_loss`.
+  """
+  dist, _, pos, neg = _square(distance, labels, pos_mask, neg_mask, "distance")
+  return _lifted_core(dist, pos, neg, margin=margin, axis_name=None)
+
+
+def lifted_structure_loss(
+    embeddings: Array,
+    labels: Array,
+    *,
+    margin: float = 1.0,
+    axis_name: Optional[str] = None,
+    pos_mask: Optional[Array] = None,
+    neg_mask: Optional[Array] = None,
+) -> Array:
+  r"""Smooth lifted structured embedding loss (Oh Song et al. 2016, eq. 4).
+
+  On Euclidean distances ``D`` between L2-normalised embeddings, for every
+  positive pair ``(i, j)``:
+
+  .. math::
+
+    J_{ij} = \log\Big(\sum_{k \in N_i} e^{m - D_{ik}}
+                    + \sum_{l \in N_j} e^{m - D_{jl}}\Big) + D_{ij},
+    \qquad
+    L = \frac{1}{2|P|} \sum_{(i,j) \in P} [J_{ij}]_+^2 .
+
+  ``P`` is the set of ordered positive pairs (the paper's unordered sum
+  counts each pair once and divides by twice the unordered count, the same
+  value). Both log-sum-exps are max-shifted and masked; a pair whose two
+  negative sets are empty contributes 0. With a miner's ``neg_mask`` the sets
+  ``N_i`` and ``N_j`` are the mined negatives of rows ``i`` and ``j``.
+
+  Args:
+    embeddings: ``[B, D]`` float32 or bfloat16.
+    labels: ``[B]`` integer labels.
+    margin: ``m`` (the paper's ``alpha``).
+    axis_name: global-batch loss across devices; each device's row
+      log-sum-exps are all-gathered to serve as the ``N_j`` terms.
+    pos_mask, neg_mask: optional miner masks of the block's shape.
+
+  Returns:
+    float32 scalar.
+
+  References:
+    Oh Song, Xiang, Jegelka, Savarese, "Deep Metric Learning via Lifted
+    Structured Feature Embedding", CVPR 2016.
+  """
+  _, _, sim, pos, neg, _ = _embedding_block(
+      embeddings, labels, axis_name, pos_mask, neg_mask)
+  return _lifted_core(_common.euclidean_from_cosine(sim), pos, neg,
+                      margin=margin, axis_name=axis_name)
+
+
+# ----------------------------------------------------------------------------
+# N-pair loss.
+# ----------------------------------------------------------------------------
+
+
+def _n_pair_core(sim, pos, neg, *, axis_name):
+  neg_lse = _common.masked_logsumexp(sim, neg)  # [M]
+  has_neg = neg.any(axis=1)
+  valid = pos & has_neg[:, None]
+  logits = jnp.where(valid, jnp.where(has_neg, neg_lse, 0.0)[:, None] - sim,
+                     0.0)
+  loss = jnp.where(valid, jax.nn.softplus(logits), 0.0)
+  return _ratio(loss, valid, axis_name)
+
+
+def n_pair_loss_from_similarity(
+    similarity: Array,
+    labels: Array,
+    *,
+    pos_mask: Optional[Array] = None,
+    neg_mask: Optional[Array] = None,
+) -> Array:
+  """Multi-class N-pair loss of a square ``[B, B]`` inner-product matrix.
+
+  The tuplet term of :func:`n_pair_loss` without the L2 penalty (which
+  depends on the embeddings, not on their similarities).
+  """
+  sim, _, pos, neg = _square(similarity, labels, pos_mask, neg_mask,
+                             "similarity")
+  return _n_pair_core(sim, pos, neg, axis_name=None)
+
+
+def n_pair_loss(
+    embeddings: Array,
+    labels: Array,
+    *,
+    l2_reg: float = 0.02,
+    axis_name: Optional[str] = None,
+    pos_mask: Optional[Array] = None,
+    neg_mask: Optional[Array] = None,
+) -> Array:
+  r"""Multi-class N-pair loss (Sohn 2016), for any batch with repeated labels.
+
+  On raw inner products ``s_ij = f_i . f_j`` (embeddings are *not*
+  normalised: Sohn regularises their norm instead), every positive pair
+  ``(a, p)`` forms an ``(N+1)``-tuplet with all negatives of ``a``:
+
+  .. math::
+
+    L = \operatorname*{mean}_{(a,p) \in P}
+        \log\Big(1 + \sum_{n \in N_a} e^{s_{an} - s_{ap}}\Big)
+        + \lambda \, \frac{1}{B} \sum_b \lVert f_b \rVert^2 .
+
+  Reduction: mean over ordered positive pairs whose anchor has a negative,
+  plus ``l2_reg`` times the mean squared norm over the (global) batch. On a
+  batch of N pairs from N classes laid out as ``[anchors; positives]``, with
+  ``pos_mask``/``neg_mask`` keeping anchor rows, their own positive and the
+  other classes' positives, this is exactly Sohn's multi-class N-pair loss
+  (tested); without masks both members of a pair are anchors and every other
+  sample of another class is a negative.
+
+  Args:
+    embeddings: ``[B, D]`` float32 or bfloat16 (raw, not normalised).
+    labels: ``[B]`` integer labels.
+    l2_reg: ``lambda``, weight of the squared-norm penalty.
+    axis_name: global-batch loss across devices (see module docstring).
+    pos_mask, neg_mask: optional miner masks of the block's shape.
+
+  Returns:
+    float32 scalar.
+
+  References:
+    Sohn, "Improved Deep Metric Learning with Multi-class N-pair Loss
+    Objective", NeurIPS 2016, eq. 6 and Sec. 3.2.1.
+  """
+  _check_margin(l2_reg, "l2_reg")
+  emb, _, sim, pos, neg, _ = _embedding_block(
+      embeddings, labels, axis_name, pos_mask, neg_mask, normalize=False)
+  tuplet = _n_pair_core(sim, pos, neg, axis_name=axis_name)
+  penalty = _common.sum_over_batch(jnp.sum(emb * emb, axis=1), axis_name)
+  return tuplet + l2_reg * penalty
+
+
+# ----------------------------------------------------------------------------
+# Margin loss.
+# ----------------------------------------------------------------------------
+
+
+def _beta_rows(beta, labels):
+  beta = jnp.asarray(beta)
+  if not jnp.issubdtype(beta.dtype, jnp.floating):
+    raise TypeError(f"`beta` must be a floating array; got {beta.dtype}.")
+  if beta.ndim == 0:
+    return jnp.broadcast_to(beta.astype(jnp.float32), labels.shape)
+  if beta.ndim != 1:
+    raise ValueError(
+        f"`beta` must be a scalar or a [num_classes] vector; got shape "
+        f"{beta.shape}.")
+  return beta.astype(jnp.float32)[labels]
+
+
+def _margin_core(dist, pos_w, neg_w, beta_rows, *, margin, nu, axis_name):
+  b = beta_rows[:, None]
+  pos_loss = jax.nn.relu(dist - b + margin)
+  neg_loss = jax.nn.relu(b - dist + margin)
+  total = (jnp.sum(pos_w * pos_loss) + jnp.sum(neg_w * neg_loss)
+           + nu * jnp.sum(pos_w * b))
+  count = (jnp.sum(jnp.where(pos_loss > 0, pos_w, 0.0))
+           + jnp.sum(jnp.where(neg_loss > 0, neg_w, 0.0)))
+  return _ratio(total, count, axis_name)
+
+
+def _margin_weights(pos, neg, pair_weights):
+  if pair_weights is None:
+    return pos.astype(jnp.float32), neg.astype(jnp.float32)
+  pair_weights = jnp.asarray(pair_weights)
+  if pair_weights.shape != pos.shape:
+    raise ValueError(
+        f"`pair_weights` must have the shape of the distance block "
+        f"{pos.shape}; got {pair_weights.shape}.")
+  w = pair_weights.astype(jnp.float32)
+  return jnp.where(pos, w, 0.0), jnp.where(neg, w, 0.0)
+
+
+def margin_loss_from_distance(
+    distance: Array,
+    labels: Array,
+    beta: Array,
+    *,
+    margin: float = 0.2,
+    nu: float = 0.0,
+    pos_mask: Optional[Array] = None,
+    neg_mask: Optional[Array] = None,
+    pair_weights: Optional[Array] = None,
+) -> Array:
+  """Margin loss of a square ``[B, B]`` distance matrix (no sampling).
+
+  See :func:`margin_loss`; pass a sampler's ``pair_weights`` to reproduce
+  distance-weighted sampling.
+  """
+  dist, labels, pos, neg = _square(distance, labels, pos_mask, neg_mask,
+                                   "distance")
+  pos_w, neg_w = _margin_weights(pos, neg, pair_weights)
+  return _margin_core(dist, pos_w, neg_w, _beta_rows(beta, labels),
+                      margin=margin, nu=nu, axis_name=None)
+
+
+def margin_loss(
+    embeddings: Array,
+    labels: Array,
+    beta: Array,
+    *,
+    margin: float = 0.2,
+    nu: float = 0.0,
+    key: Optional[Array] = None,
+    cutoff: float = 0.5,
+    nonzero_loss_cutoff: float = 1.4,
+    axis_name: Optional[str] = None,
+    pos_mask: Optional[Array] = None,
+    neg_mask: Optional[Array] = None,
+    pair_weights: Optional[Array] = None,
+) -> Array:
+  r"""Margin loss with learnable boundary and distance-weighted sampling.
+
+  Wu et al. (2017), eq. 5, on Euclidean distances ``d`` between L2-normalised
+  embeddings, with ``beta_a`` the boundary of the anchor's class (or one
+  shared scalar):
+
+  .. math::
+
+    L = \frac{\sum_{(a,p)} w_{ap} [d_{ap} - \beta_a + m]_+
+              + \sum_{(a,n)} w_{an} [\beta_a - d_{an} + m]_+
+              + \nu \sum_{(a,p)} w_{ap} \beta_a}
+             {\sum_{(a,j)} w_{aj}\, [\ell_{aj} > 0]} .
+
+  This is the official reduction: the sum of the hinge terms and of the
+  ``nu``-regulariser (one ``beta`` per triplet, i.e. per positive pair),
+  divided by the number of pairs with non-zero loss (counted with
+  multiplicity; 1 when there is none, so an empty batch gives 0).
+
+  Sampling: with ``key``, each positive pair ``(a, p)`` draws one negative of
+  ``a`` by distance-weighted sampling (:func:`distance_weighted_miner`;
+  ``w_{an}`` is the draw count, ``w_{ap} = 1``), as in the official code.
+  Without ``key`` every pair has weight 1 (or ``pair_weights``).
+
+  Args:
+    embeddings: ``[B, D]`` float32 or bfloat16.
+    labels: ``[B]`` integer labels in ``[0, num_classes)`` when ``beta`` is
+      per class.
+    beta: learnable boundary, a scalar or ``[num_classes]`` (the official
+      code is class-specific, initialised to 1.2).
+    margin: the margin ``m`` (the paper's ``alpha``).
+    nu: weight of the ``beta`` regulariser.
+    key: PRNG key of the distance-weighted sampler; ``None`` uses all pairs.
+    cutoff, nonzero_loss_cutoff: sampler parameters (see
+      :func:`distance_weighted_miner`).
+    axis_name: global-batch loss across devices; sampling is per global row,
+      so it matches the single-device draws.
+    pos_mask, neg_mask: optional miner masks of the block's shape.
+    pair_weights: optional float ``[M, N]`` pair multiplicities (e.g. from
+      :func:`distance_weighted_miner`); exclusive with ``key``.
+
+  Returns:
+    float32 scalar.
+
+  References:
+    Wu, Manmatha, Smola, Kraehenbuehl, "Sampling Matters in Deep Embedding
+    Learning", ICCV 2017.
+  """
+  if key is not None and pair_weights is not None:
+    raise ValueError(
+        "Pass either `key` (sample negatives) or `pair_weights` (already "
+        "sampled), not both.")
+  _check_margin(margin, "margin")
+  emb, labels, sim, pos, neg, offset = _embedding_block(
+      embeddings, labels, axis_name, pos_mask, neg_mask)
+  dist = _common.euclidean_from_cosine(sim)
+  if key is not None:
+    pair_weights = _miners.distance_weighted_weights(
+        dist, pos, neg, offset, key, emb.shape[1], cutoff=cutoff,
+        nonzero_loss_cutoff=nonzero_loss_cutoff)
+  pos_w, neg_w = _margin_weights(pos, neg, pair_weights)
+  return _margin_core(dist, pos_w, neg_w, _beta_rows(beta, labels),
+                      margin=margin, nu=nu, axis_name=axis_name)
