@@ -25,8 +25,8 @@ means and counted in ``num_queries_without_match``.
 How it is computed (exactly, no approximate search):
 
 * The queries are processed in chunks of ``chunk_size`` rows. The gallery is
-  L2-normalised, padded and split into tiles of a fixed number of rows ``T``
-  that depends only on the gallery size; the tiles are sharded over the
+  L2-normalised, padded and split into tiles of ``T <= 4096`` rows, ``T``
+  a function of the gallery size only; the tiles are sharded over the
   devices. Each device computes the ``[chunk, T]`` similarity blocks of its
   tiles with a float32 ``HIGHEST``-precision matmul, so a device holds
   ``O(chunk_size * gallery_size / num_devices)`` similarities, never the
@@ -246,6 +246,16 @@ def _round_up(x: int, m: int) -> int:
   return -(-x // m) * m
 
 
+def _tile_rows(num_gallery: int) -> int:
+  """Rows per gallery tile: a function of the gallery size only.
+
+  The fewest tiles of at most ``_MAX_TILE`` rows, evened out so that padding
+  stays small (e.g. 12,612 rows -> 4 tiles of 3,160, not 4 of 4,096).
+  """
+  num_tiles = -(-num_gallery // _MAX_TILE)
+  return _round_up(-(-num_gallery // num_tiles), _TILE_ALIGN)
+
+
 # ----------------------------------------------------------------------------
 # The per-chunk device program.
 # ----------------------------------------------------------------------------
@@ -463,7 +473,7 @@ def _rank_queries(q, q_lab, g, g_lab, self_retrieval, chunk_size, devs):
 
   # Gallery layout: tiles of `tile` rows, an equal number per device.
   n_dev = len(devs)
-  tile = min(_MAX_TILE, _round_up(num_g, _TILE_ALIGN))
+  tile = _tile_rows(num_g)
   tiles_per_dev = -(-num_g // (tile * n_dev))
   num_tiles = tiles_per_dev * n_dev
   g_pad = np.zeros((num_tiles * tile, dim), np.float32)
