@@ -1,10 +1,367 @@
-"""Placeholder: being written."""
+"""The loss registry: every loss by a short name, with its parameters' init.
 
-LOSSES = {}
+Configs select a loss by name; a trainer looks the entry up and calls every
+loss the same way::
 
-class LossEntry:  # placeholder
-  pass
+    entry = get_loss("proxy_anchor")
+    params = entry.init_params(key, num_classes, embedding_dim)   # or None
+    loss = entry.apply(embeddings, labels, params, key=step_key,
+                       axis_name=axis_name, **config_overrides)
 
-def get_loss(*args, **kwargs):
-  raise NotImplementedError('get_loss')
+``entry.defaults`` are the hyperparameters' defaults, read from the
+function's signature (a single source of truth); ``apply`` passes ``params``
+positionally as the loss's class-vector argument (``entry.param_name``), the
+PRNG key to losses that sample (``needs_key``) and ``axis_name`` to losses
+that support it, and rejects unknown hyperparameters by name.
 
+:func:`loss_table_markdown` renders the table of ``docs/losses.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import math
+import types
+from typing import Any, Callable, Dict, Mapping, Optional
+
+import jax
+import jax.numpy as jnp
+
+from circle_jax.losses import circle as _circle
+from circle_jax.losses import classification as _classification
+from circle_jax.losses import multi_similarity as _multi_similarity
+from circle_jax.losses import pair_baselines as _pair
+from circle_jax.losses import proxy_anchor as _proxy_anchor
+from circle_jax.losses import proxy_baselines as _proxy
+from circle_jax.losses import ranked_list as _ranked_list
+
+Array = jax.Array
+
+KINDS = ("pair", "proxy", "classifier")
+# Keyword arguments that are not hyperparameters: routed by `apply`, or
+# arrays (miner masks / weights, softmax's optional bias).
+_ROUTED = ("axis_name", "key")
+_PER_BATCH = ("pos_mask", "neg_mask", "pair_weights", "bias")
+
+
+# ----------------------------------------------------------------------------
+# Parameter initialisers: (key, num_classes, embedding_dim, **hyper) -> array.
+# ----------------------------------------------------------------------------
+
+
+def _no_params(key, num_classes, embedding_dim, **hyper):
+  del key, num_classes, embedding_dim, hyper
+  return None
+
+
+def _normal(std):
+  def init(key, num_classes, embedding_dim, **hyper):
+    del hyper
+    return std * jax.random.normal(key, (num_classes, embedding_dim),
+                                   jnp.float32)
+  return init
+
+
+def _kaiming_normal_fan_out(key, num_classes, embedding_dim, **hyper):
+  """torch ``kaiming_normal_(mode='fan_out')`` of a ``[C, D]`` tensor."""
+  del hyper
+  std = math.sqrt(2.0 / num_classes)
+  return std * jax.random.normal(key, (num_classes, embedding_dim),
+                                 jnp.float32)
+
+
+def _glorot_uniform(key, num_classes, embedding_dim, **hyper):
+  del hyper
+  limit = math.sqrt(6.0 / (num_classes + embedding_dim))
+  return jax.random.uniform(key, (num_classes, embedding_dim), jnp.float32,
+                            -limit, limit)
+
+
+def _soft_triple_centers(key, num_classes, embedding_dim, *,
+                         centers_per_class, **hyper):
+  """Official ``kaiming_uniform_(a=sqrt(5))`` of the ``[D, C*K]`` fc weight:
+  ``U(-1/sqrt(C K), 1/sqrt(C K))``, stored here as ``[C*K, D]``."""
+  del hyper
+  rows = num_classes * centers_per_class
+  bound = 1.0 / math.sqrt(rows)
+  return jax.random.uniform(key, (rows, embedding_dim), jnp.float32,
+                            -bound, bound)
+
+
+def _margin_beta(key, num_classes, embedding_dim, **hyper):
+  del key, embedding_dim, hyper
+  return jnp.full((num_classes,), 1.2, jnp.float32)
+
+
+# ----------------------------------------------------------------------------
+# Entries.
+# ----------------------------------------------------------------------------
+
+
+def _signature_defaults(fn) -> Dict[str, Any]:
+  params = inspect.signature(fn).parameters
+  return {
+      name: p.default for name, p in params.items()
+      if p.kind is inspect.Parameter.KEYWORD_ONLY
+      and p.default is not inspect.Parameter.empty
+      and name not in _ROUTED + _PER_BATCH
+  }
+
+
+def _accepted_keywords(fn):
+  params = inspect.signature(fn).parameters
+  return tuple(name for name, p in params.items()
+               if p.kind is inspect.Parameter.KEYWORD_ONLY
+               and name not in _ROUTED)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossEntry:
+  """One registered loss.
+
+  Attributes:
+    name: the registry key (what configs use).
+    fn: the loss function ``fn(embeddings, labels[, params], **hyper)``.
+    kind: ``"pair"`` (in-batch pairs), ``"proxy"`` (learnable proxies) or
+      ``"classifier"`` (class weights with a softmax-style loss).
+    param_name: the name of the loss's learnable argument (``"proxies"``,
+      ``"class_weights"``, ``"centers"``, ``"beta"``) or ``None``.
+    init_params: ``init_params(key, num_classes, embedding_dim, **hyper)``
+      returns the initial parameter array (``None`` if the loss has none).
+      ``hyper`` defaults to ``defaults`` (e.g. ``centers_per_class``).
+    defaults: default hyperparameters (read-only), from ``fn``'s signature.
+    supports_axis_name: whether ``fn`` computes a global-batch loss across
+      devices when given ``axis_name``.
+    needs_key: whether ``fn`` samples (takes a PRNG ``key``).
+    paper: the reference.
+    reduction: how the per-sample / per-pair terms are reduced.
+    param_init: how ``init_params`` initialises, in words.
+  """
+
+  name: str
+  fn: Callable[..., Array]
+  kind: str
+  param_name: Optional[str]
+  init_params: Callable[..., Optional[Array]]
+  defaults: Mapping[str, Any]
+  supports_axis_name: bool
+  needs_key: bool
+  paper: str
+  reduction: str = ""
+  param_init: str = ""
+
+  def apply(self, embeddings, labels, params=None, *, key=None,
+            axis_name=None, **hyper) -> Array:
+    """Calls the loss uniformly.
+
+    Args:
+      embeddings: ``[B, D]`` float32 or bfloat16.
+      labels: ``[B]`` integer labels.
+      params: the loss's learnable array (``param_name``), or ``None`` for a
+        parameter-free loss.
+      key: PRNG key, used by losses with ``needs_key`` (``None`` there means
+        no sampling) and ignored by the others, so a trainer may always pass
+        one.
+      axis_name: mapped axis for a global-batch loss; an error for losses
+        without ``supports_axis_name``.
+      **hyper: hyperparameter overrides (and per-batch ``pos_mask`` /
+        ``neg_mask`` / ``pair_weights`` where the loss takes them).
+
+    Returns:
+      float32 scalar loss.
+    """
+    accepted = _accepted_keywords(self.fn)
+    unknown = sorted(set(hyper) - set(accepted))
+    if unknown:
+      raise ValueError(
+          f"Loss {self.name!r} got unknown hyperparameter(s) {unknown}; it "
+          f"accepts {sorted(accepted)}.")
+    if self.param_name is not None and params is None:
+      raise ValueError(
+          f"Loss {self.name!r} needs its `{self.param_name}`: create them with "
+          f"`get_loss({self.name!r}).init_params(key, num_classes, "
+          f"embedding_dim)` and pass them as `params`.")
+    if self.param_name is None and params is not None:
+      raise ValueError(
+          f"Loss {self.name!r} has no learnable parameters; pass "
+          f"`params=None`.")
+    if axis_name is not None:
+      if not self.supports_axis_name:
+        raise ValueError(
+            f"Loss {self.name!r} does not support `axis_name`; compute it on "
+            f"the gathered global batch instead.")
+      hyper["axis_name"] = axis_name
+    if self.needs_key:
+      hyper["key"] = key
+    args = (embeddings, labels)
+    if self.param_name is not None:
+      args = args + (params,)
+    return self.fn(*args, **hyper)
+
+
+def _entry(name, fn, kind, *, paper, reduction, param_name=None,
+           init=_no_params, param_init="", needs_key=False) -> LossEntry:
+  if kind not in KINDS:
+    raise ValueError(f"kind must be one of {KINDS}; got {kind!r}.")
+  defaults = _signature_defaults(fn)
+
+  @functools.wraps(init)
+  def init_params(key, num_classes, embedding_dim, **hyper):
+    merged = {**defaults, **hyper}
+    return init(key, num_classes, embedding_dim, **merged)
+
+  params = inspect.signature(fn).parameters
+  return LossEntry(
+      name=name, fn=fn, kind=kind, param_name=param_name,
+      init_params=init_params,
+      defaults=types.MappingProxyType(defaults),
+      supports_axis_name="axis_name" in params,
+      needs_key=needs_key, paper=paper, reduction=reduction,
+      param_init=param_init)
+
+
+_PROXY_ANCHOR_PAPER = (
+    "Kim, Kim, Cho, Kwak, \"Proxy Anchor Loss for Deep Metric Learning\", "
+    "CVPR 2020")
+
+LOSSES: Mapping[str, LossEntry] = types.MappingProxyType({e.name: e for e in [
+    # Seed losses.
+    _entry("circle", _circle.circle_loss, "pair",
+           paper="Sun et al., \"Circle Loss: A Unified Perspective of Pair "
+                 "Similarity Optimization\", CVPR 2020 (eq. 6)",
+           reduction="mean over anchors with >= 1 positive and >= 1 "
+                     "negative"),
+    _entry("circle_class_level", _circle.circle_loss_class_level,
+           "classifier", param_name="class_weights",
+           init=_normal(0.01), param_init="normal, std 0.01",
+           paper="Sun et al., CVPR 2020 (class-level labels)",
+           reduction="mean over samples"),
+    _entry("multi_similarity", _multi_similarity.multi_similarity_loss,
+           "pair",
+           paper="Wang et al., \"Multi-Similarity Loss with General Pair "
+                 "Weighting for Deep Metric Learning\", CVPR 2019",
+           reduction="sum over anchors / batch size (mined-out anchors "
+                     "count as 0)"),
+    _entry("ranked_list", _ranked_list.ranked_list_loss, "pair",
+           paper="Wang et al., \"Ranked List Loss for Deep Metric "
+                 "Learning\", CVPR 2019",
+           reduction="mean over all anchors"),
+    _entry("proxy_anchor", _proxy_anchor.proxy_anchor_loss, "proxy",
+           param_name="proxies", init=_kaiming_normal_fan_out,
+           param_init="kaiming normal, fan_out (std sqrt(2/C))",
+           paper=_PROXY_ANCHOR_PAPER,
+           reduction="positive term / #proxies with positives + negative "
+                     "term / #classes"),
+    _entry("ranked_proxy_anchor", _proxy_anchor.ranked_proxy_anchor_loss,
+           "proxy", param_name="proxies", init=_kaiming_normal_fan_out,
+           param_init="kaiming normal, fan_out (std sqrt(2/C))",
+           paper="Ranked Proxy-Anchor (seed 002), built on " +
+                 _PROXY_ANCHOR_PAPER,
+           reduction="positive term / #proxies with positives + negative "
+                     "term / #classes"),
+    # Pair baselines.
+    _entry("contrastive", _pair.contrastive_loss, "pair",
+           paper="Hadsell, Chopra, LeCun, CVPR 2006; two-margin form of "
+                 "Musgrave et al., \"A Metric Learning Reality Check\", "
+                 "ECCV 2020",
+           reduction="mean over non-zero positive pairs + mean over "
+                     "non-zero negative pairs"),
+    _entry("triplet", _pair.triplet_margin_loss, "pair",
+           paper="Schroff et al., \"FaceNet\", CVPR 2015; Hermans et al., "
+                 "\"In Defense of the Triplet Loss\", 2017",
+           reduction="all: mean over non-zero triplets; batch_hard: mean "
+                     "over anchors; semi_hard: mean over positive pairs"),
+    _entry("lifted_structure", _pair.lifted_structure_loss, "pair",
+           paper="Oh Song et al., \"Deep Metric Learning via Lifted "
+                 "Structured Feature Embedding\", CVPR 2016 (smooth form)",
+           reduction="sum over ordered positive pairs of [J]_+^2 / (2 #pairs)"),
+    _entry("n_pair", _pair.n_pair_loss, "pair",
+           paper="Sohn, \"Improved Deep Metric Learning with Multi-class "
+                 "N-pair Loss Objective\", NeurIPS 2016",
+           reduction="mean over positive pairs + l2_reg * mean squared "
+                     "norm"),
+    _entry("margin", _pair.margin_loss, "pair", param_name="beta",
+           init=_margin_beta, param_init="constant 1.2 per class",
+           needs_key=True,
+           paper="Wu et al., \"Sampling Matters in Deep Embedding "
+                 "Learning\", ICCV 2017",
+           reduction="sum over (sampled) pairs / #pairs with non-zero "
+                     "loss"),
+    # Proxy baselines.
+    _entry("proxy_nca", _proxy.proxy_nca_loss, "proxy",
+           param_name="proxies", init=_normal(1.0),
+           param_init="standard normal",
+           paper="Movshovitz-Attias et al., \"No Fuss Distance Metric "
+                 "Learning using Proxies\", ICCV 2017",
+           reduction="mean over samples"),
+    _entry("soft_triple", _proxy.soft_triple_loss, "proxy",
+           param_name="centers", init=_soft_triple_centers,
+           param_init="uniform +-1/sqrt(C K) (official kaiming_uniform, "
+                      "a=sqrt(5)), [C K, D]",
+           paper="Qian et al., \"SoftTriple Loss: Deep Metric Learning "
+                 "Without Triplet Sampling\", ICCV 2019",
+           reduction="mean over samples + tau * center regulariser"),
+    # Classification.
+    _entry("normface", _classification.normface_loss, "classifier",
+           param_name="class_weights", init=_normal(0.01),
+           param_init="normal, std 0.01",
+           paper="Wang et al., \"NormFace: L2 Hypersphere Embedding for "
+                 "Face Verification\", ACM MM 2017",
+           reduction="mean over samples"),
+    _entry("cosface", _classification.cosface_loss, "classifier",
+           param_name="class_weights", init=_normal(0.01),
+           param_init="normal, std 0.01",
+           paper="Wang et al., \"CosFace: Large Margin Cosine Loss for "
+                 "Deep Face Recognition\", CVPR 2018 (= AM-Softmax)",
+           reduction="mean over samples"),
+    _entry("arcface", _classification.arcface_loss, "classifier",
+           param_name="class_weights", init=_normal(0.01),
+           param_init="normal, std 0.01 (insightface)",
+           paper="Deng et al., \"ArcFace: Additive Angular Margin Loss for "
+                 "Deep Face Recognition\", CVPR 2019",
+           reduction="mean over samples"),
+    _entry("softmax", _classification.softmax_loss, "classifier",
+           param_name="class_weights", init=_glorot_uniform,
+           param_init="glorot (xavier) uniform",
+           paper="softmax cross-entropy on a linear classifier",
+           reduction="mean over samples"),
+]})
+
+
+def get_loss(name: str) -> LossEntry:
+  """The registry entry called ``name``; ValueError listing the known names."""
+  try:
+    return LOSSES[name]
+  except (KeyError, TypeError):
+    raise ValueError(
+        f"Unknown loss {name!r}; known losses: {', '.join(sorted(LOSSES))}."
+    ) from None
+
+
+def _format_default(value):
+  if isinstance(value, str):
+    return f'"{value}"'
+  return repr(value)
+
+
+def loss_table_markdown() -> str:
+  """The Markdown table of every registered loss (kept in docs/losses.md)."""
+  lines = [
+      "| name | function | kind | parameters (init) | defaults | "
+      "reduction | `axis_name` | paper |",
+      "| --- | --- | --- | --- | --- | --- | --- | --- |",
+  ]
+  for entry in LOSSES.values():
+    params = (f"`{entry.param_name}`: {entry.param_init}"
+              if entry.param_name else "none")
+    if entry.needs_key:
+      params += "; PRNG `key` (sampler)"
+    defaults = ", ".join(f"`{k}={_format_default(v)}`"
+                         for k, v in entry.defaults.items()) or "none"
+    lines.append(
+        f"| `{entry.name}` | `{entry.fn.__name__}` | {entry.kind} | {params} "
+        f"| {defaults} | {entry.reduction} | "
+        f"{'yes' if entry.supports_axis_name else 'no'} | {entry.paper} |")
+  return "\n".join(lines) + "\n"

@@ -1,0 +1,184 @@
+"""Tests of the loss registry: names, defaults, inits, the uniform call."""
+
+import functools
+import inspect
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec as P
+
+from circle_jax import losses
+from circle_jax.losses import registry
+
+_DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "losses.md"
+
+# The issue's names and the paper defaults each loss must expose.
+_SPEC = {
+    "circle": {"margin": 0.4, "gamma": 80.0},
+    "circle_class_level": {"margin": 0.25, "gamma": 256.0},
+    "multi_similarity": {"alpha": 2.0, "beta": 50.0, "base": 0.5,
+                         "epsilon": 0.1, "mining": True},
+    "ranked_list": {"alpha": 1.2, "margin": 0.4, "t_neg": 10.0,
+                    "t_pos": 0.0, "imbalance": 0.5},
+    "proxy_anchor": {"margin": 0.1, "alpha": 32.0},
+    "ranked_proxy_anchor": {"alpha": 1.4, "margin": 0.4, "t_neg": 20.0,
+                            "distance": "euclidean"},
+    "contrastive": {"pos_margin": 0.0, "neg_margin": 0.5},
+    "triplet": {"margin": 0.2, "mining": "all"},
+    "lifted_structure": {"margin": 1.0},
+    "n_pair": {"l2_reg": 0.02},
+    "margin": {"margin": 0.2, "nu": 0.0},
+    "proxy_nca": {},
+    "soft_triple": {"centers_per_class": 10, "la": 20.0, "gamma": 0.1,
+                    "margin": 0.01},
+    "normface": {},
+    "cosface": {"margin": 0.35, "scale": 64.0},
+    "arcface": {"margin": 0.5, "scale": 64.0},
+    "softmax": {},
+}
+_PARAM = {"circle_class_level": "class_weights", "proxy_anchor": "proxies",
+          "ranked_proxy_anchor": "proxies", "margin": "beta",
+          "proxy_nca": "proxies", "soft_triple": "centers",
+          "normface": "class_weights", "cosface": "class_weights",
+          "arcface": "class_weights", "softmax": "class_weights"}
+
+_C, _D = 4, 8
+_Y = np.repeat(np.arange(_C), 4)  # P x K = 4 x 4
+_X = np.random.default_rng(0).normal(size=(16, _D)).astype(np.float32)
+
+
+def test_names_kinds_params_and_paper_defaults():
+  assert sorted(losses.LOSSES) == sorted(_SPEC)
+  for name, entry in losses.LOSSES.items():
+    assert isinstance(entry, losses.LossEntry) and entry.name == name
+    assert entry.kind in ("pair", "proxy", "classifier")
+    assert entry.param_name == _PARAM.get(name), name
+    assert entry.kind == "pair" or entry.param_name is not None
+    assert entry.needs_key == (name == "margin")
+    assert entry.paper and entry.reduction
+    for key, value in _SPEC[name].items():
+      assert entry.defaults[key] == value, (name, key)
+    # Defaults are read from the signature: a single source of truth.
+    params = inspect.signature(entry.fn).parameters
+    for key, value in entry.defaults.items():
+      assert params[key].default == value
+    assert entry.supports_axis_name == ("axis_name" in params)
+  with pytest.raises(TypeError):
+    losses.LOSSES["circle"].defaults["margin"] = 1.0  # read-only
+
+
+def test_get_loss_unknown_name_lists_the_known_ones():
+  assert losses.get_loss("arcface") is losses.LOSSES["arcface"]
+  with pytest.raises(ValueError, match="circle, circle_class_level"):
+    losses.get_loss("circel")
+
+
+def test_initialisers_follow_the_papers():
+  key = jax.random.PRNGKey(0)
+  c, d = 200, 64
+  pa = np.asarray(losses.get_loss("proxy_anchor").init_params(key, c, d))
+  assert pa.shape == (c, d) and pa.dtype == np.float32
+  np.testing.assert_allclose(pa.std(), np.sqrt(2.0 / c), rtol=0.05)
+  cw = np.asarray(losses.get_loss("arcface").init_params(key, c, d))
+  np.testing.assert_allclose(cw.std(), 0.01, rtol=0.05)
+  st = np.asarray(losses.get_loss("soft_triple").init_params(key, c, d))
+  assert st.shape == (c * 10, d)
+  bound = 1 / np.sqrt(c * 10)
+  assert np.abs(st).max() <= bound and np.abs(st).max() > 0.9 * bound
+  st3 = losses.get_loss("soft_triple").init_params(key, c, d,
+                                                   centers_per_class=3)
+  assert st3.shape == (c * 3, d)
+  sm = np.asarray(losses.get_loss("softmax").init_params(key, c, d))
+  limit = np.sqrt(6.0 / (c + d))
+  assert np.abs(sm).max() <= limit and np.abs(sm).max() > 0.9 * limit
+  beta = np.asarray(losses.get_loss("margin").init_params(key, c, d))
+  np.testing.assert_array_equal(beta, np.full((c,), 1.2, np.float32))
+  assert losses.get_loss("circle").init_params(key, c, d) is None
+
+
+@pytest.fixture(scope="module")
+def round_trip():
+  """Every entry initialised, called through ``apply`` under jit and
+  differentiated w.r.t. the embeddings and its parameters: one program."""
+  names = sorted(losses.LOSSES)
+  init_key, loss_key = jax.random.split(jax.random.PRNGKey(1))
+  hyper = {"soft_triple": {"centers_per_class": 2}}
+  params = {
+      n: losses.LOSSES[n].init_params(init_key, _C, _D, **hyper.get(n, {}))
+      for n in names}
+
+  @jax.jit
+  def run(x, y, params):
+    out = {}
+    for n in names:
+      entry = losses.LOSSES[n]
+      f = lambda x, p: entry.apply(x, y, p, key=loss_key, **hyper.get(n, {}))
+      out[n] = jax.value_and_grad(f, argnums=(0, 1))(x, params[n])
+    return out
+  return run(_X, _Y, params)
+
+
+@pytest.mark.parametrize("name", sorted(_SPEC))
+def test_every_entry_initialises_runs_under_jit_and_differentiates(
+    round_trip, name):
+  value, (g_x, g_p) = round_trip[name]
+  assert value.dtype == jnp.float32 and value.shape == ()
+  assert np.isfinite(float(value))
+  g_x = np.asarray(g_x)
+  assert g_x.shape == (16, _D) and np.all(np.isfinite(g_x))
+  assert np.abs(g_x).max() > 0
+  if losses.LOSSES[name].param_name is None:
+    assert g_p is None
+  else:
+    assert np.all(np.isfinite(np.asarray(g_p))) and np.abs(g_p).max() > 0
+
+
+def test_apply_equals_the_direct_call_with_overrides():
+  w = losses.get_loss("cosface").init_params(jax.random.PRNGKey(2), _C, _D)
+
+  @jax.jit
+  def run(x, y, w):
+    return (losses.get_loss("triplet").apply(x, y, mining="batch_hard",
+                                             margin=0.3),
+            losses.triplet_margin_loss(x, y, mining="batch_hard", margin=0.3),
+            losses.get_loss("cosface").apply(x, y, w, scale=5.0),
+            losses.cosface_loss(x, y, w, scale=5.0))
+  a, b, c, d = run(_X, _Y, w)
+  assert float(a) == float(b) and float(c) == float(d)
+
+
+def test_apply_rejects_misuse_by_name():
+  contrastive = losses.get_loss("contrastive")
+  with pytest.raises(ValueError, match="unknown hyperparameter.*'margn'"):
+    contrastive.apply(_X, _Y, margn=0.1)
+  with pytest.raises(ValueError, match="has no learnable parameters"):
+    contrastive.apply(_X, _Y, np.ones((_C, _D), np.float32))
+  with pytest.raises(ValueError, match="needs its `proxies`"):
+    losses.get_loss("proxy_nca").apply(_X, _Y)
+  unsupported = [n for n, e in losses.LOSSES.items()
+                 if not e.supports_axis_name]
+  for name in unsupported:
+    entry = losses.LOSSES[name]
+    params = entry.init_params(jax.random.PRNGKey(0), _C, _D)
+    with pytest.raises(ValueError, match="does not support `axis_name`"):
+      entry.apply(_X, _Y, params, axis_name="d")
+
+
+def test_apply_routes_axis_name_inside_shard_map():
+  entry = losses.get_loss("contrastive")
+  mesh = Mesh(np.array(jax.devices()), ("d",))
+  got = jax.jit(jax.shard_map(
+      functools.partial(entry.apply, axis_name="d"), mesh=mesh,
+      in_specs=(P("d"), P("d")), out_specs=P()))(_X, _Y)
+  np.testing.assert_allclose(float(got), float(jax.jit(entry.apply)(_X, _Y)),
+                             rtol=1e-5)
+
+
+def test_docs_table_is_the_registry_table():
+  text = _DOCS.read_text()
+  assert registry.loss_table_markdown() in text, (
+      "docs/losses.md is stale: paste circle_jax.losses.loss_table_markdown()"
+      " into it.")
