@@ -355,7 +355,7 @@ def replace_backbone(variables, backbone_variables):
         f"{np.shape(have[p])}"
         for p in have if p in got and np.shape(got[p]) != np.shape(have[p])]
     converted = {
-        p: jnp.asarray(got[p], jnp.asarray(have[p]).dtype) for p in have
+        p: jnp.asarray(got[p], have[p].dtype) for p in have
         if p in got}
     col_tree = dict(variables[col])
     col_tree["backbone"] = flax.traverse_util.unflatten_dict(converted)
