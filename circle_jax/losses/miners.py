@@ -54,6 +54,32 @@ def _check_nonnegative(value, name):
     raise ValueError(f"`{name}` must be >= 0; got {value}.")
 
 
+# Elements of the per-chunk [rows, N, N] triplet temporaries: 2^20 float32
+# entries = 4 MiB, whatever the batch size.
+_TRIPLET_CHUNK_ELEMENTS = 1 << 20
+
+
+def map_anchor_rows(fn, *rows):
+  """``jax.vmap(fn)(*rows)``, evaluated over chunks of anchor rows.
+
+  For per-anchor functions with ``[N, N]`` (positive x negative)
+  temporaries: chunks of ``max(1, 2^20 // N^2)`` rows (``jax.lax.map`` with
+  ``batch_size``) bound the live temporaries to about 4 MiB instead of the
+  ``[M, N, N]`` tensor that XLA materialises otherwise (64 MiB at
+  ``M = N = 256``).
+
+  Args:
+    fn: a function of one anchor's rows (each ``[N]``), returning arrays.
+    *rows: ``[M, N]`` arrays, one row per anchor.
+
+  Returns:
+    ``fn``'s outputs stacked over the ``M`` anchors.
+  """
+  n = rows[0].shape[-1]
+  batch = max(1, min(rows[0].shape[0], _TRIPLET_CHUNK_ELEMENTS // (n * n)))
+  return jax.lax.map(lambda r: fn(*r), rows, batch_size=batch)
+
+
 # ----------------------------------------------------------------------------
 # Mask cores on an [M, N] block (shared with the losses).
 # ----------------------------------------------------------------------------
@@ -81,11 +107,11 @@ def batch_hard_masks(dist, pos, neg):
 
 def semi_hard_masks(dist, pos, neg, *, margin):
   """Pairs of the semi-hard triplets ``d_ap < d_an < d_ap + margin``."""
-  d_ap = dist[:, :, None]
-  d_an = dist[:, None, :]
-  semi = (pos[:, :, None] & neg[:, None, :] & (d_an > d_ap)
-          & (d_an < d_ap + margin))
-  return semi.any(axis=2), semi.any(axis=1)
+  def row(d, p, n):
+    semi = (p[:, None] & n[None, :] & (d[None, :] > d[:, None])
+            & (d[None, :] < d[:, None] + margin))  # [P, N]
+    return semi.any(axis=1), semi.any(axis=0)
+  return map_anchor_rows(row, dist, pos, neg)
 
 
 def pair_margin_masks(dist, pos, neg, *, pos_margin, neg_margin):
@@ -106,12 +132,12 @@ def inverse_cdf_counts(probs: Array, uniforms: Array, valid: Array) -> Array:
   """Per-row categorical draws by inverse CDF, returned as counts.
 
   Draw ``j`` of row ``i`` (one per ``uniforms[i, j]``, counted only where
-  ``valid[i, j]``) picks the column ``n`` whose CDF interval
-  ``[cdf[n-1], cdf[n])`` contains ``uniforms[i, j] * sum(probs[i])``. The
-  intervals tile ``[0, total)`` exactly (exclusive and inclusive cumsums of
-  the same sums), so zero-probability columns are never drawn. Written as a
-  compare-and-sum over ``[M, S, N]`` that XLA fuses into one reduction: no
-  scatter, no search loop, deterministic on every backend.
+  ``valid[i, j]``) picks the first column ``n`` with
+  ``cdf[i, n] > uniforms[i, j] * sum(probs[i])``: column ``n`` is drawn with
+  probability ``probs[i, n] / sum(probs[i])`` and zero-probability columns
+  never. A binary search per draw and a scatter-add of the counts: fixed
+  shapes, ``O(M S log N)`` time and ``O(M (S + N))`` memory (no Gumbel
+  tensor). Counts are sums of ones, exact in float32 on every backend.
 
   Args:
     probs: ``[M, N]`` non-negative unnormalised probabilities.
@@ -122,17 +148,19 @@ def inverse_cdf_counts(probs: Array, uniforms: Array, valid: Array) -> Array:
     ``[M, N]`` float32 counts; each row sums to its number of valid draws
     (0 for rows whose probabilities are all 0).
   """
-  upper = jnp.cumsum(probs, axis=1)
-  lower = jnp.concatenate([jnp.zeros_like(upper[:, :1]), upper[:, :-1]],
-                          axis=1)
-  total = upper[:, -1:]
-  # u * total < total mathematically; keep it so after rounding.
+  cdf = jnp.cumsum(probs, axis=1)
+  total = cdf[:, -1:]
+  # u * total < total mathematically; keep it so after rounding, so that the
+  # search never runs past the last column with mass.
   targets = jnp.minimum(uniforms * total,
                         jnp.nextafter(total, jnp.zeros_like(total)))
-  t = targets[:, :, None]  # [M, S, 1]
-  hit = (lower[:, None, :] <= t) & (t < upper[:, None, :])  # [M, S, N]
-  hit = hit & valid[:, :, None] & (total[:, :, None] > 0)
-  return jnp.sum(hit, axis=1, dtype=jnp.float32)
+  idx = jax.vmap(lambda c, t: jnp.searchsorted(c, t, side="right"))(
+      cdf, targets)
+  idx = jnp.minimum(idx, probs.shape[1] - 1)
+  m, s = uniforms.shape
+  rows = jnp.broadcast_to(jnp.arange(m)[:, None], (m, s))
+  weight = (valid & (total > 0)).astype(jnp.float32)
+  return jnp.zeros(probs.shape, jnp.float32).at[rows, idx].add(weight)
 
 
 def distance_weighted_weights(dist, pos, neg, row_start, key, dim: int, *,
@@ -265,8 +293,8 @@ def semi_hard_miner(
     axis_name: mine the ``[B_local, B_global]`` block across devices.
 
   Returns:
-    ``(pos_mask, neg_mask)``, boolean. Memory is ``O(M N^2)`` booleans (fused
-    by XLA into the reduction).
+    ``(pos_mask, neg_mask)``, boolean. The ``[N, N]`` triplet tests run over
+    chunks of anchors, so memory stays ``O(M N)`` plus a few MiB.
 
   References:
     Schroff, Kalenichenko, Philbin, "FaceNet: A Unified Embedding for Face

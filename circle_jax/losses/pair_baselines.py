@@ -173,14 +173,67 @@ def contrastive_loss(
 # ----------------------------------------------------------------------------
 
 
+@jax.custom_vjp
+def _all_triplet_sums(shifted, dist, pos, neg):
+  """Per-anchor sum and count of the non-zero hinges over all triplets.
+
+  ``sum_{p, n} [shifted_ap - d_an]_+`` over valid ``(p, n)``, where
+  ``shifted = dist + margin`` (the margin is added outside, so its gradient,
+  if it is traced, comes from plain autodiff). Both passes run over chunks of
+  anchors (:func:`~circle_jax.losses.miners.map_anchor_rows`) and the custom
+  VJP recomputes the active-triplet indicator instead of storing it, so
+  neither keeps an ``[M, N, N]`` tensor (autodiff of the plain expression
+  stores it: 128 MiB of temporaries at B = 256).
+
+  Args:
+    shifted: ``[M, N]`` float32, ``d + margin`` (the positive side).
+    dist: ``[M, N]`` float32 distances (the negative side).
+    pos, neg: ``[M, N]`` float32 0/1 masks.
+
+  Returns:
+    ``(sums, counts)``, both ``[M]``.
+  """
+  def row(a, d, p, n):
+    hinge, active = _triplet_hinges(a, d, p, n)
+    return jnp.sum(hinge), jnp.sum(active)
+  return _miners.map_anchor_rows(row, shifted, dist, pos, neg)
+
+
+def _triplet_hinges(a, d, p, n):
+  """One anchor's ``[P, N]`` hinges ``[a_p - d_n]_+`` and active indicator."""
+  t = a[:, None] - d[None, :]
+  active = ((p[:, None] * n[None, :]) > 0) & (t > 0)
+  return jnp.where(active, t, 0.0), active.astype(jnp.float32)
+
+
+def _all_triplet_sums_fwd(shifted, dist, pos, neg):
+  return (_all_triplet_sums(shifted, dist, pos, neg),
+          (shifted, dist, pos, neg))
+
+
+def _all_triplet_sums_bwd(res, cts):
+  shifted, dist, pos, neg = res
+  ct_sum, _ = cts  # the counts are piecewise constant
+
+  def row(a, d, p, n):
+    _, active = _triplet_hinges(a, d, p, n)
+    # d sum / d a_p = #active negatives; d sum / d d_n = -#active positives.
+    return jnp.sum(active, axis=1), -jnp.sum(active, axis=0)
+
+  g_shifted, g_dist = _miners.map_anchor_rows(row, shifted, dist, pos, neg)
+  ct = ct_sum[:, None]
+  return ct * g_shifted, ct * g_dist, jnp.zeros_like(pos), jnp.zeros_like(neg)
+
+
+_all_triplet_sums.defvjp(_all_triplet_sums_fwd, _all_triplet_sums_bwd)
+
+
 def _triplet_core(dist, pos, neg, *, margin, mining, axis_name):
   if mining == "all":
-    hinge = dist[:, :, None] - dist[:, None, :] + margin  # [M, P, N]
-    valid = pos[:, :, None] & neg[:, None, :]
-    loss = jnp.where(valid, jax.nn.relu(hinge), 0.0)
-    per_anchor = jnp.sum(loss, axis=(1, 2))
-    nonzero = jnp.sum(loss > 0, axis=(1, 2))
-    return _ratio(per_anchor, nonzero, axis_name)
+    sums, counts = _all_triplet_sums(
+        dist + margin, dist, pos.astype(jnp.float32),
+        neg.astype(jnp.float32))
+    return _ratio(sums, counts, axis_name)
   if mining == "batch_hard":
     valid = pos.any(1) & neg.any(1)
     hardest_pos = jnp.max(jnp.where(pos, dist, -jnp.inf), axis=1)
@@ -190,17 +243,19 @@ def _triplet_core(dist, pos, neg, *, margin, mining, axis_name):
     return _common.mean_over_valid(per_anchor, valid, axis_name)
   # "semi_hard": for each positive pair the closest negative farther than the
   # positive; if there is none, the farthest negative (FaceNet as implemented
-  # by TensorFlow Addons' TripletSemiHardLoss).
-  d_ap = dist[:, :, None]
-  d_an = dist[:, None, :]
-  outside = neg[:, None, :] & (d_an > d_ap)  # [M, P, N]
-  has_outside = outside.any(axis=2)
-  closest_outside = jnp.min(jnp.where(outside, d_an, jnp.inf), axis=2)
-  farthest = jnp.max(jnp.where(neg, dist, -jnp.inf), axis=1)  # [M]
+  # by TensorFlow Addons' TripletSemiHardLoss). The choice is an index (no
+  # gradient, computed over chunks of anchors); the distance is then
+  # gathered, so memory is O(M N) in both passes.
+  def row(d, n):
+    outside = n[None, :] & (d[None, :] > d[:, None])  # [P, N]
+    closest = jnp.argmin(jnp.where(outside, d[None, :], jnp.inf), axis=1)
+    farthest = jnp.argmax(jnp.where(n, d, -jnp.inf))
+    return jnp.where(outside.any(axis=1), closest, farthest)
+
+  chosen = _miners.map_anchor_rows(row, jax.lax.stop_gradient(dist), neg)
+  d_an = jnp.take_along_axis(dist, chosen, axis=1)  # [M, P]
   valid = pos & neg.any(1, keepdims=True)
-  chosen = jnp.where(has_outside, closest_outside, farthest[:, None])
-  chosen = jnp.where(valid, chosen, 0.0)
-  loss = jnp.where(valid, jax.nn.relu(dist - chosen + margin), 0.0)
+  loss = jnp.where(valid, jax.nn.relu(dist - d_an + margin), 0.0)
   return _ratio(loss, valid, axis_name)
 
 
@@ -253,8 +308,10 @@ def triplet_margin_loss(
     anchor has a negative.
 
   Masks from a miner restrict the positive and negative pairs before mining.
-  ``"all"`` and ``"semi_hard"`` form ``[M, N, N]`` triplet tensors that XLA
-  fuses into the reductions.
+  ``"all"`` and ``"semi_hard"`` evaluate their ``[N, N]`` per-anchor triplet
+  tables over chunks of anchors (``"all"`` with a custom VJP that recomputes
+  the active triplets in the backward pass), so memory stays ``O(M N)`` plus
+  a few MiB whatever the batch size.
 
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16.

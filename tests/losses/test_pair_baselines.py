@@ -490,6 +490,21 @@ def test_jit_and_vmap_equal_eager():
                              rtol=2e-5)
 
 
+def test_triplet_tensors_are_never_materialised():
+  # "all" and "semi_hard" reduce over [B, B, B] triplet tables; value and
+  # gradient must not keep one (a [256]^3 float32 tensor is 64 MiB; the
+  # chunked evaluation keeps about 10 MiB).
+  b = 256
+  x = jnp.zeros((b, 8), jnp.float32)
+  y = jnp.arange(b) % 16
+  cube = b**3 * 4
+  for mining in ("all", "semi_hard"):
+    f = jax.value_and_grad(
+        lambda x: losses.triplet_margin_loss(x, y, mining=mining))
+    mem = jax.jit(f).lower(x).compile().memory_analysis()
+    assert mem is not None and mem.temp_size_in_bytes < cube / 4, mining
+
+
 def test_bad_inputs_raise_clear_errors():
   x, y = _batch(19, b=4)
   with pytest.raises(ValueError, match="mining"):
