@@ -142,7 +142,10 @@ def l2_normalize(x: Array, axis: int = -1) -> Array:
   x = x.astype(jnp.float32)
   scale = jnp.max(jnp.abs(x), axis=axis, keepdims=True)
   scale = jax.lax.stop_gradient(jnp.where(scale > 0, scale, 1.0))
-  x = x / scale
+  # Two steps: XLA may rewrite x / scale as x * (1 / scale), and 1 / scale is
+  # flushed to zero for scale above ~8.5e37; 1 / sqrt(scale) never is.
+  root = jnp.sqrt(scale)
+  x = x / root / root
   sq = jnp.sum(x * x, axis=axis, keepdims=True)
   return x * jax.lax.rsqrt(jnp.maximum(sq, _NORM_EPS**2))
 

@@ -532,11 +532,7 @@ def test_degenerate_embeddings_are_finite(batch, case):
 
 @pytest.mark.parametrize("scale", [
     1e30,
-    pytest.param(3e38, marks=pytest.mark.xfail(
-        strict=True,
-        reason="_common.l2_normalize divides by max|x|; XLA CPU turns that "
-               "into x * (1 / max|x|), whose reciprocal is subnormal and "
-               "flushed to 0 above ~8.5e37 (reported to the lead).")),
+    3e38,
 ])
 def test_norms_beyond_the_float32_square_range_keep_their_direction(scale):
   """|x|^2 overflows float32 above ~1.8e19; the loss still sees x / |x|."""

@@ -113,9 +113,12 @@ def test_global_batch_value_and_gradient_equal_single_device(mode):
 
 
 def test_l2_normalize_keeps_direction_of_huge_and_tiny_norms():
-  x = jnp.array([[3e30, -4e30], [3e-30, 4e-30], [1.0, 0.0]], jnp.float32)
-  y = np.asarray(_common.l2_normalize(x))
-  np.testing.assert_allclose(y, [[0.6, -0.8], [0.6, 0.8], [1.0, 0.0]], rtol=1e-6)
+  x = jnp.array([[3e30, -4e30], [3e-30, 4e-30], [1.0, 0.0], [3e38, 2.25e38]],
+                jnp.float32)
+  for f in (_common.l2_normalize, jax.jit(_common.l2_normalize)):
+    y = np.asarray(f(x))
+    np.testing.assert_allclose(
+        y, [[0.6, -0.8], [0.6, 0.8], [1.0, 0.0], [0.8, 0.6]], rtol=1e-6)
 
 
 def test_l2_normalize_gradient_matches_analytic_jacobian():
