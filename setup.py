@@ -10,7 +10,7 @@ _HERE = pathlib.Path(__file__).parent
 def _requirements():
   lines = (_HERE / "requirements.txt").read_text().splitlines()
   reqs = [l.split("#")[0].strip() for l in lines]
-  test_only = ("pytest",)
+  test_only = ("pytest", "keras", "torch")
   return [r for r in reqs if r and not r.startswith(test_only)]
 
 
@@ -28,6 +28,7 @@ setuptools.setup(
     install_requires=_requirements(),
     extras_require={
         # Side-by-side benchmarks against the peer libraries.
-        "bench": ["torch", "pytorch-metric-learning==2.9.0", "faiss-cpu==1.15.1"],
+        "bench": ["torch==2.13.0", "pytorch-metric-learning==2.9.0",
+                  "faiss-cpu==1.15.1"],
     },
 )
