@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax.losses import _common
+from circle_jax.losses import blockwise
 
 Array = jax.Array
 
@@ -207,6 +208,7 @@ def circle_loss(
     axis_name=None,
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
+    block_size: Optional[int] = None,
 ) -> Array:
   r"""Pair-wise Circle loss of a batch of embeddings.
 
@@ -233,6 +235,13 @@ def circle_loss(
     pos_mask: optional ``[B, B_global]`` bool mask of usable positive pairs
       (``B_global == B`` without ``axis_name``), intersected with the labels.
     neg_mask: optional ``[B, B_global]`` bool mask of usable negative pairs.
+    block_size: ``None`` (default) builds the ``[B, B_global]`` similarity
+      block at once. An integer processes anchor rows and candidate columns
+      in blocks of that size (online logsumexp / weighted sums, and a
+      ``custom_vjp`` that recomputes blocks in the backward pass), so memory
+      is ``O(block_size * B)`` instead of ``O(B^2)``; values and gradients
+      equal the dense ones to float32 rounding. See
+      :mod:`circle_jax.losses.blockwise`.
 
   Returns:
     float32 scalar: the mean over anchors that have at least one positive and
@@ -242,6 +251,11 @@ def circle_loss(
     Sun et al., "Circle Loss: A Unified Perspective of Pair Similarity
     Optimization", CVPR 2020, eq. (6).
   """
+  if block_size is not None:
+    return blockwise.circle_loss_blockwise(
+        embeddings, labels, block_size=block_size, margin=margin,
+        gamma=gamma, axis_name=axis_name, pos_mask=pos_mask,
+        neg_mask=neg_mask)
   _check_hyper(gamma)
   return _from_embeddings(_circle_per_anchor, embeddings, labels, axis_name,
                           pos_mask, neg_mask, margin=margin, gamma=gamma)

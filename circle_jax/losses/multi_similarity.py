@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax.losses import _common
+from circle_jax.losses import blockwise
 
 Array = jax.Array
 
@@ -165,6 +166,7 @@ def multi_similarity_loss(
     axis_name=None,
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
+    block_size: Optional[int] = None,
 ) -> Array:
   r"""Multi-Similarity loss of a batch of embeddings.
 
@@ -194,6 +196,13 @@ def multi_similarity_loss(
       the single-device gradient.
     pos_mask: optional ``[B, B_global]`` bool mask of usable positive pairs.
     neg_mask: optional ``[B, B_global]`` bool mask of usable negative pairs.
+    block_size: ``None`` (default) builds the ``[B, B_global]`` similarity
+      block at once. An integer processes anchor rows and candidate columns
+      in blocks of that size (online logsumexp / weighted sums, and a
+      ``custom_vjp`` that recomputes blocks in the backward pass), so memory
+      is ``O(block_size * B)`` instead of ``O(B^2)``; values and gradients
+      equal the dense ones to float32 rounding. See
+      :mod:`circle_jax.losses.blockwise`.
 
   Returns:
     float32 scalar: ``sum_i l_i / B``.
@@ -202,6 +211,11 @@ def multi_similarity_loss(
     Wang et al., "Multi-Similarity Loss with General Pair Weighting for Deep
     Metric Learning", CVPR 2019.
   """
+  if block_size is not None:
+    return blockwise.multi_similarity_loss_blockwise(
+        embeddings, labels, block_size=block_size, alpha=alpha,
+        beta=beta, base=base, epsilon=epsilon, mining=mining,
+        axis_name=axis_name, pos_mask=pos_mask, neg_mask=neg_mask)
   _check_hyper(alpha, beta, epsilon)
   embeddings = _common.check_embeddings(embeddings)
   labels = _common.check_labels(labels, embeddings.shape[0])

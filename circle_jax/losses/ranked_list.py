@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax.losses import _common
+from circle_jax.losses import blockwise
 
 Array = jax.Array
 
@@ -221,6 +222,7 @@ def ranked_list_loss(
     axis_name=None,
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
+    block_size: Optional[int] = None,
 ) -> Array:
   r"""Ranked List Loss (RLL) on the Euclidean distance of normalised embeddings.
 
@@ -261,6 +263,13 @@ def ranked_list_loss(
       (rows: this device's anchors, columns: the global batch), intersected
       with the label mask.
     neg_mask: optional ``[B, B_global]`` bool mask of usable negative pairs.
+    block_size: ``None`` (default) builds the ``[B, B_global]`` similarity
+      block at once. An integer processes anchor rows and candidate columns
+      in blocks of that size (online logsumexp / weighted sums, and a
+      ``custom_vjp`` that recomputes blocks in the backward pass), so memory
+      is ``O(block_size * B)`` instead of ``O(B^2)``; values and gradients
+      equal the dense ones to float32 rounding. See
+      :mod:`circle_jax.losses.blockwise`.
 
   Returns:
     A float32 scalar: the mean of the per-anchor losses over all anchors of
@@ -270,6 +279,11 @@ def ranked_list_loss(
     Wang et al., "Ranked List Loss for Deep Metric Learning", CVPR 2019,
     https://arxiv.org/abs/1903.03238, and TPAMI 2021.
   """
+  if block_size is not None:
+    return blockwise.ranked_list_loss_blockwise(
+        embeddings, labels, block_size=block_size, alpha=alpha,
+        margin=margin, t_neg=t_neg, t_pos=t_pos, imbalance=imbalance,
+        axis_name=axis_name, pos_mask=pos_mask, neg_mask=neg_mask)
   _check_hyper(alpha, margin, imbalance)
   x = _common.check_embeddings(embeddings)
   labels = _common.check_labels(labels, x.shape[0])
