@@ -55,8 +55,9 @@ def proxy_nca_loss(
   denominator excludes the positive proxy (``include_positive=False``, the
   default), so the loss can be negative; ``include_positive=True`` is the
   softmax cross-entropy form of pytorch-metric-learning and ProxyNCA++.
-  ``scale`` is the inverse temperature on squared distances (32 as in the
-  Proxy-Anchor repository's Proxy-NCA baseline). With a single class and the
+  ``scale`` is the inverse temperature on squared distances; 32 is the
+  scale of the Proxy-Anchor repository's Proxy-NCA baseline, which goes
+  through pytorch-metric-learning's softmax form (``include_positive=True``). With a single class and the
   positive excluded the set ``Z`` is empty and the loss is 0.
 
   Reduction: mean over the (global) batch.
