@@ -44,6 +44,10 @@ KINDS = ("pair", "proxy", "classifier")
 # arrays (miner masks / weights, softmax's optional bias).
 _ROUTED = ("axis_name", "key")
 _PER_BATCH = ("pos_mask", "neg_mask", "pair_weights", "bias")
+# Execution options that do not change the loss (accepted by `apply`, not
+# listed among the hyperparameter defaults): e.g. the blockwise evaluation of
+# the seed pair losses.
+_EXECUTION = ("block_size",)
 
 
 # ----------------------------------------------------------------------------
@@ -106,7 +110,7 @@ def _signature_defaults(fn) -> Dict[str, Any]:
       name: p.default for name, p in params.items()
       if p.kind is inspect.Parameter.KEYWORD_ONLY
       and p.default is not inspect.Parameter.empty
-      and name not in _ROUTED + _PER_BATCH
+      and name not in _ROUTED + _PER_BATCH + _EXECUTION
   }
 
 

@@ -145,9 +145,14 @@ def test_apply_equals_the_direct_call_with_overrides():
                                              margin=0.3),
             losses.triplet_margin_loss(x, y, mining="batch_hard", margin=0.3),
             losses.get_loss("cosface").apply(x, y, w, scale=5.0),
-            losses.cosface_loss(x, y, w, scale=5.0))
-  a, b, c, d = run(_X, _Y, w)
+            losses.cosface_loss(x, y, w, scale=5.0),
+            # Execution options (not hyperparameters) pass through too.
+            losses.get_loss("circle").apply(x, y, block_size=8),
+            losses.circle_loss(x, y))
+  a, b, c, d, e, f = run(_X, _Y, w)
   assert float(a) == float(b) and float(c) == float(d)
+  np.testing.assert_allclose(float(e), float(f), rtol=1e-5)
+  assert "block_size" not in losses.get_loss("circle").defaults
 
 
 def test_apply_rejects_misuse_by_name():
