@@ -69,6 +69,11 @@ import jax.numpy as jnp  # noqa: E402
 from circle_jax import losses as cj_losses  # noqa: E402
 from circle_jax.losses import blockwise  # noqa: E402
 
+# A single call slower than this ends a measurement early (one call timed).
+_SLOW_CALL_S = 20.0
+# The peer library's implementations that allocate O(B^3) memory (OOM on the
+# 23 GB machine above these batch sizes).
+_PEER_MAX_BATCH = {"lifted_structure": 256, "triplet": 1024}
 TARGETED = ("circle", "multi_similarity", "ranked_list", "proxy_anchor",
             "ranked_proxy_anchor")
 _MIB = 2**20
@@ -83,14 +88,25 @@ def _block(tree):
   return jax.tree.map(lambda a: a.block_until_ready(), tree)
 
 
-def _median_time(fn: Callable[[], object], warmup: int, repeats: int) -> float:
+def _median_time(fn: Callable[[], object], warmup: int, repeats: int,
+                 budget_s: float = float("inf")) -> float:
+  """Median of ``repeats`` timed calls after ``warmup`` calls.
+
+  A call slower than ``budget_s`` ends the measurement early (its own time is
+  returned), so a pathological case cannot stall the sweep.
+  """
   for _ in range(warmup):
+    t0 = time.perf_counter()
     _block(fn())
+    if time.perf_counter() - t0 > budget_s:
+      return time.perf_counter() - t0
   times = []
   for _ in range(repeats):
     t0 = time.perf_counter()
     _block(fn())
     times.append(time.perf_counter() - t0)
+    if times[-1] > budget_s:
+      break
   return statistics.median(times)
 
 
@@ -100,6 +116,7 @@ class Measured:
   compile_s: Optional[float] = None
   peak_bytes: Optional[int] = None
   note: str = ""
+  cost: Optional[dict] = None  # XLA cost analysis: flops, transcendentals, bytes
 
 
 def _peak_bytes(compiled) -> Optional[int]:
@@ -113,6 +130,18 @@ def _peak_bytes(compiled) -> Optional[int]:
              + m.temp_size_in_bytes - m.alias_size_in_bytes)
 
 
+def _cost(compiled) -> Optional[dict]:
+  try:
+    c = compiled.cost_analysis()
+  except Exception:  # pylint: disable=broad-except
+    return None
+  c = c[0] if isinstance(c, (list, tuple)) else c
+  if not c:
+    return None
+  return {k: float(c.get(k, 0.0)) for k in
+          ("flops", "transcendentals", "bytes accessed")}
+
+
 def _measure_jax(fn, args, warmup, repeats, max_bytes) -> Measured:
   """Compiles ``fn`` (already jitted), checks its memory, times it."""
   t0 = time.perf_counter()
@@ -122,15 +151,17 @@ def _measure_jax(fn, args, warmup, repeats, max_bytes) -> Measured:
     return Measured(note=f"compile error: {type(e).__name__}: {e}"[:120])
   compile_s = time.perf_counter() - t0
   peak = _peak_bytes(compiled)
+  cost = _cost(compiled)
   if peak is not None and peak > max_bytes:
-    return Measured(compile_s=compile_s, peak_bytes=peak,
+    return Measured(compile_s=compile_s, peak_bytes=peak, cost=cost,
                     note=f"skipped: needs {peak / 2**30:.1f} GiB")
   try:
-    seconds = _median_time(lambda: compiled(*args), warmup, repeats)
+    seconds = _median_time(lambda: compiled(*args), warmup, repeats,
+                           budget_s=_SLOW_CALL_S)
   except Exception as e:  # pylint: disable=broad-except
-    return Measured(compile_s=compile_s, peak_bytes=peak,
+    return Measured(compile_s=compile_s, peak_bytes=peak, cost=cost,
                     note=f"run error: {type(e).__name__}"[:120])
-  return Measured(seconds, compile_s, peak)
+  return Measured(seconds, compile_s, peak, cost=cost)
 
 
 # ----------------------------------------------------------------------------
@@ -241,7 +272,8 @@ def _measure_torch(mods, name, hyper, x_np, labels_np, num_classes, dtype,
     return loss
 
   try:
-    seconds = _median_time(lambda: (step(), ())[1], warmup, repeats)
+    seconds = _median_time(lambda: (step(), ())[1], warmup, repeats,
+                           budget_s=_SLOW_CALL_S)
   except Exception as e:  # pylint: disable=broad-except
     return Measured(note=f"peer error: {type(e).__name__}"[:80])
   return Measured(seconds)
@@ -262,6 +294,8 @@ class Row:
   floor_s: Optional[float]
   floor_name: str
   peer: Measured
+  floor_cost: Optional[dict] = None
+  dim: int = 0
 
   def ratio(self):
     if self.jax.seconds is None or not self.floor_s:
@@ -356,14 +390,17 @@ def run(args) -> List[Row]:
                                 max_bytes)
         floor_name = "BxB" if kind == "pair" else "BxC"
         peer = Measured(note=torch_msg if torch_mods is None else "")
+        peer_max = min(args.torch_max_batch,
+                       _PEER_MAX_BATCH.get(name, args.torch_max_batch))
         if (torch_mods is not None and " " not in name
-            and batch <= args.torch_max_batch):
+            and batch <= peer_max):
           peer = _measure_torch(torch_mods, name, hyper, x_np, labels_np,
                                 num_classes, dtype, warmup, repeats)
         elif torch_mods is not None and " " not in name:
-          peer = Measured(note=f"not run (B > {args.torch_max_batch})")
+          peer = Measured(note=f"peer not run (B > {peer_max})")
         row = Row(name, kind, dtype, batch, measured,
-                  floors[floor_name].seconds, floor_name, peer)
+                  floors[floor_name].seconds, floor_name, peer,
+                  floors[floor_name].cost, args.dim)
         rows.append(row)
         print(_row_line(row), flush=True)
   return rows
@@ -376,7 +413,8 @@ def _tflops(flops, seconds):
 
 
 HEADER = ("| loss | kind | dtype | B | fwd+bwd ms | compile s | peak MiB | "
-          "floor | floor ms | ratio | PML ms | speed-up vs PML | note |")
+          "floor | floor ms | ratio | PML ms | speed-up vs PML | "
+          "XLA flops / floor | exp+log+sqrt per B*N | bytes / floor | note |")
 
 
 def _row_line(r: Row) -> str:
@@ -389,7 +427,19 @@ def _row_line(r: Row) -> str:
           f"{_fmt(None if r.floor_s is None else r.floor_s * 1e3, '.1f')} | "
           f"{_fmt(r.ratio(), '.2f')} | "
           f"{_fmt(None if r.peer.seconds is None else r.peer.seconds * 1e3, '.1f')} | "
-          f"{_fmt(r.speedup(), '.1f')} | {note} |")
+          f"{_fmt(r.speedup(), '.1f')} | {_cost_cols(r)} | {note} |")
+
+
+def _cost_cols(r: Row) -> str:
+  """Load-independent columns from XLA's cost analysis (vs the floor's)."""
+  c, f = r.jax.cost, r.floor_cost
+  if not c or not f or not f.get("flops") or not f.get("bytes accessed"):
+    return "- | - | -"
+  # The floor's flops are 6 B N D: recover B*N (pairs) from them.
+  pairs = f["flops"] / 6.0 / r.dim if r.dim else None
+  trans = c["transcendentals"] / pairs if pairs else None
+  return (f"{c['flops'] / f['flops']:.2f} | {_fmt(trans, '.1f')} | "
+          f"{c['bytes accessed'] / f['bytes accessed']:.1f}")
 
 
 def _platform_name():
@@ -420,6 +470,10 @@ def write_markdown(rows: List[Row], args, path: pathlib.Path, started: float):
       "loss time / floor time",
       "- peak MiB: XLA memory analysis of the compiled forward+backward "
       "(arguments + outputs + temporaries)",
+      "- load-independent columns from XLA's cost analysis of the compiled "
+      "forward+backward: flops and bytes accessed relative to the floor's, and "
+      "transcendental ops (exp, log, sqrt, ...) per pair (B*B, or B*C for "
+      "proxy/classifier losses)",
       "",
       HEADER,
       "|" + "---|" * (HEADER.count("|") - 1),
