@@ -61,7 +61,10 @@ def test_digits_run_learns_and_writes_metrics(learned_run):
                 "nmi", "precision@1", "r_precision", "ami"):
       assert 0.0 <= saved[part][key] <= 1.0, (part, key)
   init, final = saved["init"], saved["final"]
-  assert final != init
+  # It learns: retrieval of the unseen digits 5-9 is clearly better than with
+  # the random initial network (measured: R@1 0.41 -> 0.67, MAP@R 0.14 -> 0.33).
+  assert final["recall@1"] > init["recall@1"] + 0.1, (init, final)
+  assert final["map@r"] > init["map@r"] + 0.05, (init, final)
   assert saved["best"]["step"] in (LEARN_STEPS // 2, LEARN_STEPS)
   assert saved["best"]["recall@1"] >= final["recall@1"]
   # TensorBoard scalars (read back with their checksums).
@@ -134,7 +137,8 @@ def test_embed_tool_uses_best_checkpoint_and_eval_preprocessing(
   got = np.load(out)
   assert list(got["paths"]) == ["0.png", "1.png", "2.png", "sub/copy.png"]
   e = got["embeddings"]
-  assert e.shape == (4, 32) and e.dtype == np.float32
+  assert e.shape == (4, digits.get_config().model.embedding_dim)
+  assert e.dtype == np.float32
   np.testing.assert_allclose(np.linalg.norm(e, axis=1), 1.0, rtol=1e-5)
   np.testing.assert_array_equal(e[0], e[3])
   # Same as the model applied by hand to the eval preprocessing, best weights.
