@@ -200,7 +200,7 @@ def multi_similarity_loss(
       block at once. An integer processes anchor rows and candidate columns
       in blocks of that size (online logsumexp / weighted sums, and a
       ``custom_vjp`` that recomputes blocks in the backward pass), so memory
-      is ``O(block_size * B)`` instead of ``O(B^2)``; values and gradients
+      is ``O(block_size^2 + B * D)`` instead of ``O(B^2)``; values and gradients
       equal the dense ones to float32 rounding. See
       :mod:`circle_jax.losses.blockwise`.
 
