@@ -295,7 +295,10 @@ def test_zero_identical_and_huge_norm_embeddings(batch):
   x[9] *= 1e15     # huge norm: same direction
   v, g = _value_and_grad(jnp.asarray(x), jnp.asarray(labels))
   want, _ = rll_reference(euclidean64(x), labels, **DEFAULTS)
-  np.testing.assert_allclose(float(v), want, rtol=1e-5)
+  # Identical pairs: float32 cos is 1 only to ~6e-8, so sqrt(2 - 2 cos) is
+  # 0 only to ~3.5e-4 (the documented float32 limit of distances near 0);
+  # through the hinges that moves the loss by up to ~1e-4 relative.
+  np.testing.assert_allclose(float(v), want, rtol=1e-4)
   assert np.all(np.isfinite(np.asarray(g)))
   # Norms whose square overflows float32 must not produce NaN.
   x[9] *= 1e20
