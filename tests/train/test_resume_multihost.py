@@ -134,10 +134,6 @@ def test_half_written_checkpoint_is_never_restored(reference, data_dir,
   _assert_trees_equal(_final(workdir), reference)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "Open defect: the 2-process run trains but its parameters differ from "
-    "the 1-process run by O(1) after 24 steps (not rounding); being "
-    "investigated. See docs/training.md."))
 def test_two_processes_match_one_process(reference, data_dir, tmp_path):
   """2 processes x 2 CPU devices (gloo collectives) == 1 process x 4."""
   workdir = str(tmp_path / "multi")
@@ -153,4 +149,8 @@ def test_two_processes_match_one_process(reference, data_dir, tmp_path):
   for p, (_, err) in zip(procs, outs):
     assert p.returncode == 0, err[-4000:]
   assert os.path.exists(os.path.join(workdir, "metrics.json"))
-  _assert_trees_equal(_final(workdir), reference, rtol=1e-4, atol=1e-5)
+  # Not bitwise: gloo's cross-process all-reduce sums in another order than
+  # the in-process one, and 24 SGD-momentum steps accumulate that rounding
+  # (measured: max |diff| 4.5e-5 on conv kernels of magnitude ~0.1-1). A wrong
+  # batch split, device order or gradient scaling gives O(0.1-1) differences.
+  _assert_trees_equal(_final(workdir), reference, rtol=1e-3, atol=2e-4)
