@@ -310,6 +310,25 @@ def gathered_batch(embeddings: Array, labels: Array, axis_name):
   )
 
 
+def pair_block(embeddings, labels, axis_name=None, pos_mask=None,
+               neg_mask=None):
+  """The cosine-similarity block of a pair-based loss and its pair masks.
+
+  Checks the inputs, gathers the global batch over ``axis_name`` and compares
+  the local anchors with it.
+
+  Returns:
+    ``(similarity [M, N], pos [M, N], neg [M, N], row_offset)``.
+  """
+  embeddings = check_embeddings(embeddings)
+  labels = check_labels(labels, embeddings.shape[0])
+  all_embeddings, all_labels, row_offset = gathered_batch(
+      embeddings, labels, axis_name)
+  similarity = cosine_similarity(embeddings, all_embeddings)
+  pos, neg = pair_masks(labels, all_labels, row_offset, pos_mask, neg_mask)
+  return similarity, pos, neg, row_offset
+
+
 def mean_over_valid(per_anchor: Array, valid: Array, axis_name=None) -> Array:
   """Mean of ``per_anchor`` over valid anchors of the (global) batch; 0 if none."""
   valid = valid.astype(jnp.float32)

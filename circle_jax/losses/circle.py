@@ -118,13 +118,8 @@ def _from_similarity(core, similarity, labels, pos_mask, neg_mask, **hyper):
 
 def _from_embeddings(core, embeddings, labels, axis_name, pos_mask, neg_mask,
                      **hyper):
-  embeddings = _common.check_embeddings(embeddings)
-  labels = _common.check_labels(labels, embeddings.shape[0])
-  all_embeddings, all_labels, row_offset = _common.gathered_batch(
-      embeddings, labels, axis_name)
-  similarity = _common.cosine_similarity(embeddings, all_embeddings)
-  pos, neg = _common.pair_masks(labels, all_labels, row_offset, pos_mask,
-                                neg_mask)
+  similarity, pos, neg, _ = _common.pair_block(
+      embeddings, labels, axis_name, pos_mask, neg_mask)
   per_anchor, valid = core(similarity, pos, neg, **hyper)
   return _common.to_float32_scalar(
       _common.mean_over_valid(per_anchor, valid, axis_name))

@@ -40,13 +40,8 @@ _LOG_FLOOR = 1e-8
 
 def _block(embeddings, labels, axis_name):
   """Stop-gradient cosine block ``[M, N]`` and its label masks."""
-  embeddings = _common.check_embeddings(embeddings)
-  labels = _common.check_labels(labels, embeddings.shape[0])
-  all_emb, all_labels, offset = _common.gathered_batch(
-      embeddings, labels, axis_name)
-  sim = jax.lax.stop_gradient(_common.cosine_similarity(embeddings, all_emb))
-  pos, neg = _common.pair_masks(labels, all_labels, offset)
-  return sim, pos, neg, offset
+  sim, pos, neg, offset = _common.pair_block(embeddings, labels, axis_name)
+  return jax.lax.stop_gradient(sim), pos, neg, offset
 
 
 def _check_nonnegative(value, name):

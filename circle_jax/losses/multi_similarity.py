@@ -217,13 +217,8 @@ def multi_similarity_loss(
         beta=beta, base=base, epsilon=epsilon, mining=mining,
         axis_name=axis_name, pos_mask=pos_mask, neg_mask=neg_mask)
   _check_hyper(alpha, beta, epsilon)
-  embeddings = _common.check_embeddings(embeddings)
-  labels = _common.check_labels(labels, embeddings.shape[0])
-  all_embeddings, all_labels, row_offset = _common.gathered_batch(
-      embeddings, labels, axis_name)
-  similarity = _common.cosine_similarity(embeddings, all_embeddings)
-  pos, neg = _common.pair_masks(labels, all_labels, row_offset, pos_mask,
-                                neg_mask)
+  similarity, pos, neg, _ = _common.pair_block(
+      embeddings, labels, axis_name, pos_mask, neg_mask)
   per_anchor, _ = _ms_per_anchor(similarity, pos, neg, alpha=alpha, beta=beta,
                                  base=base, epsilon=epsilon, mining=mining)
   return _common.to_float32_scalar(
