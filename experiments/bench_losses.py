@@ -68,6 +68,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from circle_jax import losses as cj_losses  # noqa: E402
 from circle_jax.losses import blockwise  # noqa: E402
+from experiments import hostenv  # noqa: E402
 
 # A single call slower than this ends a measurement early (one call timed).
 _SLOW_CALL_S = 20.0
@@ -458,7 +459,8 @@ def write_markdown(rows: List[Row], args, path: pathlib.Path, started: float):
       f"total wall time {time.time() - started:.0f} s",
       f"- host: {platform.processor() or platform.machine()}, "
       f"{os.cpu_count()} CPUs visible; load average at the end "
-      f"{', '.join(f'{v:.1f}' for v in os.getloadavg())}",
+      f"{', '.join(f'{v:.1f}' for v in os.getloadavg())}; "
+      f"{hostenv.describe()}",
       f"- jax {jax.__version__}, D={args.dim}, labels: {args.per_class} "
       f"samples per class, C = {'B/%d' % args.per_class if not args.num_classes else args.num_classes} "
       f"classes/proxies; median of {args.repeats} timed calls after "
@@ -525,6 +527,8 @@ def main(argv=None):
   p.add_argument("--out", default="",
                  help="output file (default experiments/results/"
                       "bench_losses_<platform>.md)")
+  p.add_argument("--no-hugepages", action="store_true",
+                 help="keep the default malloc (see experiments/hostenv.py)")
   args = p.parse_args(argv)
   started = time.time()
   print("[bench] " + HEADER, flush=True)
@@ -537,4 +541,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+  hostenv.reexec_with_hugepage_malloc(disabled="--no-hugepages" in sys.argv)
   main()

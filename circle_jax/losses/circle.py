@@ -93,9 +93,9 @@ def _softplus_of_lse_sum(logit_p, logit_n, pos, neg):
   so it is finite for any scale. Rows with an empty positive or negative set
   give 0 with a zero gradient.
   """
-  lse_p = _common.masked_logsumexp(logit_p, pos)
-  lse_n = _common.masked_logsumexp(logit_n, neg)
-  valid = jnp.any(pos, axis=-1) & jnp.any(neg, axis=-1)
+  lse_p, lse_n = _common.two_set_logsumexp(logit_p, logit_n, pos, neg)
+  # A set is empty exactly when its logsumexp is -inf (NaN stays NaN).
+  valid = (lse_p != -jnp.inf) & (lse_n != -jnp.inf)
   x = jnp.where(valid, lse_p + lse_n, 0.0)
   return jnp.where(valid, jax.nn.softplus(x), 0.0), valid
 

@@ -33,19 +33,25 @@ Array = jax.Array
 
 
 def _ms_mine(similarity: Array, pos: Array, neg: Array, *, epsilon,
-             mining: bool) -> Tuple[Array, Array]:
+             mining: bool) -> Tuple[Array, Array, Array, Array]:
   """The paper's pair mining; the decisions carry no gradient.
 
   A negative ``j`` of anchor ``i`` is kept if ``S_ij + epsilon > min_k S_ik``
   over the positives ``k``; a positive if ``S_ij - epsilon < max_k S_ik`` over
   the negatives ``k``. Both thresholds use the unmined sets.
+
+  Returns:
+    ``(pos, neg, min_pos, max_neg)``: the mined masks and the ``[M, 1]``
+    minimum positive and maximum negative similarity (``+inf`` / ``-inf`` for
+    an empty set). Mining keeps the extreme pair of a set whenever it keeps
+    any, so these are also the extremes of the mined sets.
   """
-  if not mining:
-    return pos, neg
   s = jax.lax.stop_gradient(similarity)
   min_pos = jnp.min(jnp.where(pos, s, jnp.inf), axis=-1, keepdims=True)
   max_neg = jnp.max(jnp.where(neg, s, -jnp.inf), axis=-1, keepdims=True)
-  return pos & (s - epsilon < max_neg), neg & (s + epsilon > min_pos)
+  if mining:
+    pos, neg = pos & (s - epsilon < max_neg), neg & (s + epsilon > min_pos)
+  return pos, neg, min_pos, max_neg
 
 
 def _ms_per_anchor(
@@ -72,10 +78,16 @@ def _ms_per_anchor(
     positive and negative sets are both non-empty (others give 0).
   """
   s = similarity
-  pos, neg = _ms_mine(s, pos, neg, epsilon=epsilon, mining=mining)
-  valid = jnp.any(pos, axis=-1) & jnp.any(neg, axis=-1)
-  pos_term = _common.log1p_sum_exp(-alpha * (s - base), pos) / alpha
-  neg_term = _common.log1p_sum_exp(beta * (s - base), neg) / beta
+  pos, neg, min_pos, max_neg = _ms_mine(s, pos, neg, epsilon=epsilon,
+                                        mining=mining)
+  # One exp per pair for both sets, shifted by the set maxima that the
+  # mining statistics already give; an empty set has lse = -inf (NaN stays).
+  lse_p, lse_n = _common.two_set_logsumexp(
+      -alpha * (s - base), beta * (s - base), pos, neg,
+      shift=(-alpha * (min_pos - base), beta * (max_neg - base)))
+  valid = (lse_p != -jnp.inf) & (lse_n != -jnp.inf)
+  pos_term = jnp.logaddexp(0.0, lse_p) / alpha
+  neg_term = jnp.logaddexp(0.0, lse_n) / beta
   return jnp.where(valid, pos_term + neg_term, 0.0), valid
 
 
@@ -273,7 +285,7 @@ def multi_similarity_weights(
   similarity, labels = _common.check_similarity(similarity, labels)
   pos, neg = _common.pair_masks(labels, labels, 0, pos_mask, neg_mask)
   s = jax.lax.stop_gradient(similarity)
-  pos, neg = _ms_mine(s, pos, neg, epsilon=epsilon, mining=mining)
+  pos, neg, _, _ = _ms_mine(s, pos, neg, epsilon=epsilon, mining=mining)
   valid = (jnp.any(pos, axis=-1) & jnp.any(neg, axis=-1))[:, None]
 
   def weights(logits, mask):

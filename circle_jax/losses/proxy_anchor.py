@@ -82,22 +82,35 @@ def _pmax_const(x: Array, axis_name) -> Array:
   return x if axis_name is None else jax.lax.pmax(x, axis_name)
 
 
-def _batch_log1p_sum_exp(x: Array, mask: Array, axis_name) -> Array:
-  """``log(1 + sum_b mask * exp(x))`` over the (global) batch axis 0 -> ``[C]``.
+def _batch_log1p_sum_exp_two_sets(logit_p: Array, logit_n: Array, pos: Array,
+                                  neg: Array, axis_name):
+  """``log(1 + sum_b mask * exp(logit))`` over the (global) batch axis 0.
 
-  Max-shifted with the global per-column maximum, and ``exp`` is never taken
-  of a masked-out entry; an empty column gives 0 with a zero gradient. The
-  per-device partial sums are combined with ``global_sum``, whose identity
-  backward makes the gradient exact under ``shard_map`` and ``pmap``.
+  For the positive and the negative samples of every proxy (column), each
+  max-shifted with its global per-column maximum, with one ``exp`` per
+  (sample, proxy) pair for both sets (:func:`_common.two_set_exp`); ``exp`` is
+  never taken of an entry outside its set. An empty set gives 0 with a zero
+  gradient. The per-device partial sums are combined with ``global_sum``,
+  whose identity backward makes the gradient exact under ``shard_map`` and
+  ``pmap``.
+
+  Returns:
+    ``(terms_p, terms_n)``, each ``[C]``.
   """
-  m = jnp.max(jnp.where(mask, x, -jnp.inf), axis=0)
-  m = _pmax_const(m, axis_name)
-  m = jnp.where(jnp.isfinite(m), m, 0.0)
-  s = jnp.sum(jnp.exp(jnp.where(mask, x - m, -jnp.inf)), axis=0)
-  s = _common.maybe_global_sum(s, axis_name)
-  nonempty = s > 0
-  lse = jnp.where(nonempty, jnp.log(jnp.where(nonempty, s, 1.0)) + m, -jnp.inf)
-  return jnp.logaddexp(0.0, lse)
+  def global_max(logits, mask):
+    m = jnp.max(jnp.where(mask, logits, -jnp.inf), axis=0, keepdims=True)
+    return _pmax_const(m, axis_name)
+
+  e, m_p, m_n = _common.two_set_exp(
+      logit_p, logit_n, pos, neg,
+      shift=(global_max(logit_p, pos), global_max(logit_n, neg)), axis=0)
+
+  def term(mask, m):
+    s = _common.maybe_global_sum(
+        jnp.sum(jnp.where(mask, e, 0.0), axis=0, keepdims=True), axis_name)
+    return jnp.logaddexp(0.0, _common.log_of_shifted_sum(s, m)[0])
+
+  return term(pos, m_p), term(neg, m_n)
 
 
 def _num_proxies_with_positives(pos: Array, axis_name) -> Array:
@@ -150,10 +163,9 @@ def proxy_anchor_loss_from_similarity(
   similarity, labels = _check_sample_to_proxy(similarity, labels, "similarity")
   num_classes = similarity.shape[1]
   pos, neg = _proxy_masks(labels, num_classes)
-  pos_terms = _batch_log1p_sum_exp(-alpha * (similarity - margin), pos,
-                                   axis_name)
-  neg_terms = _batch_log1p_sum_exp(alpha * (similarity + margin), neg,
-                                   axis_name)
+  pos_terms, neg_terms = _batch_log1p_sum_exp_two_sets(
+      -alpha * (similarity - margin), alpha * (similarity + margin), pos, neg,
+      axis_name)
   num_valid = _num_proxies_with_positives(pos, axis_name)
   loss = (jnp.sum(pos_terms) / jnp.maximum(num_valid, 1.0)
           + jnp.sum(neg_terms) / num_classes)
@@ -286,10 +298,10 @@ def ranked_proxy_anchor_loss_from_distance(
                   axis_name)
   m = jnp.where(jnp.isfinite(m), m, 0.0)
   w = jax.lax.stop_gradient(jnp.exp(jnp.where(neg_set, logits - m, -jnp.inf)))
-  w_sum = _psum_const(jnp.sum(w, axis=0), axis_name)  # >= 1 when non-empty
+  w_sum = _psum_const(jnp.sum(w, axis=0), axis_name)  # 0 only when empty
   neg_num = _common.maybe_global_sum(
       jnp.sum(jnp.where(neg_set, w * neg_hinge, 0.0), axis=0), axis_name)
-  neg_per_proxy = neg_num / jnp.maximum(w_sum, 1.0)
+  neg_per_proxy = neg_num / jnp.where(w_sum == 0, 1.0, w_sum)
   neg_term = jnp.sum(neg_per_proxy) / num_classes
   return _common.to_float32_scalar(pos_term + neg_term)
 

@@ -52,29 +52,38 @@ def _check_hyper(alpha, margin, imbalance) -> None:
     )
 
 
-def _weighted_hinge_mean(hinge: Array, logits: Array, mask: Array) -> Array:
-  """Per-row ``sum_j w_j * hinge_j`` with ``w = softmax(logits)`` over ``mask``.
+def _weighted_hinge_means(hinge_p: Array, hinge_n: Array, logits_p: Array,
+                          logits_n: Array, pos: Array, neg: Array):
+  """Per-row weighted means ``sum_j w_j * hinge_j`` over two disjoint sets.
 
-  The weights are max-shifted before ``exp`` (no overflow for any
-  temperature), never evaluate ``exp`` of a masked-out entry, and are constants
-  in backpropagation (``stop_gradient``), as in the paper's gradient and the
-  official implementation. An empty row gives 0 with a zero gradient.
+  ``w = softmax(logits)`` over each set, max-shifted (no overflow for any
+  temperature) with one ``exp`` per pair for both sets
+  (:func:`circle_jax.losses._common.two_set_exp`), and constant in
+  backpropagation (``stop_gradient``), as in the paper's gradient and the
+  official implementation. An empty set gives 0 with a zero gradient.
 
   Args:
-    hinge: ``[..., N]`` float32 values to average (only masked entries used).
-    logits: ``[..., N]`` float32 weight logits (``T * hinge`` for RLL).
-    mask: ``[..., N]`` bool, the entries of the set.
+    hinge_p, hinge_n: ``[..., N]`` float32 values to average over ``pos`` /
+      ``neg`` (only masked entries used).
+    logits_p, logits_n: ``[..., N]`` float32 weight logits (``T * hinge`` for
+      RLL).
+    pos, neg: ``[..., N]`` bool, the (disjoint) sets.
 
   Returns:
-    ``[...]`` the weighted means (0 for empty rows).
+    ``(mean_p, mean_n)``, each ``[...]`` (0 for empty sets).
   """
-  m = jnp.max(jnp.where(mask, logits, -jnp.inf), axis=-1, keepdims=True)
-  m = jnp.where(jnp.isfinite(m), m, 0.0)
-  w = jnp.exp(jnp.where(mask, logits - m, -jnp.inf))
-  # The largest entry of a non-empty row has weight exp(0) = 1, so the
-  # normaliser is >= 1 there; empty rows have all weights 0.
-  w = jax.lax.stop_gradient(w / jnp.maximum(jnp.sum(w, -1, keepdims=True), 1.0))
-  return jnp.sum(jnp.where(mask, w * hinge, 0.0), axis=-1)
+  e, _, _ = _common.two_set_exp(logits_p, logits_n, pos, neg)
+  e = jax.lax.stop_gradient(e)
+
+  def mean(mask, hinge):
+    # An empty set has all weights 0 (total 0); a non-empty one has total
+    # about >= 1 (its maximum gives exp(0), up to the rounding of a
+    # recomputed logit, which at large temperatures is not exactly 0).
+    total = jnp.sum(jnp.where(mask, e, 0.0), axis=-1)
+    return (jnp.sum(jnp.where(mask, e * hinge, 0.0), axis=-1)
+            / jnp.where(total == 0, 1.0, total))
+
+  return mean(pos, hinge_p), mean(neg, hinge_n)
 
 
 def _rll_per_anchor(
@@ -104,8 +113,9 @@ def _rll_per_anchor(
   neg_hinge = alpha - distance
   pos_set = pos & (pos_hinge > 0)  # non-trivial positives
   neg_set = neg & (neg_hinge > 0)  # non-trivial negatives
-  loss_p = _weighted_hinge_mean(pos_hinge, t_pos * pos_hinge, pos_set)
-  loss_n = _weighted_hinge_mean(neg_hinge, t_neg * neg_hinge, neg_set)
+  loss_p, loss_n = _weighted_hinge_means(
+      pos_hinge, neg_hinge, t_pos * pos_hinge, t_neg * neg_hinge, pos_set,
+      neg_set)
   return (1.0 - imbalance) * loss_p + imbalance * loss_n
 
 

@@ -25,6 +25,80 @@ def test_masked_logsumexp_matches_scipy_and_ignores_masked_values():
     np.testing.assert_allclose(got[i], want, rtol=1e-5)
 
 
+@pytest.mark.parametrize("axis", [-1, 0])
+@pytest.mark.parametrize("jit", [False, True])
+def test_two_set_logsumexp_equals_two_masked_logsumexps(axis, jit):
+  rng = np.random.default_rng(1)
+  lp = rng.normal(size=(6, 9)) * 40
+  ln = rng.normal(size=(6, 9)) * 40 + 100  # far apart: one shared shift fails
+  side = rng.random((6, 9))
+  pos, neg = side < 0.3, side > 0.6
+  pos[0], neg[1] = False, False  # an empty positive and an empty negative set
+  if axis == 0:
+    pos[:, 2], neg[:, 3] = False, False
+  args = [jnp.asarray(a, jnp.float32) for a in (lp, ln)] + [
+      jnp.asarray(pos), jnp.asarray(neg)]
+
+  def both(lp, ln, pos, neg):
+    return _common.two_set_logsumexp(lp, ln, pos, neg) if axis == -1 else (
+        tuple(v[0] for v in _two_set_axis0(lp, ln, pos, neg)))
+
+  got_p, got_n = (jax.jit(both) if jit else both)(*args)
+  for logits, mask, got in ((lp, pos, got_p), (ln, neg, got_n)):
+    want = [sp_logsumexp(v[m]) if m.any() else -np.inf
+            for v, m in (zip(logits, mask) if axis == -1 else
+                         zip(logits.T, mask.T))]
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5)
+
+
+def _two_set_axis0(lp, ln, pos, neg):
+  e, m_p, m_n = _common.two_set_exp(lp, ln, pos, neg, axis=0)
+  return (_common.log_of_shifted_sum(
+              jnp.sum(jnp.where(pos, e, 0.0), 0, keepdims=True), m_p),
+          _common.log_of_shifted_sum(
+              jnp.sum(jnp.where(neg, e, 0.0), 0, keepdims=True), m_n))
+
+
+def test_two_set_logsumexp_gradient_and_given_shift():
+  rng = np.random.default_rng(2)
+  lp = jnp.asarray(rng.normal(size=(4, 6)), jnp.float32)
+  ln = jnp.asarray(rng.normal(size=(4, 6)) * 3, jnp.float32)
+  side = rng.random((4, 6))
+  pos, neg = jnp.asarray(side < 0.4), jnp.asarray(side > 0.5)
+  pos = pos.at[0].set(False)
+
+  def two(lp, ln, shift=None):
+    a, b = _common.two_set_logsumexp(lp, ln, pos, neg, shift=shift)
+    return jnp.sum(jnp.where(jnp.isfinite(a), a, 0.0) * 1.5
+                   + jnp.where(jnp.isfinite(b), b, 0.0))
+
+  def separate(lp, ln):
+    a = _common.masked_logsumexp(lp, pos)
+    b = _common.masked_logsumexp(ln, neg)
+    return jnp.sum(jnp.where(jnp.isfinite(a), a, 0.0) * 1.5
+                   + jnp.where(jnp.isfinite(b), b, 0.0))
+
+  want_v, want_g = jax.value_and_grad(separate, (0, 1))(lp, ln)
+  got_v, got_g = jax.value_and_grad(two, (0, 1))(lp, ln)
+  np.testing.assert_allclose(got_v, want_v, rtol=1e-6)
+  for g, w in zip(got_g, want_g):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
+  # Any shift that avoids overflow gives the same result; empty sets' shifts
+  # (here -inf) are ignored.
+  shift = (jnp.full((4, 1), 0.5).at[0].set(-jnp.inf), jnp.full((4, 1), 2.0))
+  np.testing.assert_allclose(two(lp, ln, shift), want_v, rtol=1e-6)
+
+
+def test_logsumexp_helpers_propagate_nan_instead_of_reporting_empty():
+  # A NaN similarity must reach the loss (the trainer's NaN guard), not look
+  # like an empty set that contributes 0.
+  x = jnp.array([[0.5, jnp.nan, 1.0]], jnp.float32)
+  pos = jnp.array([[True, True, False]])
+  assert np.isnan(_common.masked_logsumexp(x, pos)[0])
+  a, b = _common.two_set_logsumexp(x, x, pos, ~pos)
+  assert np.isnan(a[0]) and float(b[0]) == 1.0
+
+
 def test_empty_sets_give_zero_loss_and_zero_gradient():
   x = jnp.array([[1e4, -3.0, 2.0]], jnp.float32)
   mask = jnp.zeros((1, 3), bool)
