@@ -24,6 +24,10 @@ dtype, this script measures
 Optionally (``--blockwise 1024``) the blockwise Circle / MS / RLL rows are
 added (``circle_jax.losses.blockwise``).
 
+On Linux with glibc >= 2.35 the script re-executes itself with
+``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (``--no-hugepages`` to keep the
+default malloc; see ``experiments/hostenv.py``).
+
 Results are printed and written to
 ``experiments/results/bench_losses_<platform>.md`` (``cpu``, ``gpu``, ``tpu``),
 with the device, the thread count, the host load and the exact command.
@@ -31,7 +35,8 @@ with the device, the thread count, the host load and the exact command.
 Examples::
 
   # the recorded CPU run (see experiments/results/bench_losses_cpu.md)
-  python experiments/bench_losses.py --batch-sizes 256,1024,4096
+  python experiments/bench_losses.py --batch-sizes 256,1024,4096,16384 \
+      --blockwise 512 --max-memory-gb 16
 
   # a quick subset
   python experiments/bench_losses.py --losses circle,multi_similarity \
