@@ -35,8 +35,11 @@ How it is computed (exactly, no approximate search):
   relevant item: the best positive similarity ``s*`` (with the lowest gallery
   index among equal ones) is reduced over tiles and devices, then the items
   ranked before it are counted (``s > s*``, or ``s == s*`` and a lower index).
-  This costs two passes over the similarities whatever ``K`` is (SOP's
-  ``K = 1000`` included), instead of a top-1000 selection.
+  This costs one counting pass over the similarities whatever ``K`` is (SOP's
+  ``K = 1000`` included), instead of a top-1000 selection. The positives'
+  similarities are gathered from the similarity tiles at their gallery
+  indices (listed on the host from the labels), so they are the very numbers
+  the ranking uses, without a masked pass over the ``[chunk, T]`` block.
 * R-Precision and MAP@R need the top ``R_q`` items, so ``lax.top_k`` with
   ``k = max_q R_q`` runs on each tile; the per-tile and per-device lists are
   merged with ``top_k`` again. Lists are concatenated in gallery-index order
@@ -261,89 +264,102 @@ def _tile_rows(num_gallery: int) -> int:
 # ----------------------------------------------------------------------------
 
 
-def _topk_padded(values, flags, k):
-  """``top_k`` of the last axis, padding with ``-inf``/False when it is short."""
+def _topk_padded(values, k):
+  """``top_k`` of the last axis, padding with ``-inf`` when it is short.
+
+  Returns the values and their indices (padding entries get index 0 and
+  value ``-inf``). Among equal values the lower index comes first.
+  """
   n = values.shape[-1]
   if n < k:
     pad = [(0, 0)] * (values.ndim - 1) + [(0, k - n)]
     values = jnp.pad(values, pad, constant_values=-jnp.inf)
-    flags = jnp.pad(flags, pad, constant_values=False)
   top, idx = jax.lax.top_k(values, k)
-  return top, jnp.take_along_axis(flags, idx, axis=-1)
+  return top, jnp.where(idx < n, idx, 0)
+
+
+def _merge_top(values, flags, k):
+  """The top ``k`` of concatenated (gallery-ordered) lists, with their flags."""
+  top, idx = _topk_padded(values, k)
+  flags = jnp.take_along_axis(flags, idx, axis=-1) & (top > -jnp.inf)
+  return top, flags
 
 
 @functools.lru_cache(maxsize=32)
 def _chunk_fn(devices: Tuple[jax.Device, ...], tile: int, num_gallery: int,
               k: int):
-  """Jitted ``(q, q_lab, q_self, g, g_lab) -> (rank_first, rel)`` for a mesh.
+  """Jitted ``(q, q_lab, q_self, q_pos, g, g_lab) -> (rank_first, rel)``.
 
   Shapes: ``q [C, D]``, ``q_lab [C]``, ``q_self [C]`` (gallery index to skip,
-  or -1), ``g [num_tiles, tile, D]`` (sharded over tiles), ``g_lab
-  [num_tiles, tile]``. Outputs: ``rank_first [C]`` int32, the 1-based rank of
-  the first relevant item (0 where there is none) and ``rel [C, k]``
-  bool, the relevance of the top ``k`` items.
+  or -1), ``q_pos [C, P]`` (the gallery indices of each query's relevant
+  items, -1 padded), ``g [num_tiles, tile, D]`` (sharded over tiles),
+  ``g_lab [num_tiles, tile]``. Outputs: ``rank_first [C]`` int32, the
+  1-based rank of the first relevant item (0 where there is none) and ``rel
+  [C, k]`` bool, the relevance of the top ``k`` items.
   """
   mesh = Mesh(np.array(devices), (_AXIS,))
   tile_k = min(k, tile)
 
-  def body(q, q_lab, q_self, g, g_lab):
+  def body(q, q_lab, q_self, q_pos, g, g_lab):
     local_tiles = g.shape[0]
     first_tile = jax.lax.axis_index(_AXIS) * local_tiles
     col = jnp.arange(tile, dtype=jnp.int32)
 
-    def tile_step(_, xs):
-      t, g_t, lab_t = xs
-      gidx = (first_tile + t) * tile + col                      # [T]
-      s = jnp.matmul(q, g_t.T, precision=jax.lax.Precision.HIGHEST)
+    def tile_step(t):
+      start = (first_tile + t) * tile
+      gidx = start + col                                         # [T]
+      s = jnp.matmul(q, g[t].T, precision=jax.lax.Precision.HIGHEST)
       valid = (gidx < num_gallery)[None, :] & (gidx[None, :] != q_self[:, None])
       # -0.0 -> +0.0 so that `top_k` (a total order) and `==` agree on ties.
       s = jnp.where(valid, jnp.where(s == 0.0, 0.0, s), -jnp.inf)
-      pos = valid & (lab_t[None, :] == q_lab[:, None])
-      best = jnp.max(jnp.where(pos, s, -jnp.inf), axis=1)
+      # The relevant items' similarities, gathered from this tile (the same
+      # numbers the ranking uses) instead of a masked pass over [C, T].
+      here = (q_pos >= start) & (q_pos < start + tile)
+      pos_s = jnp.take_along_axis(
+          s, jnp.where(here, q_pos - start, 0), axis=1)
+      pos_s = jnp.where(here, pos_s, -jnp.inf)                   # [C, P]
+      best = jnp.max(pos_s, axis=1)
       best_idx = jnp.min(
-          jnp.where(pos & (s == best[:, None]), gidx[None, :], _NO_INDEX),
-          axis=1)
-      top, rel = _topk_padded(s, pos, tile_k)
-      return None, (s, best, best_idx, top, rel)
+          jnp.where(here & (pos_s == best[:, None]), q_pos, _NO_INDEX), axis=1)
+      top, top_i = _topk_padded(s, tile_k)
+      rel = (jnp.take(g_lab[t], top_i) == q_lab[:, None]) & (top > -jnp.inf)
+      return s, best, best_idx, top, rel
 
-    tiles = jnp.arange(local_tiles, dtype=jnp.int32)
-    _, (s, best, best_idx, top, rel) = jax.lax.scan(
-        tile_step, None, (tiles, g, g_lab))
-    # s: [t, C, T]; best, best_idx: [t, C]; top, rel: [t, C, tile_k].
+    # The tiles are unrolled (their number is static): a `lax.scan` would
+    # stack the similarity tiles into one zero-initialised [t, C, T] buffer
+    # with a dynamic-update-slice per step.
+    s, best, best_idx, top, rel = (
+        list(v) for v in zip(*(tile_step(t) for t in range(local_tiles))))
+    best, best_idx = jnp.stack(best), jnp.stack(best_idx)         # [t, C]
 
-    # Best positive over tiles, then over devices; lowest index among ties.
+    # Best relevant item over tiles, then over devices; lowest index among
+    # ties.
     b = jax.lax.pmax(jnp.max(best, axis=0), _AXIS)               # [C]
     bi = jnp.min(jnp.where(best == b[None, :], best_idx, _NO_INDEX), axis=0)
     bi = jax.lax.pmin(bi, _AXIS)
     # Items ranked before it: higher similarity, or equal and lower index.
-    # (A scan over the stored tiles: XLA:CPU reduces one [C, T] tile at a time
-    # markedly faster than the whole [t, C, T] block.)
-    def count_step(acc, xs):
-      t, s_t = xs
+    ahead = jnp.zeros(b.shape, jnp.int32)
+    for t, s_t in enumerate(s):
       gidx = (first_tile + t) * tile + col
-      ahead = (s_t > b[:, None]) | (
-          (s_t == b[:, None]) & (gidx[None, :] < bi[:, None]))
-      return acc + jnp.sum(ahead, axis=1, dtype=jnp.int32), None
-
-    ahead, _ = jax.lax.scan(
-        count_step, jnp.zeros(b.shape, jnp.int32), (tiles, s))
+      ahead += jnp.sum((s_t > b[:, None]) | (
+          (s_t == b[:, None]) & (gidx[None, :] < bi[:, None])),
+                       axis=1, dtype=jnp.int32)
     rank_first = jnp.where(b > -jnp.inf, jax.lax.psum(ahead, _AXIS) + 1, 0)
 
     # Merge the per-tile top lists (tile order = gallery order), then the
     # per-device ones (device order = gallery order).
-    c = q.shape[0]
-    top = jnp.transpose(top, (1, 0, 2)).reshape(c, -1)
-    rel = jnp.transpose(rel, (1, 0, 2)).reshape(c, -1)
-    top, rel = _topk_padded(top, rel, k)
+    top = jnp.concatenate(top, axis=1)
+    rel = jnp.concatenate(rel, axis=1)
+    top, rel = _merge_top(top, rel, k)
     top = jax.lax.all_gather(top, _AXIS, axis=1, tiled=True)     # [C, n*k]
     rel = jax.lax.all_gather(rel, _AXIS, axis=1, tiled=True)
-    _, rel = _topk_padded(top, rel, k)
+    _, rel = _merge_top(top, rel, k)
     return rank_first, rel
 
   fn = jax.shard_map(
       body,
       mesh=mesh,
-      in_specs=(P(), P(), P(), P(_AXIS), P(_AXIS)),
+      in_specs=(P(), P(), P(), P(), P(_AXIS), P(_AXIS)),
       out_specs=(P(), P()),
       check_vma=False,
   )
@@ -456,6 +472,25 @@ def _class_ids(q_lab, g_lab, self_retrieval):
   return q_ids, g_ids, r
 
 
+def _relevant_indices(q_ids, g_ids, self_retrieval):
+  """``[Q, P]`` int32: each query's relevant gallery indices, -1 padded.
+
+  ``P`` is the largest gallery class size (at least 1). In self-retrieval the
+  query's own index is left out (set to -1).
+  """
+  order = np.argsort(g_ids, kind="stable")
+  counts = np.bincount(g_ids, minlength=int(max(q_ids.max(), g_ids.max())) + 1)
+  starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+  cnt, st = counts[q_ids], starts[q_ids]
+  width = max(1, int(cnt.max()))
+  j = np.arange(width)[None, :]
+  idx = order[np.minimum(st[:, None] + j, order.size - 1)]
+  pos = np.where(j < cnt[:, None], idx, -1).astype(np.int32)
+  if self_retrieval:
+    pos[pos == np.arange(q_ids.shape[0])[:, None]] = -1
+  return pos
+
+
 def _rank_queries(q, q_lab, g, g_lab, self_retrieval, chunk_size, devs):
   """Per-query ranking facts, computed on device.
 
@@ -468,6 +503,7 @@ def _rank_queries(q, q_lab, g, g_lab, self_retrieval, chunk_size, devs):
   num_q, dim = q.shape
   num_g = g.shape[0]
   q_ids, g_ids, r = _class_ids(q_lab, g_lab, self_retrieval)
+  q_pos = _relevant_indices(q_ids, g_ids, self_retrieval)
   # Top-k length: enough for every query's R (Recall@K does not need it).
   k = max(1, int(r.max()))
 
@@ -501,7 +537,9 @@ def _rank_queries(q, q_lab, g, g_lab, self_retrieval, chunk_size, devs):
     sc = np.full((c,), -1, np.int32)
     if self_retrieval:
       sc[: hi - lo] = np.arange(lo, hi, dtype=np.int32)
-    args = [jax.device_put(a, replicated) for a in (qc, lc, sc)]
+    pc = np.full((c, q_pos.shape[1]), -1, np.int32)
+    pc[: hi - lo] = q_pos[lo:hi]
+    args = [jax.device_put(a, replicated) for a in (qc, lc, sc, pc)]
     outputs.append(fn(*args, g_dev, lab_dev))  # dispatched asynchronously
   outputs = jax.device_get(outputs)
   rank_first = np.concatenate([o[0] for o in outputs])[:num_q]

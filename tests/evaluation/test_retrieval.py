@@ -231,6 +231,19 @@ def test_chunked_tiled_and_sharded_results_are_identical(
     _assert_facts_equal(base, want)
 
 
+@pytest.mark.parametrize("self_mode", [True, False])
+def test_relevant_indices_list_each_querys_class_members(self_mode):
+  g_ids = np.array([2, 0, 2, 1, 2, 0], np.int32)
+  q_ids = g_ids if self_mode else np.array([0, 2, 3], np.int32)
+  got = retrieval._relevant_indices(q_ids, g_ids, self_mode)
+  assert got.dtype == np.int32 and got.shape == (len(q_ids), 3)
+  for i, c in enumerate(q_ids):
+    want = [j for j in range(len(g_ids))
+            if g_ids[j] == c and not (self_mode and j == i)]
+    assert sorted(v for v in got[i] if v >= 0) == want
+    assert np.sum(got[i] >= 0) == len(want)  # the rest is -1 padding
+
+
 def test_one_device_equals_eight_devices_metrics(clustered):
   x, y = clustered
   ks = (1, 2, 4, 8, 16, 500)  # as in test_self_retrieval_matches_reference
