@@ -49,30 +49,35 @@ def _check_nonnegative(value, name):
     raise ValueError(f"`{name}` must be >= 0; got {value}.")
 
 
-# Elements of the per-chunk [rows, N, N] triplet temporaries: 2^20 float32
-# entries = 4 MiB, whatever the batch size.
-_TRIPLET_CHUNK_ELEMENTS = 1 << 20
+def sort_masked_rows(values: Array, mask: Array):
+  """Each row's masked entries in ascending order, ``+inf`` after them.
 
-
-def map_anchor_rows(fn, *rows):
-  """``jax.vmap(fn)(*rows)``, evaluated over chunks of anchor rows.
-
-  For per-anchor functions with ``[N, N]`` (positive x negative)
-  temporaries: chunks of ``max(1, 2^20 // N^2)`` rows (``jax.lax.map`` with
-  ``batch_size``) bound the live temporaries to about 4 MiB instead of the
-  ``[M, N, N]`` tensor that XLA materialises otherwise (64 MiB at
-  ``M = N = 256``).
-
-  Args:
-    fn: a function of one anchor's rows (each ``[N]``), returning arrays.
-    *rows: ``[M, N]`` arrays, one row per anchor.
+  The sort is stable, so equal values keep their column order (the lowest
+  column first), which the triplet selections below rely on for ties.
 
   Returns:
-    ``fn``'s outputs stacked over the ``M`` anchors.
+    ``(sorted, order, count)``: ``sorted [M, N]`` (gradients flow to
+    ``values`` through the gather), ``order [M, N]`` the source column of
+    each sorted entry, ``count [M]`` the number of masked entries per row.
   """
-  n = rows[0].shape[-1]
-  batch = max(1, min(rows[0].shape[0], _TRIPLET_CHUNK_ELEMENTS // (n * n)))
-  return jax.lax.map(lambda r: fn(*r), rows, batch_size=batch)
+  keyed = jnp.where(mask, values, jnp.inf)
+  order = jnp.argsort(jax.lax.stop_gradient(keyed), axis=-1, stable=True)
+  return (jnp.take_along_axis(keyed, order, axis=-1), order,
+          jnp.sum(mask, axis=-1, dtype=jnp.int32))
+
+
+def row_searchsorted(sorted_rows: Array, queries: Array, side: str) -> Array:
+  """``searchsorted`` of each row of ``queries`` in the same row of
+  ``sorted_rows`` (int32 ``[M, Q]``), without gradient."""
+  sorted_rows = jax.lax.stop_gradient(sorted_rows)
+  queries = jax.lax.stop_gradient(queries)
+  return jax.vmap(lambda a, v: jnp.searchsorted(a, v, side=side))(
+      sorted_rows, queries).astype(jnp.int32)
+
+
+def take_rows(x: Array, idx: Array) -> Array:
+  """``x[i, idx[i, j]]`` with ``idx`` clipped into range."""
+  return jnp.take_along_axis(x, jnp.clip(idx, 0, x.shape[-1] - 1), axis=-1)
 
 
 # ----------------------------------------------------------------------------
@@ -101,12 +106,23 @@ def batch_hard_masks(dist, pos, neg):
 
 
 def semi_hard_masks(dist, pos, neg, *, margin):
-  """Pairs of the semi-hard triplets ``d_ap < d_an < d_ap + margin``."""
-  def row(d, p, n):
-    semi = (p[:, None] & n[None, :] & (d[None, :] > d[:, None])
-            & (d[None, :] < d[:, None] + margin))  # [P, N]
-    return semi.any(axis=1), semi.any(axis=0)
-  return map_anchor_rows(row, dist, pos, neg)
+  """Pairs of the semi-hard triplets ``d_ap < d_an < d_ap + margin``.
+
+  Without the ``[M, N, N]`` triplet table: a positive is in a semi-hard
+  triplet iff the closest negative farther than it is inside the margin, and
+  a negative iff it is inside the margin of the farthest positive closer
+  than it. Both come from binary searches in the row's sorted negative and
+  positive distances: ``O(M N log N)`` time, ``O(M N)`` memory.
+  """
+  dist = jax.lax.stop_gradient(dist)
+  neg_sorted, _, num_neg = sort_masked_rows(dist, neg)
+  first = row_searchsorted(neg_sorted, dist, "right")  # first d_an > d_ap
+  keep_pos = pos & (first < num_neg[:, None]) & (
+      take_rows(neg_sorted, first) < dist + margin)
+  pos_sorted, _, _ = sort_masked_rows(dist, pos)
+  last = row_searchsorted(pos_sorted, dist, "left") - 1  # last d_ap < d_an
+  keep_neg = neg & (last >= 0) & (dist < take_rows(pos_sorted, last) + margin)
+  return keep_pos, keep_neg
 
 
 def pair_margin_masks(dist, pos, neg, *, pos_margin, neg_margin):
@@ -288,8 +304,9 @@ def semi_hard_miner(
     axis_name: mine the ``[B_local, B_global]`` block across devices.
 
   Returns:
-    ``(pos_mask, neg_mask)``, boolean. The ``[N, N]`` triplet tests run over
-    chunks of anchors, so memory stays ``O(M N)`` plus a few MiB.
+    ``(pos_mask, neg_mask)``, boolean. Binary searches in sorted rows
+    replace the ``[N, N]`` triplet tests per anchor, so memory stays
+    ``O(M N)`` and time ``O(M N log N)``.
 
   References:
     Schroff, Kalenichenko, Philbin, "FaceNet: A Unified Embedding for Face

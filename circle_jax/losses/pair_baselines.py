@@ -173,66 +173,47 @@ def contrastive_loss(
 # ----------------------------------------------------------------------------
 
 
-@jax.custom_vjp
 def _all_triplet_sums(shifted, dist, pos, neg):
   """Per-anchor sum and count of the non-zero hinges over all triplets.
 
-  ``sum_{p, n} [shifted_ap - d_an]_+`` over valid ``(p, n)``, where
-  ``shifted = dist + margin`` (the margin is added outside, so its gradient,
-  if it is traced, comes from plain autodiff). Both passes run over chunks of
-  anchors (:func:`~circle_jax.losses.miners.map_anchor_rows`) and the custom
-  VJP recomputes the active-triplet indicator instead of storing it, so
-  neither keeps an ``[M, N, N]`` tensor (autodiff of the plain expression
-  stores it: 128 MiB of temporaries at B = 256).
+  ``sum_{p, n} [shifted_ap - d_an]_+`` over the positives ``p`` and
+  negatives ``n`` of each anchor, with ``shifted = dist + margin`` (the
+  margin is added outside, so its gradient, if it is traced, comes from plain
+  autodiff). For one positive, the active negatives are those closer than
+  ``c = shifted_ap``: with the row's negative distances sorted ascending and
+  their prefix sums ``S``, there are ``k = #{d_an < c}`` of them (a binary
+  search) and their hinges sum to ``k c - S_k``. So no ``[M, N, N]`` triplet
+  table is built: ``O(M N log N)`` time and ``O(M N)`` memory, and autodiff
+  through the sort's gather and the prefix sums gives the exact gradient
+  (``#active negatives`` per positive, ``-#active positives`` per negative).
 
   Args:
     shifted: ``[M, N]`` float32, ``d + margin`` (the positive side).
     dist: ``[M, N]`` float32 distances (the negative side).
-    pos, neg: ``[M, N]`` float32 0/1 masks.
+    pos, neg: ``[M, N]`` bool masks.
 
   Returns:
     ``(sums, counts)``, both ``[M]``.
   """
-  def row(a, d, p, n):
-    hinge, active = _triplet_hinges(a, d, p, n)
-    return jnp.sum(hinge), jnp.sum(active)
-  return _miners.map_anchor_rows(row, shifted, dist, pos, neg)
-
-
-def _triplet_hinges(a, d, p, n):
-  """One anchor's ``[P, N]`` hinges ``[a_p - d_n]_+`` and active indicator."""
-  t = a[:, None] - d[None, :]
-  active = ((p[:, None] * n[None, :]) > 0) & (t > 0)
-  return jnp.where(active, t, 0.0), active.astype(jnp.float32)
-
-
-def _all_triplet_sums_fwd(shifted, dist, pos, neg):
-  return (_all_triplet_sums(shifted, dist, pos, neg),
-          (shifted, dist, pos, neg))
-
-
-def _all_triplet_sums_bwd(res, cts):
-  shifted, dist, pos, neg = res
-  ct_sum, _ = cts  # the counts are piecewise constant
-
-  def row(a, d, p, n):
-    _, active = _triplet_hinges(a, d, p, n)
-    # d sum / d a_p = #active negatives; d sum / d d_n = -#active positives.
-    return jnp.sum(active, axis=1), -jnp.sum(active, axis=0)
-
-  g_shifted, g_dist = _miners.map_anchor_rows(row, shifted, dist, pos, neg)
-  ct = ct_sum[:, None]
-  return ct * g_shifted, ct * g_dist, jnp.zeros_like(pos), jnp.zeros_like(neg)
-
-
-_all_triplet_sums.defvjp(_all_triplet_sums_fwd, _all_triplet_sums_bwd)
+  neg_sorted, _, _ = _miners.sort_masked_rows(dist, neg)
+  finite = jnp.isfinite(neg_sorted)
+  # Prefix sums relative to each row's smallest negative distance (the
+  # offset cancels in k c - S_k and keeps the cancellation small).
+  base = jax.lax.stop_gradient(
+      jnp.where(finite[:, :1], neg_sorted[:, :1], 0.0))
+  prefix = jnp.cumsum(jnp.where(finite, neg_sorted - base, 0.0), axis=1)
+  prefix = jnp.concatenate([jnp.zeros_like(prefix[:, :1]), prefix], axis=1)
+  active = _miners.row_searchsorted(neg_sorted, shifted, "left")  # [M, N]
+  hinge = (active.astype(jnp.float32) * (shifted - base)
+           - jnp.take_along_axis(prefix, active, axis=1))
+  sums = jnp.sum(jnp.where(pos, hinge, 0.0), axis=1)
+  counts = jnp.sum(jnp.where(pos, active, 0), axis=1).astype(jnp.float32)
+  return sums, counts
 
 
 def _triplet_core(dist, pos, neg, *, margin, mining, axis_name):
   if mining == "all":
-    sums, counts = _all_triplet_sums(
-        dist + margin, dist, pos.astype(jnp.float32),
-        neg.astype(jnp.float32))
+    sums, counts = _all_triplet_sums(dist + margin, dist, pos, neg)
     return _ratio(sums, counts, axis_name)
   if mining == "batch_hard":
     valid = pos.any(1) & neg.any(1)
@@ -243,16 +224,17 @@ def _triplet_core(dist, pos, neg, *, margin, mining, axis_name):
     return _common.mean_over_valid(per_anchor, valid, axis_name)
   # "semi_hard": for each positive pair the closest negative farther than the
   # positive; if there is none, the farthest negative (FaceNet as implemented
-  # by TensorFlow Addons' TripletSemiHardLoss). The choice is an index (no
-  # gradient, computed over chunks of anchors); the distance is then
-  # gathered, so memory is O(M N) in both passes.
-  def row(d, n):
-    outside = n[None, :] & (d[None, :] > d[:, None])  # [P, N]
-    closest = jnp.argmin(jnp.where(outside, d[None, :], jnp.inf), axis=1)
-    farthest = jnp.argmax(jnp.where(n, d, -jnp.inf))
-    return jnp.where(outside.any(axis=1), closest, farthest)
-
-  chosen = _miners.map_anchor_rows(row, jax.lax.stop_gradient(dist), neg)
+  # by TensorFlow Addons' TripletSemiHardLoss), the lowest column among equal
+  # distances. The choice is an index (no gradient) from a binary search in
+  # the row's sorted negative distances; the distance is then gathered, so
+  # time is O(M N log N) and memory O(M N).
+  neg_sorted, order, num_neg = _miners.sort_masked_rows(
+      jax.lax.stop_gradient(dist), neg)
+  closest = _miners.row_searchsorted(neg_sorted, dist, "right")
+  farthest_value = _miners.take_rows(neg_sorted, num_neg[:, None] - 1)
+  farthest = _miners.row_searchsorted(neg_sorted, farthest_value, "left")
+  pick = jnp.where(closest < num_neg[:, None], closest, farthest)
+  chosen = _miners.take_rows(order, pick)
   d_an = jnp.take_along_axis(dist, chosen, axis=1)  # [M, P]
   valid = pos & neg.any(1, keepdims=True)
   loss = jnp.where(valid, jax.nn.relu(dist - d_an + margin), 0.0)
@@ -308,10 +290,12 @@ def triplet_margin_loss(
     anchor has a negative.
 
   Masks from a miner restrict the positive and negative pairs before mining.
-  ``"all"`` and ``"semi_hard"`` evaluate their ``[N, N]`` per-anchor triplet
-  tables over chunks of anchors (``"all"`` with a custom VJP that recomputes
-  the active triplets in the backward pass), so memory stays ``O(M N)`` plus
-  a few MiB whatever the batch size.
+  ``"all"`` and ``"semi_hard"`` never build the ``[M, N, N]`` triplet table:
+  each row's negative distances are sorted once, and binary searches with
+  prefix sums give, per positive pair, the number and the hinge sum of its
+  active negatives (``"all"``) or its chosen negative (``"semi_hard"``). Time
+  is ``O(M N log N)`` and memory ``O(M N)``; the gradient is exact autodiff
+  through the sort's gather and the prefix sums.
 
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16.

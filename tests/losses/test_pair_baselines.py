@@ -602,3 +602,24 @@ def test_miner_masks_on_devices_match_single_device_blocks():
   want = jax.jit(mined_loss)(x, y)
   assert float(want) > 0
   np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
+
+
+@pytest.mark.parametrize("d_ap, chosen", [(0.5, 2), (0.9, 2), (0.3, 4)])
+def test_semi_hard_tie_picks_the_lowest_column(d_ap, chosen):
+  # Anchor 0, positive 1, negatives 2 and 3 at the same distance 0.7 and
+  # negative 4 at 0.4. d_ap = 0.5: the closest farther negative is the tie
+  # 2/3; d_ap = 0.9: none is farther, the farthest is the tie 2/3; d_ap =
+  # 0.3: negative 4. Ties go to the lowest column; the gradient shows which.
+  d = np.full((5, 5), 1.0, np.float32)
+  d[0, 1] = d[1, 0] = d_ap
+  d[0, 2] = d[0, 3] = 0.7
+  d[0, 4] = 0.4
+  labels = jnp.array([0, 0, 1, 1, 2])
+  pos_mask = np.zeros((5, 5), bool)
+  pos_mask[0, 1] = True  # only anchor 0's positive pair counts
+  g = jax.grad(lambda d: losses.triplet_margin_loss_from_distance(
+      d, labels, margin=1.0, mining="semi_hard", pos_mask=pos_mask))(
+          jnp.asarray(d))
+  row = np.asarray(g)[0]
+  assert row[1] > 0 and row[chosen] < 0
+  assert np.count_nonzero(row[2:]) == 1
