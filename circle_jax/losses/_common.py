@@ -261,8 +261,9 @@ def two_set_exp(
 
   Returns:
     ``(e, m_p, m_n)``: ``e`` has the shape of the logits, ``exp(logit - m)``
-    with the maximum ``m`` of the entry's set, and 0 outside ``pos | neg`` (so
-    a non-empty set sums to at least 1); ``m_p`` and ``m_n`` have size 1 along
+    with the maximum ``m`` of the entry's set, and 0 outside ``pos | neg``
+    (so a non-empty set sums to about 1 or more, and only an empty set to
+    exactly 0); ``m_p`` and ``m_n`` have size 1 along
     ``axis``: the maxima of each set (0 for an empty set), without gradient.
   """
   z = jnp.where(pos, logit_p, logit_n).astype(jnp.float32)
@@ -280,9 +281,11 @@ def two_set_exp(
 def log_of_shifted_sum(s: Array, m: Array) -> Array:
   """``log(s) + m``; ``-inf`` (zero grad) for an empty set (``s == 0``).
 
-  A non-empty set has ``s >= 1`` (its maximum contributes ``exp(0)``), and a
-  NaN sum stays NaN, so non-finite inputs are never mistaken for an empty
-  set.
+  A non-empty set has ``s`` of about 1 or more: its maximum contributes
+  ``exp(0)``, or slightly less when XLA recomputes that logit with other
+  rounding (visible at large temperatures), so emptiness is tested as
+  ``s == 0``, not against 1. A NaN sum stays NaN, so non-finite inputs are
+  never mistaken for an empty set.
   """
   empty = s == 0
   return jnp.where(empty, -jnp.inf, jnp.log(jnp.where(empty, 1.0, s)) + m)
