@@ -323,12 +323,12 @@ def _chunk_fn(devices: Tuple[jax.Device, ...], tile: int, num_gallery: int,
           jnp.where(here & (pos_s == best[:, None]), q_pos, _NO_INDEX), axis=1)
       top, top_i = _topk_padded(s, tile_k)
       rel = (jnp.take(g_lab[t], top_i) == q_lab[:, None]) & (top > -jnp.inf)
-      return s, best, best_idx, top, rel
+      return s, gidx, best, best_idx, top, rel
 
     # The tiles are unrolled (their number is static): a `lax.scan` would
     # stack the similarity tiles into one zero-initialised [t, C, T] buffer
     # with a dynamic-update-slice per step.
-    s, best, best_idx, top, rel = (
+    s, gidx, best, best_idx, top, rel = (
         list(v) for v in zip(*(tile_step(t) for t in range(local_tiles))))
     best, best_idx = jnp.stack(best), jnp.stack(best_idx)         # [t, C]
 
@@ -339,10 +339,9 @@ def _chunk_fn(devices: Tuple[jax.Device, ...], tile: int, num_gallery: int,
     bi = jax.lax.pmin(bi, _AXIS)
     # Items ranked before it: higher similarity, or equal and lower index.
     ahead = jnp.zeros(b.shape, jnp.int32)
-    for t, s_t in enumerate(s):
-      gidx = (first_tile + t) * tile + col
+    for s_t, gidx_t in zip(s, gidx):
       ahead += jnp.sum((s_t > b[:, None]) | (
-          (s_t == b[:, None]) & (gidx[None, :] < bi[:, None])),
+          (s_t == b[:, None]) & (gidx_t[None, :] < bi[:, None])),
                        axis=1, dtype=jnp.int32)
     rank_first = jnp.where(b > -jnp.inf, jax.lax.psum(ahead, _AXIS) + 1, 0)
 
