@@ -34,7 +34,10 @@ import numpy as np
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _command(workdir, data_dir, steps, extra):
+def short_run_command(workdir, data_dir, steps, extra=()):
+  """The main job on digits for ``steps`` SGD-momentum steps, checkpointing
+  every 4 steps, without evaluation: the run that the resume and multi-host
+  tests (``tests/train/test_resume_multihost.py``) and this script compare."""
   return [sys.executable, "-m", "experiments.main",
           "--config=experiments/configs/digits.py", f"--workdir={workdir}",
           f"--config.dataset.data_dir={data_dir}",
@@ -87,8 +90,8 @@ def main():
       workdir = os.path.join(root, f"run{i}")
       t0 = time.time()
       proc = subprocess.run(
-          _command(workdir, os.path.join(root, "tfds"), args.steps,
-                   args.extra), cwd=_REPO, env=env, capture_output=True,
+          short_run_command(workdir, os.path.join(root, "tfds"), args.steps,
+                            args.extra), cwd=_REPO, env=env, capture_output=True,
           text=True, check=False)
       if proc.returncode:
         sys.exit(f"run {i} failed:\n{proc.stderr[-3000:]}")

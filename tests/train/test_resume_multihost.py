@@ -16,6 +16,7 @@ import portpicker
 import pytest
 
 from circle_jax.train import checkpoint as ckpt_lib
+from experiments import check_determinism
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))
@@ -23,16 +24,7 @@ STEPS = 24
 
 
 def _command(workdir, data_dir, *extra):
-  return [sys.executable, "-m", "experiments.main",
-          "--config=experiments/configs/digits.py", f"--workdir={workdir}",
-          f"--config.dataset.data_dir={data_dir}",
-          f"--config.num_train_steps={STEPS}",
-          "--config.checkpoint_every_steps=4", "--config.eval_every_steps=0",
-          "--config.eval_at_init=False", "--config.eval_clustering=False",
-          "--config.log_every_steps=4", "--config.best_metric=",
-          "--config.dataset.num_threads=2", "--config.optim.name=sgd",
-          "--config.optim.learning_rate=0.05", "--config.optim.momentum=0.9",
-          *extra]
+  return check_determinism.short_run_command(workdir, data_dir, STEPS, extra)
 
 
 def _env(devices):
