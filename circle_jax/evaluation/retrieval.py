@@ -31,6 +31,11 @@ How it is computed (exactly, no approximate search):
   tiles with a float32 ``HIGHEST``-precision matmul, so a device holds
   ``O(chunk_size * gallery_size / num_devices)`` similarities, never the
   ``N x N`` matrix.
+* The similarity tiles are used raw: the query's own entry (self-retrieval)
+  and the zero padding rows are not masked out of ``[chunk, T]``, but
+  accounted for afterwards, from their similarities (gathered) and their
+  known positions. The tile matmuls run one after the other (XLA:CPU would
+  otherwise run them concurrently and slower).
 * Recall@K for every ``K`` comes from the exact rank of each query's first
   relevant item: the best positive similarity ``s*`` (with the lowest gallery
   index among equal ones) is reduced over tiles and devices, then the items
@@ -40,11 +45,17 @@ How it is computed (exactly, no approximate search):
   similarities are gathered from the similarity tiles at their gallery
   indices (listed on the host from the labels), so they are the very numbers
   the ranking uses, without a masked pass over the ``[chunk, T]`` block.
-* R-Precision and MAP@R need the top ``R_q`` items, so ``lax.top_k`` with
-  ``k = max_q R_q`` runs on each tile; the per-tile and per-device lists are
-  merged with ``top_k`` again. Lists are concatenated in gallery-index order
-  and ``top_k`` puts the lower index first among equal values, so the merge
-  keeps the index tie-break exactly.
+* R-Precision and MAP@R need the top ``k = max_q R_q`` items. The same pass
+  over each tile that counts also takes the maxima of its blocks of 32
+  consecutive items (one variadic reduction). The ``k`` best blocks by
+  maximum hold the top ``k`` items (each block ahead of a top item's block
+  holds an item ahead of it), plus one block for the query's own entry and
+  one for a part-padding block. So ``lax.top_k`` runs on the ``[chunk,
+  blocks]`` maxima and then on the ``k + 2`` chosen blocks' items, instead of
+  on whole tiles: XLA's TopK is far slower than a reduction. The per-device
+  lists are merged with ``top_k`` again. Candidates are kept in gallery-index
+  order and ``top_k`` puts the lower index first among equal values, so
+  every selection keeps the index tie-break exactly.
 * Every matmul has the same ``[chunk, T]`` shape whatever the number of
   devices, so one device and eight give bitwise identical similarities and
   identical metrics (XLA's matmul results can depend on the operand shapes).
@@ -110,6 +121,9 @@ _ALIASES = {
 # own (rounded-up) size. It must not depend on the number of devices.
 _MAX_TILE = 4096
 _TILE_ALIGN = 8
+# Gallery items per block of the top-k pre-selection (`_block_candidates`).
+# Tiles are a multiple of it.
+_BLOCK = 32
 # Query chunks are padded to a multiple of this (never a 1-row matrix-vector
 # product, whose rounding differs from the matrix-matrix one).
 _CHUNK_ALIGN = 8
@@ -166,7 +180,7 @@ def _check_embeddings(x, name: str) -> np.ndarray:
     )
   if x.shape[0] == 0:
     raise ValueError(f"`{name}` is empty (shape {x.shape}).")
-  x = x.astype(np.float32)
+  x = np.asarray(x, np.float32)
   if not np.all(np.isfinite(x)):
     raise ValueError(
         f"`{name}` contains NaN or infinite values; the ranking would be "
@@ -256,7 +270,8 @@ def _tile_rows(num_gallery: int) -> int:
   stays small (e.g. 12,612 rows -> 4 tiles of 3,160, not 4 of 4,096).
   """
   num_tiles = -(-num_gallery // _MAX_TILE)
-  return _round_up(-(-num_gallery // num_tiles), _TILE_ALIGN)
+  return _round_up(-(-num_gallery // num_tiles),
+                   math.lcm(_TILE_ALIGN, _BLOCK))
 
 
 # ----------------------------------------------------------------------------
@@ -285,71 +300,161 @@ def _merge_top(values, flags, k):
   return top, flags
 
 
+def _block_max_and_count(s, gidx, b, bi, block):
+  """One pass over a ``[C, T]`` tile: block maxima and items ahead of ``b``.
+
+  Returns ``[C, T / block]`` float32 maxima of the blocks of ``block``
+  consecutive items and ``[C]`` int32 counts of the items ranked before
+  ``(b, bi)`` (higher similarity, or equal and a lower gallery index ``gidx
+  [T]``). One variadic reduction computes both, so the tile is read once.
+  """
+  c, tile = s.shape
+  shape = (c, tile // block, block)
+  ahead = (s > b[:, None]) | ((s == b[:, None]) & (gidx[None, :] < bi[:, None]))
+  bmax, count = jax.lax.reduce(
+      (s.reshape(shape), ahead.astype(jnp.int32).reshape(shape)),
+      (jnp.float32(-jnp.inf), jnp.int32(0)),
+      lambda x, y: (jnp.maximum(x[0], y[0]), x[1] + y[1]),
+      (2,))
+  return bmax, jnp.sum(count, axis=1)
+
+
+def _block_candidates(s_tiles, bmax_tiles, first_index, q_self, num_gallery,
+                      k, extra, block):
+  """The blocks that must hold the top ``k`` of a query's local similarities.
+
+  ``s_tiles`` are the ``[C, T]`` raw similarity tiles of this device, in
+  gallery order, starting at gallery index ``first_index``, and
+  ``bmax_tiles`` their ``[C, T / block]`` block maxima (blocks of ``block``
+  consecutive items). Order the items by (similarity descending,
+  gallery index ascending), and the blocks by their best item. A block
+  holding one of the top ``k`` items has fewer than ``k`` blocks ahead of it:
+  each of those holds an item ahead of that top item, and fewer than ``k``
+  items are. So the ``k`` best blocks by maximum (``top_k`` puts the lower
+  block index first among equal maxima, which is the same order) hold the
+  top ``k`` items. The raw tiles still contain the query's own entry and the
+  padding, each of which can lift at most one block, hence ``extra`` more
+  blocks.
+
+  Returns ``(cand, cand_idx)``: ``[C, M]`` similarities with the excluded
+  entries (the query's own, padding) set to ``-inf`` and ``-0.0`` made
+  ``+0.0`` (so that ``top_k``, a total order, agrees with ``==`` on ties),
+  and their ``[C, M]`` (or broadcastable) int32 gallery indices, in gallery
+  order. When the blocks would cover the whole local gallery, every item is
+  a candidate.
+  """
+  c, tile = s_tiles[0].shape
+  nb = tile // block
+  num_blocks = nb * len(s_tiles)
+  kb = k + extra
+  if kb >= num_blocks:
+    cand = jnp.concatenate(s_tiles, axis=1)
+    cand_idx = first_index + jnp.arange(cand.shape[1], dtype=jnp.int32)[None]
+  else:
+    block_start = first_index + block * jnp.arange(num_blocks,
+                                                   dtype=jnp.int32)
+    bmax = jnp.concatenate(bmax_tiles, axis=1)
+    bmax = jnp.where(block_start[None, :] < num_gallery,
+                     jnp.where(bmax == 0.0, 0.0, bmax), -jnp.inf)
+    _, best = jax.lax.top_k(bmax, kb)
+    best = jnp.sort(best, axis=1)                  # [C, kb], gallery order
+    cand = jnp.zeros((c, kb, block), s_tiles[0].dtype)
+    for t, s in enumerate(s_tiles):
+      b = best - t * nb
+      here = (b >= 0) & (b < nb)
+      got = jnp.take_along_axis(s.reshape(c, nb, block),
+                                jnp.where(here, b, 0)[:, :, None], axis=1)
+      cand = jnp.where(here[:, :, None], got, cand)
+    cand = cand.reshape(c, kb * block)
+    cand_idx = (block_start[best][:, :, None]
+                + jnp.arange(block, dtype=jnp.int32)).reshape(c, kb * block)
+  valid = (cand_idx < num_gallery) & (cand_idx != q_self[:, None])
+  cand = jnp.where(valid, jnp.where(cand == 0.0, 0.0, cand), -jnp.inf)
+  return cand, cand_idx
+
+
 @functools.lru_cache(maxsize=32)
-def _chunk_fn(devices: Tuple[jax.Device, ...], tile: int, num_gallery: int,
-              k: int):
+def _chunk_fn(devices: Tuple[jax.Device, ...], tile: int, block: int,
+              num_gallery: int, k: int, self_retrieval: bool):
   """Jitted ``(q, q_lab, q_self, q_pos, g, g_lab) -> (rank_first, rel)``.
 
   Shapes: ``q [C, D]``, ``q_lab [C]``, ``q_self [C]`` (gallery index to skip,
   or -1), ``q_pos [C, P]`` (the gallery indices of each query's relevant
-  items, -1 padded), ``g [num_tiles, tile, D]`` (sharded over tiles),
-  ``g_lab [num_tiles, tile]``. Outputs: ``rank_first [C]`` int32, the
-  1-based rank of the first relevant item (0 where there is none) and ``rel
-  [C, k]`` bool, the relevance of the top ``k`` items.
+  items, -1 padded), ``g [num_tiles, tile, D]`` (sharded over tiles; rows
+  past ``num_gallery`` are zero), ``g_lab [num_tiles, tile]``. Outputs:
+  ``rank_first [C]`` int32, the 1-based rank of the first relevant item (0
+  where there is none) and ``rel [C, k]`` bool, the relevance of the top
+  ``k`` items. ``block`` (a divisor of ``tile``) is the block size of the
+  top-k pre-selection (see ``_block_candidates``).
   """
   mesh = Mesh(np.array(devices), (_AXIS,))
-  tile_k = min(k, tile)
+  # Blocks that the query's own entry and a part-padding block can lift.
+  extra = int(self_retrieval) + int(num_gallery % block != 0)
 
   def body(q, q_lab, q_self, q_pos, g, g_lab):
     local_tiles = g.shape[0]
-    first_tile = jax.lax.axis_index(_AXIS) * local_tiles
+    first = jax.lax.axis_index(_AXIS) * (local_tiles * tile)
     col = jnp.arange(tile, dtype=jnp.int32)
-
-    def tile_step(t):
-      start = (first_tile + t) * tile
-      gidx = start + col                                         # [T]
-      s = jnp.matmul(q, g[t].T, precision=jax.lax.Precision.HIGHEST)
-      valid = (gidx < num_gallery)[None, :] & (gidx[None, :] != q_self[:, None])
-      # -0.0 -> +0.0 so that `top_k` (a total order) and `==` agree on ties.
-      s = jnp.where(valid, jnp.where(s == 0.0, 0.0, s), -jnp.inf)
-      # The relevant items' similarities, gathered from this tile (the same
-      # numbers the ranking uses) instead of a masked pass over [C, T].
-      here = (q_pos >= start) & (q_pos < start + tile)
-      pos_s = jnp.take_along_axis(
-          s, jnp.where(here, q_pos - start, 0), axis=1)
-      pos_s = jnp.where(here, pos_s, -jnp.inf)                   # [C, P]
-      best = jnp.max(pos_s, axis=1)
-      best_idx = jnp.min(
-          jnp.where(here & (pos_s == best[:, None]), q_pos, _NO_INDEX), axis=1)
-      top, top_i = _topk_padded(s, tile_k)
-      rel = (jnp.take(g_lab[t], top_i) == q_lab[:, None]) & (top > -jnp.inf)
-      return s, gidx, best, best_idx, top, rel
-
+    # The similarity tiles are raw (no masking pass over [C, T]): the query's
+    # own entry and the padding are accounted for afterwards. The relevant
+    # items' similarities (and the query's own) are gathered from the tiles,
+    # the same numbers the ranking uses.
+    s_tiles, gidx = [], []
+    pos_s = jnp.full(q_pos.shape, -jnp.inf, jnp.float32)
+    self_s = jnp.full(q_self.shape, -jnp.inf, jnp.float32)
     # The tiles are unrolled (their number is static): a `lax.scan` would
     # stack the similarity tiles into one zero-initialised [t, C, T] buffer
     # with a dynamic-update-slice per step.
-    s, gidx, best, best_idx, top, rel = (
-        list(v) for v in zip(*(tile_step(t) for t in range(local_tiles))))
-    best, best_idx = jnp.stack(best), jnp.stack(best_idx)         # [t, C]
+    for t in range(local_tiles):
+      start = first + t * tile
+      g_t = g[t]
+      if s_tiles:
+        # Multiplying by exactly 1 makes this matmul wait for the previous
+        # one: XLA:CPU would otherwise run them concurrently, each over the
+        # whole thread pool, which is slower.
+        g_t = g_t * (1.0 + 0.0 * s_tiles[-1][0, 0])
+      s = jnp.matmul(q, g_t.T, precision=jax.lax.Precision.HIGHEST)
+      here = (q_pos >= start) & (q_pos < start + tile)
+      got = jnp.take_along_axis(s, jnp.where(here, q_pos - start, 0), axis=1)
+      pos_s = jnp.where(here, got, pos_s)                        # [C, P]
+      if self_retrieval:
+        here = (q_self >= start) & (q_self < start + tile)
+        got = jnp.take_along_axis(
+            s, jnp.where(here, q_self - start, 0)[:, None], axis=1)[:, 0]
+        self_s = jnp.where(here, got, self_s)                    # [C]
+      s_tiles.append(s)
+      gidx.append(start + col)
 
-    # Best relevant item over tiles, then over devices; lowest index among
-    # ties.
-    b = jax.lax.pmax(jnp.max(best, axis=0), _AXIS)               # [C]
-    bi = jnp.min(jnp.where(best == b[None, :], best_idx, _NO_INDEX), axis=0)
+    # Best relevant item over devices; lowest index among ties.
+    b = jax.lax.pmax(jnp.max(pos_s, axis=1), _AXIS)              # [C]
+    bi = jnp.min(jnp.where(pos_s == b[:, None], q_pos, _NO_INDEX), axis=1)
     bi = jax.lax.pmin(bi, _AXIS)
     # Items ranked before it: higher similarity, or equal and lower index.
-    ahead = jnp.zeros(b.shape, jnp.int32)
-    for s_t, gidx_t in zip(s, gidx):
-      ahead += jnp.sum((s_t > b[:, None]) | (
-          (s_t == b[:, None]) & (gidx_t[None, :] < bi[:, None])),
-                       axis=1, dtype=jnp.int32)
+    # One pass over each tile gives its block maxima (for the top-k
+    # pre-selection) and its items ranked before it.
+    bmax, ahead = zip(*(_block_max_and_count(s, gidx_t, b, bi, block)
+                        for s, gidx_t in zip(s_tiles, gidx)))
+    ahead = sum(ahead)
+    # Take back what the raw tiles counted for the query's own entry and
+    # for the padding rows (zero vectors: similarity exactly 0, and an index
+    # above every real item's).
+    if self_retrieval:
+      ahead -= ((self_s > b) | ((self_s == b) & (q_self < bi))).astype(
+          jnp.int32)
+    num_pad = sum(jnp.sum(gidx_t >= num_gallery, dtype=jnp.int32)
+                  for gidx_t in gidx)
+    ahead -= num_pad * (b < 0.0).astype(jnp.int32)
     rank_first = jnp.where(b > -jnp.inf, jax.lax.psum(ahead, _AXIS) + 1, 0)
 
-    # Merge the per-tile top lists (tile order = gallery order), then the
-    # per-device ones (device order = gallery order).
-    top = jnp.concatenate(top, axis=1)
-    rel = jnp.concatenate(rel, axis=1)
-    top, rel = _merge_top(top, rel, k)
+    # This device's top k (exact, via the block pre-selection), then the
+    # per-device lists merged (device order = gallery order).
+    cand, cand_idx = _block_candidates(s_tiles, bmax, first, q_self,
+                                       num_gallery, k, extra, block)
+    top, at = _topk_padded(cand, k)
+    idx = jnp.take_along_axis(
+        jnp.broadcast_to(cand_idx, cand.shape), at, axis=1) - first
+    rel = (jnp.take(g_lab.reshape(-1), idx) == q_lab[:, None]) & (
+        top > -jnp.inf)
     top = jax.lax.all_gather(top, _AXIS, axis=1, tiled=True)     # [C, n*k]
     rel = jax.lax.all_gather(rel, _AXIS, axis=1, tiled=True)
     _, rel = _merge_top(top, rel, k)
@@ -363,22 +468,6 @@ def _chunk_fn(devices: Tuple[jax.Device, ...], tile: int, num_gallery: int,
       check_vma=False,
   )
   return jax.jit(fn), mesh
-
-
-@functools.lru_cache(maxsize=8)
-def _normalize_fn(devices: Tuple[jax.Device, ...]):
-  """Jitted tile-wise L2 normalisation of a ``[num_tiles, tile, D]`` gallery."""
-  mesh = Mesh(np.array(devices), (_AXIS,))
-
-  def body(g):
-    def one(_, g_t):
-      sq = jnp.sum(g_t * g_t, axis=-1, keepdims=True)
-      return None, g_t * jax.lax.rsqrt(jnp.maximum(sq, 1e-24))
-    return jax.lax.scan(one, None, g)[1]
-
-  fn = jax.shard_map(body, mesh=mesh, in_specs=P(_AXIS), out_specs=P(_AXIS),
-                     check_vma=False)
-  return jax.jit(fn)
 
 
 # ----------------------------------------------------------------------------
@@ -511,17 +600,20 @@ def _rank_queries(q, q_lab, g, g_lab, self_retrieval, chunk_size, devs):
   tile = _tile_rows(num_g)
   tiles_per_dev = -(-num_g // (tile * n_dev))
   num_tiles = tiles_per_dev * n_dev
+  # L2-normalised on the host (cheap next to the search, and no program to
+  # compile); zero vectors stay zero.
   g_pad = np.zeros((num_tiles * tile, dim), np.float32)
-  g_pad[:num_g] = g
+  sq = np.einsum("ij,ij->i", g, g)
+  np.multiply(g, (1.0 / np.sqrt(np.maximum(sq, 1e-24)))[:, None],
+              out=g_pad[:num_g])
   lab_pad = np.full((num_tiles * tile,), -1, np.int32)
   lab_pad[:num_g] = g_ids
 
-  fn, mesh = _chunk_fn(devs, tile, num_g, k)
+  fn, mesh = _chunk_fn(devs, tile, _BLOCK, num_g, k, self_retrieval)
   sharded = NamedSharding(mesh, P(_AXIS))
   replicated = NamedSharding(mesh, P())
   g_dev = jax.device_put(g_pad.reshape(num_tiles, tile, dim), sharded)
   del g_pad
-  g_dev = _normalize_fn(devs)(g_dev)
   lab_dev = jax.device_put(lab_pad.reshape(num_tiles, tile), sharded)
 
   # Query chunks, padded to a fixed row count (one compilation).

@@ -116,6 +116,22 @@ def test_zero_vectors_tie_at_zero_similarity():
   assert (got1["recall@1"], got1["map@r"]) == (1.0, 0.5)
 
 
+@pytest.mark.parametrize("self_mode", [True, False])
+def test_match_with_negative_similarity_is_ranked_last(self_mode):
+  # The only match points away from the query: ranked after the orthogonal
+  # item (and after nothing else: not the query itself, not padding).
+  x = _circle([0, 90, 180])
+  if self_mode:
+    got = retrieval_metrics(x, [5, 1, 5], ks=(1, 2, 3), devices=ONE_DEVICE)
+    # Query 0: [90 (other), 180 (match)]; query 2 likewise; query 1: none.
+    assert got["num_queries_without_match"] == 1
+  else:
+    got = retrieval_metrics(x[:1], [5], x[1:], [1, 5], ks=(1, 2, 3),
+                            devices=ONE_DEVICE)
+  assert (got["recall@1"], got["recall@2"], got["recall@3"]) == (0.0, 1.0, 1.0)
+  assert (got["r_precision"], got["map@r"]) == (0.0, 0.0)
+
+
 def test_no_query_has_a_match(caplog):
   x = _circle([0, 90, 180])
   with caplog.at_level(logging.WARNING):
@@ -194,8 +210,11 @@ def test_query_gallery_retrieval_matches_reference(clustered):
 
 @pytest.fixture
 def small_tiles(monkeypatch):
-  """Gallery tiles of 64 rows, so that 160 items span several tiles."""
+  """Gallery tiles of 64 rows, so that 160 items span several tiles, and
+  blocks of 4 items, so that the top-k pre-selection picks a few of many
+  blocks."""
   monkeypatch.setattr(retrieval, "_MAX_TILE", 64)
+  monkeypatch.setattr(retrieval, "_BLOCK", 4)
 
 
 def _facts(x, y, chunk_size, devices, self_mode=True):
@@ -211,6 +230,10 @@ def test_chunked_tiled_and_sharded_results_are_identical(
   x, y = clustered
   devs = jax.devices()
   assert len(devs) == 8, "tests/conftest.py simulates 8 CPU devices"
+  # Precondition: one device's 40 blocks are many more than the k + 2 that
+  # the pre-selection keeps, so it is exercised.
+  _, counts = np.unique(y, return_counts=True)
+  assert counts.max() + 2 < 160 // 4 // 2
   base = _facts(x, y, 1024, tuple(devs[:1]), self_mode)  # one query chunk
   # Each variant is one compilation: keep the list short.
   if self_mode:
@@ -229,6 +252,70 @@ def test_chunked_tiled_and_sharded_results_are_identical(
     want = reference.rank_queries(x[:70], y[:70], x[70:], y[70:])
     assert reference.min_gap_in_top(want, len(x)) > 1e-5
     _assert_facts_equal(base, want)
+
+
+# ----------------------------------------------------------------------------
+# The one-pass block reduction and the top-k pre-selection.
+# ----------------------------------------------------------------------------
+
+
+def _tied_similarities(rng, shape):
+  """Similarities with many exact ties, -0.0 among them."""
+  s = rng.integers(-6, 7, shape).astype(np.float32) / 6
+  s[rng.random(shape) < 0.1] = -0.0
+  return s
+
+
+def test_block_max_and_count_match_a_naive_loop():
+  rng = np.random.default_rng(0)
+  c, tile, block, start = 5, 24, 4, 48
+  s = _tied_similarities(rng, (c, tile))
+  b = s[np.arange(c), rng.integers(0, tile, c)]     # ties with b exist
+  bi = rng.integers(start, start + tile, c).astype(np.int32)
+  gidx = np.arange(start, start + tile, dtype=np.int32)
+  bmax, count = jax.jit(retrieval._block_max_and_count, static_argnums=4)(
+      s, gidx, b, bi, block)
+  for i in range(c):
+    want = sum(1 for j in range(tile)
+               if s[i, j] > b[i] or (s[i, j] == b[i] and gidx[j] < bi[i]))
+    assert count[i] == want, i
+    for blk in range(tile // block):
+      assert bmax[i, blk] == s[i, blk * block:(blk + 1) * block].max()
+
+
+# 12 blocks: k + 2 <= 9 selects blocks, k = 40 takes every item.
+@pytest.mark.parametrize("k", [1, 3, 7, 40])
+def test_block_preselection_keeps_the_exact_top_k(k):
+  # Two tiles of 24 items (blocks of 4) starting at gallery index 48, the
+  # last 5 of them padding; heavy ties; each query skips its own entry.
+  rng = np.random.default_rng(k)
+  c, tile, block, first, num_gallery = 64, 24, 4, 48, 91
+  s = _tied_similarities(rng, (c, 2 * tile))
+  s[:, num_gallery - first:] = 0.0                  # padding rows: s == 0
+  q_self = rng.integers(first, num_gallery, c).astype(np.int32)
+  q_self[::7] = -1                                  # some have none here
+  s[np.arange(c), np.maximum(q_self - first, 0)] += 2.0 * (q_self >= 0)
+  s_tiles = [s[:, :tile], s[:, tile:]]
+  bmax = [x.reshape(c, -1, block).max(axis=2) for x in s_tiles]
+  extra = 2
+
+  @jax.jit
+  def top(s_tiles, bmax, q_self):
+    cand, idx = retrieval._block_candidates(
+        s_tiles, bmax, first, q_self, num_gallery, k, extra, block)
+    v, at = retrieval._topk_padded(cand, k)
+    return v, jnp.take_along_axis(jnp.broadcast_to(idx, cand.shape), at, 1)
+
+  got_v, got_i = top(s_tiles, bmax, q_self)
+  # Naive reference: sort each row's valid items by (-value, index).
+  for i in range(c):
+    items = [(-float(s[i, j]) + 0.0, first + j) for j in range(2 * tile)
+             if first + j < num_gallery and first + j != q_self[i]]
+    items.sort()
+    n = min(k, len(items))
+    np.testing.assert_array_equal(got_i[i, :n], [j for _, j in items[:n]])
+    np.testing.assert_array_equal(got_v[i, :n], [-v for v, _ in items[:n]])
+    assert np.all(got_v[i, n:] == -np.inf)
 
 
 @pytest.mark.parametrize("self_mode", [True, False])
