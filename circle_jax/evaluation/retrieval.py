@@ -267,7 +267,7 @@ def _tile_rows(num_gallery: int) -> int:
   """Rows per gallery tile: a function of the gallery size only.
 
   The fewest tiles of at most ``_MAX_TILE`` rows, evened out so that padding
-  stays small (e.g. 12,612 rows -> 4 tiles of 3,160, not 4 of 4,096).
+  stays small (e.g. 12,612 rows -> 4 tiles of 3,168, not 4 of 4,096).
   """
   num_tiles = -(-num_gallery // _MAX_TILE)
   return _round_up(-(-num_gallery // num_tiles),
