@@ -411,8 +411,9 @@ def _chunk_fn(devices: Tuple[jax.Device, ...], tile: int, block: int,
       if s_tiles:
         # Multiplying by exactly 1 makes this matmul wait for the previous
         # one: XLA:CPU would otherwise run them concurrently, each over the
-        # whole thread pool, which is slower.
-        g_t = g_t * (1.0 + 0.0 * s_tiles[-1][0, 0])
+        # whole thread pool, which is slower. (Through a comparison, so that
+        # the factor is 1 even if that similarity overflowed.)
+        g_t = g_t * (1.0 + 0.0 * (s_tiles[-1][0, 0] > 0.0).astype(g_t.dtype))
       s = jnp.matmul(q, g_t.T, precision=jax.lax.Precision.HIGHEST)
       here = (q_pos >= start) & (q_pos < start + tile)
       got = jnp.take_along_axis(s, jnp.where(here, q_pos - start, 0), axis=1)
