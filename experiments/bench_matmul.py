@@ -1,0 +1,77 @@
+"""Benchmark: one XLA matmul on this machine, float32 and bf16.
+
+The floor under every similarity-based computation here (pair losses,
+retrieval) is the ``[M, K] x [K, N]`` similarity matmul. This times one such
+matmul alone, compiled, on the default JAX backend:
+
+* ``float32``: float32 operands, ``Precision.HIGHEST`` (what the losses and
+  ``retrieval_metrics`` use);
+* ``bfloat16 -> float32``: bf16 operands with float32 accumulation
+  (``preferred_element_type``), which uses AMX tiles on CPUs that have them.
+
+Usage:
+  python experiments/bench_matmul.py                       # 1024 x 512 x 3168
+  python experiments/bench_matmul.py --shape 4096,512,4096 --repeats 50
+
+Like the other CPU benchmarks it re-executes itself with huge-page malloc
+(``experiments/hostenv.py``; ``--no-hugepages`` keeps the default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:
+  sys.path.insert(0, _REPO)
+from experiments import hostenv  # noqa: E402  pylint: disable=g-import-not-at-top
+
+
+def time_matmul(m, k, n, dtype, repeats):
+  """(min, median) seconds of a compiled ``[m, k] x [n, k]^T`` matmul."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal((m, k), np.float32), dtype)
+  y = jnp.asarray(rng.standard_normal((n, k), np.float32), dtype)
+  f = jax.jit(lambda x, y: jax.lax.dot_general(
+      x, y, (((1,), (1,)), ((), ())), precision=jax.lax.Precision.HIGHEST,
+      preferred_element_type=jnp.float32))
+  jax.block_until_ready(f(x, y))
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(x, y))
+    times.append(time.perf_counter() - t0)
+  return min(times), float(np.median(times))
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--shape", default="1024,512,3168", help="M,K,N")
+  p.add_argument("--repeats", type=int, default=30)
+  p.add_argument("--no-hugepages", action="store_true",
+                 help="keep the default malloc (see experiments/hostenv.py)")
+  args = p.parse_args()
+  m, k, n = (int(v) for v in args.shape.split(","))
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  print(f"# [{m} x {k}] x [{k} x {n}] on {jax.devices()[0].device_kind}, "
+        f"jax {jax.__version__}, {os.cpu_count()} cores; {hostenv.describe()}")
+  print("| operands | min ms | median ms | GFLOP/s (min) |")
+  print("| --- | --- | --- | --- |")
+  flop = 2.0 * m * k * n
+  for name, dtype in (("float32", jnp.float32),
+                      ("bfloat16 -> float32", jnp.bfloat16)):
+    lo, med = time_matmul(m, k, n, dtype, args.repeats)
+    print(f"| {name} | {lo * 1e3:.2f} | {med * 1e3:.2f} | {flop / lo / 1e9:.0f} |")
+
+
+if __name__ == "__main__":
+  hostenv.reexec_with_hugepage_malloc(disabled="--no-hugepages" in sys.argv)
+  main()
