@@ -19,14 +19,20 @@ figure you quote.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from circle_jax import losses
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:
+  sys.path.insert(0, _REPO)
+from circle_jax import losses  # noqa: E402
+from experiments import timing  # noqa: E402
 
 
 def bench(name, batch, dim, classes_per_batch, repeats, num_classes):
@@ -47,12 +53,7 @@ def bench(name, batch, dim, classes_per_batch, repeats, num_classes):
   compile_s = time.perf_counter() - t0
   mem = compiled.memory_analysis()
   temp_mb = (mem.temp_size_in_bytes / 2**20) if mem is not None else float("nan")
-  jax.block_until_ready(compiled(x, params))
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(compiled(x, params))
-    times.append(time.perf_counter() - t0)
+  times = timing.call_times(lambda: compiled(x, params), 1, repeats)
   return compile_s, temp_mb, statistics.median(times) * 1e3
 
 

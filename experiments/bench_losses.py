@@ -74,6 +74,7 @@ import jax.numpy as jnp  # noqa: E402
 from circle_jax import losses as cj_losses  # noqa: E402
 from circle_jax.losses import blockwise  # noqa: E402
 from experiments import hostenv  # noqa: E402
+from experiments import timing  # noqa: E402
 
 # A single call slower than this ends a measurement early (one call timed).
 _SLOW_CALL_S = 20.0
@@ -90,30 +91,14 @@ _MIB = 2**20
 # ----------------------------------------------------------------------------
 
 
-def _block(tree):
-  return jax.tree.map(lambda a: a.block_until_ready(), tree)
-
-
 def _median_time(fn: Callable[[], object], warmup: int, repeats: int,
                  budget_s: float = float("inf")) -> float:
   """Median of ``repeats`` timed calls after ``warmup`` calls.
 
-  A call slower than ``budget_s`` ends the measurement early (its own time is
-  returned), so a pathological case cannot stall the sweep.
+  A call slower than ``budget_s`` ends the measurement early (see
+  ``timing.call_times``), so a pathological case cannot stall the sweep.
   """
-  for _ in range(warmup):
-    t0 = time.perf_counter()
-    _block(fn())
-    if time.perf_counter() - t0 > budget_s:
-      return time.perf_counter() - t0
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    _block(fn())
-    times.append(time.perf_counter() - t0)
-    if times[-1] > budget_s:
-      break
-  return statistics.median(times)
+  return statistics.median(timing.call_times(fn, warmup, repeats, budget_s))
 
 
 @dataclasses.dataclass

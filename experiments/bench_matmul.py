@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -30,6 +29,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
   sys.path.insert(0, _REPO)
 from experiments import hostenv  # noqa: E402  pylint: disable=g-import-not-at-top
+from experiments import timing  # noqa: E402  pylint: disable=g-import-not-at-top
 
 
 def time_matmul(m, k, n, dtype, repeats):
@@ -42,12 +42,7 @@ def time_matmul(m, k, n, dtype, repeats):
   f = jax.jit(lambda x, y: jax.lax.dot_general(
       x, y, (((1,), (1,)), ((), ())), precision=jax.lax.Precision.HIGHEST,
       preferred_element_type=jnp.float32))
-  jax.block_until_ready(f(x, y))
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(f(x, y))
-    times.append(time.perf_counter() - t0)
+  times = timing.call_times(lambda: f(x, y), 1, repeats)
   return min(times), float(np.median(times))
 
 

@@ -46,6 +46,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
   sys.path.insert(0, _REPO)
 from experiments import hostenv  # noqa: E402  pylint: disable=g-import-not-at-top
+from experiments import timing  # noqa: E402  pylint: disable=g-import-not-at-top
 
 # name: (queries, gallery or None for self-retrieval, classes, ks)
 DATASETS = {
@@ -156,15 +157,12 @@ def _matmul_floor(q, g, chunk_size, repeats):
       s = jnp.matmul(qc, g_t.T, precision=jax.lax.Precision.HIGHEST)
       out = out + jnp.max(s, axis=1)
       if t + 1 < num_tiles:  # ordered like the library's tile matmuls
-        g_t = tiles[t + 1] * (1.0 + 0.0 * (s[0, 0] > 0.0).astype(s.dtype))
+        g_t = retrieval._after(tiles[t + 1], s)  # pylint: disable=protected-access
     return out
 
-  jax.block_until_ready(step(chunks[0], tiles))
-  times = []
-  for _ in range(max(1, repeats)):
-    t0 = time.perf_counter()
-    jax.block_until_ready([step(x, tiles) for x in chunks])
-    times.append(time.perf_counter() - t0)
+  jax.block_until_ready(step(chunks[0], tiles))  # compiles
+  times = timing.call_times(lambda: [step(x, tiles) for x in chunks], 0,
+                            max(1, repeats))
   return float(np.median(times))
 
 
@@ -183,11 +181,12 @@ def child(args):
     jax.devices()  # backend start-up is not part of the measurement
   q, q_lab, g, g_lab, ks = make_data(args.child, args.dim, args.scale)
   rss_data = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  t0, c0 = time.perf_counter(), time.process_time()
   if args.method == "ours":
-    res = _run_ours(q, q_lab, g, g_lab, ks, args.chunk_size)
+    run = lambda: _run_ours(q, q_lab, g, g_lab, ks, args.chunk_size)
   else:
-    res = _run_faiss(q, q_lab, g, g_lab, ks)
+    run = lambda: _run_faiss(q, q_lab, g, g_lab, ks)
+  t0, c0 = time.perf_counter(), time.process_time()
+  res = run()
   wall, cpu = time.perf_counter() - t0, time.process_time() - c0
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
   # Later identical calls in the same process: what every later evaluation
@@ -195,10 +194,7 @@ def child(args):
   later = []
   for _ in range(args.repeats):
     t1 = time.perf_counter()
-    if args.method == "ours":
-      _run_ours(q, q_lab, g, g_lab, ks, args.chunk_size)
-    else:
-      _run_faiss(q, q_lab, g, g_lab, ks)
+    run()
     later.append(time.perf_counter() - t1)
   floor = (_matmul_floor(q, g, args.chunk_size, args.repeats)
            if args.method == "ours" else None)

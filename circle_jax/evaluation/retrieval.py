@@ -300,6 +300,17 @@ def _merge_top(values, flags, k):
   return top, flags
 
 
+def _after(x, prev):
+  """``x`` unchanged, but computed only once ``prev`` (an array) exists.
+
+  Multiplying by exactly 1 orders two otherwise independent computations:
+  XLA:CPU would run the tile matmuls of a chunk concurrently, each over the
+  whole thread pool, which is slower. The factor goes through a comparison,
+  so it is 1 even if ``prev`` overflowed to inf or NaN.
+  """
+  return x * (1.0 + 0.0 * (prev.reshape(-1)[0] > 0.0).astype(x.dtype))
+
+
 def _block_max_and_count(s, gidx, b, bi, block):
   """One pass over a ``[C, T]`` tile: block maxima and items ahead of ``b``.
 
@@ -407,13 +418,8 @@ def _chunk_fn(devices: Tuple[jax.Device, ...], tile: int, block: int,
     # with a dynamic-update-slice per step.
     for t in range(local_tiles):
       start = first + t * tile
-      g_t = g[t]
-      if s_tiles:
-        # Multiplying by exactly 1 makes this matmul wait for the previous
-        # one: XLA:CPU would otherwise run them concurrently, each over the
-        # whole thread pool, which is slower. (Through a comparison, so that
-        # the factor is 1 even if that similarity overflowed.)
-        g_t = g_t * (1.0 + 0.0 * (s_tiles[-1][0, 0] > 0.0).astype(g_t.dtype))
+      # Each tile matmul waits for the previous one (see `_after`).
+      g_t = _after(g[t], s_tiles[-1]) if s_tiles else g[t]
       s = jnp.matmul(q, g_t.T, precision=jax.lax.Precision.HIGHEST)
       here = (q_pos >= start) & (q_pos < start + tile)
       got = jnp.take_along_axis(s, jnp.where(here, q_pos - start, 0), axis=1)
