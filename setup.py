@@ -7,11 +7,11 @@ import setuptools
 _HERE = pathlib.Path(__file__).parent
 
 
-def _requirements():
-  lines = (_HERE / "requirements.txt").read_text().splitlines()
+def _requirements(name):
+  """The pins of a requirements file (pip options such as indexes skipped)."""
+  lines = (_HERE / name).read_text().splitlines()
   reqs = [l.split("#")[0].strip() for l in lines]
-  test_only = ("pytest", "keras", "torch")
-  return [r for r in reqs if r and not r.startswith(test_only)]
+  return [r for r in reqs if r and not r.startswith("-")]
 
 
 setuptools.setup(
@@ -25,8 +25,10 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=setuptools.find_packages(include=["circle_jax", "circle_jax.*"]),
-    install_requires=_requirements(),
+    install_requires=_requirements("requirements.txt"),
     extras_require={
+        # The test suite (torch is the CPU build; see requirements-test.txt).
+        "test": _requirements("requirements-test.txt"),
         # Side-by-side benchmarks against the peer libraries.
         "bench": ["torch==2.13.0", "pytorch-metric-learning==2.9.0",
                   "faiss-cpu==1.15.1"],

@@ -15,11 +15,10 @@ from absl import app
 from absl import flags
 from absl import logging
 import jax
-from ml_collections import config_flags
+from experiments import config_flag
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", "experiments/configs/digits.py", "Training config file.",
-    lock_config=True)
+_CONFIG = config_flag.DEFINE_config_file(
+    "config", "experiments/configs/digits.py", "Training config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output folder.", required=True)
 _DISTRIBUTED = flags.DEFINE_bool(
     "jax_distributed", False,

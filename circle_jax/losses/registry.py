@@ -142,6 +142,8 @@ class LossEntry:
     paper: the reference.
     reduction: how the per-sample / per-pair terms are reduced.
     param_init: how ``init_params`` initialises, in words.
+    execution_options: keyword options of ``fn`` that change how the loss is
+      computed but not its value (``block_size``), accepted by ``apply``.
   """
 
   name: str
@@ -155,6 +157,7 @@ class LossEntry:
   paper: str
   reduction: str = ""
   param_init: str = ""
+  execution_options: tuple = ()
 
   def apply(self, embeddings, labels, params=None, *, key=None,
             axis_name=None, **hyper) -> Array:
@@ -223,7 +226,8 @@ def _entry(name, fn, kind, *, paper, reduction, param_name=None,
       defaults=types.MappingProxyType(defaults),
       supports_axis_name="axis_name" in params,
       needs_key=needs_key, paper=paper, reduction=reduction,
-      param_init=param_init)
+      param_init=param_init,
+      execution_options=tuple(o for o in _EXECUTION if o in params))
 
 
 _PROXY_ANCHOR_PAPER = (

@@ -40,8 +40,13 @@ def num_classes(config, info) -> Optional[int]:
 
 
 def loss_hyper(config) -> dict:
-  """The loss hyperparameters: every ``config.loss`` field except ``name``."""
-  return {k: v for k, v in config.loss.items() if k != "name"}
+  """The keyword arguments of the loss: every ``config.loss`` field but ``name``.
+
+  Unset execution options (``block_size=None``) are left out, so the loss
+  uses its own default.
+  """
+  return {k: v for k, v in config.loss.items()
+          if k != "name" and v is not None}
 
 
 def global_batch_size(config) -> int:
@@ -97,10 +102,16 @@ def check_config(config, *, device_count: Optional[int] = None,
     _fail("loss.name", f"unknown loss {loss_name!r}; known losses: "
           f"{', '.join(sorted(losses_lib.LOSSES))}.")
   entry = losses_lib.get_loss(loss_name)
-  unknown = sorted(set(loss_hyper(config)) - set(entry.defaults))
+  accepted = sorted(entry.defaults) + list(entry.execution_options)
+  unknown = sorted(set(loss_hyper(config)) - set(accepted))
   if unknown:
     _fail(f"loss.{unknown[0]}", f"loss {loss_name!r} has no hyperparameter(s) "
-          f"{unknown}; it accepts {sorted(entry.defaults)}.")
+          f"{unknown}; it accepts {accepted}.")
+  block = config.loss.get("block_size", None)
+  if block is not None and (isinstance(block, bool)
+                            or not isinstance(block, int) or block < 1):
+    _fail("loss.block_size", f"must be a positive int (or unset for the dense "
+          f"loss); got {block!r}.")
   if entry.param_name is not None:
     n = num_classes(config, info)
     if not isinstance(n, int) or n <= 0:

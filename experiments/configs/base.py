@@ -2,11 +2,55 @@
 
 Config files build on :func:`base_config` and override what they need; every
 field can also be overridden on the command line (``--config.x.y=value``).
-Loss hyperparameters live in ``config.loss`` next to its ``name`` (they are
-the keyword arguments of ``circle_jax.losses.get_loss(name).apply``).
+
+``config.loss`` is :func:`loss_config`: the loss ``name`` and *every*
+hyperparameter of that loss, at its paper default unless the config file sets
+it (they are the keyword arguments of
+``circle_jax.losses.get_loss(name).apply``). On the command line,
+``--config.loss.name=NAME`` swaps in the whole section of loss ``NAME`` (its
+own defaults), and ``--config.loss.<hyper>=v`` then sets any of them, in
+whatever order the flags come (``experiments/config_flag.py``).
 """
 
 import ml_collections
+
+from circle_jax import losses as losses_lib
+
+# Execution options a loss may accept besides its hyperparameters: they change
+# how the loss is computed (memory), not its value. None = the loss's default.
+EXECUTION_OPTIONS = ("block_size",)
+
+
+def loss_config(name: str = "circle", **hyper) -> ml_collections.ConfigDict:
+  """``config.loss`` for the registered loss ``name``.
+
+  Args:
+    name: a ``circle_jax.losses.LOSSES`` name.
+    **hyper: hyperparameters that differ from the loss's defaults.
+
+  Returns:
+    A ConfigDict with ``name``, every hyperparameter of the loss (its
+    registry default, i.e. the paper's, unless given in ``hyper``) and, for
+    losses that can be computed blockwise, ``block_size`` (None: the dense
+    ``[B, B]`` computation).
+
+  Raises:
+    ValueError: unknown loss or hyperparameter, naming the accepted ones.
+  """
+  entry = losses_lib.get_loss(name)
+  options = [o for o in EXECUTION_OPTIONS if o in entry.execution_options]
+  unknown = sorted(set(hyper) - set(entry.defaults) - set(options))
+  if unknown:
+    raise ValueError(
+        f"loss {name!r} has no hyperparameter(s) {unknown}; it accepts "
+        f"{sorted(entry.defaults) + options}.")
+  c = ml_collections.ConfigDict()
+  c.name = name
+  for k, v in entry.defaults.items():
+    c[k] = hyper.get(k, v)
+  for o in options:
+    c[o] = hyper.get(o, ml_collections.config_dict.placeholder(int))
+  return c
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -33,8 +77,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.pretrained = ""          # .h5/.keras (resnet) or .pth/.npz (bn_inception)
   c.model.kwargs = ml_collections.ConfigDict()
 
-  c.loss = ml_collections.ConfigDict()
-  c.loss.name = "circle"
+  c.loss = loss_config("circle")
 
   c.batch = ml_collections.ConfigDict()
   c.batch.sampler = "pk"           # "pk": P classes x K images; "random"

@@ -27,8 +27,7 @@ def get_config():
   c.model.embedding_dim = 4      # see the docstring
   c.model.sync_bn = True           # same result on any number of devices
   c.model.kwargs.width = 32
-  c.loss.gamma = 80.0
-  c.loss.margin = 0.4
+  c.loss = base.loss_config("circle", gamma=80.0, margin=0.4)
   c.batch.classes_per_batch = 5    # every train class (digits 0-4)
   c.batch.images_per_class = 8
   c.optim.learning_rate = 1e-3

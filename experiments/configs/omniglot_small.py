@@ -19,9 +19,7 @@ def get_config():
   c.model.name = "conv4"
   c.model.embedding_dim = 64
   c.model.sync_bn = True
-  c.loss.name = "circle"
-  c.loss.gamma = 80.0
-  c.loss.margin = 0.4
+  c.loss = base.loss_config("circle", gamma=80.0, margin=0.4)
   c.batch.classes_per_batch = 16
   c.batch.images_per_class = 4
   c.optim.name = "adam"

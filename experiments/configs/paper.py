@@ -62,9 +62,7 @@ def get_config(arg: str = "cub200,circle"):
   c.dataset.num_workers = 8
   c.model.name = "bn_inception"
   c.model.embedding_dim = 512
-  c.loss.name = loss
-  for k, v in _LOSSES[loss].items():
-    c.loss[k] = v
+  c.loss = base.loss_config(loss, **_LOSSES[loss])
   c.batch.eval_batch_size = 256
   c.best_metric = "recall@1"
   if loss in _PROXY_RECIPE:

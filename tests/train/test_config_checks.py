@@ -3,6 +3,7 @@
 import pytest
 
 from circle_jax.train import config_checks
+from experiments.configs import base
 from experiments.configs import digits
 
 
@@ -51,8 +52,8 @@ def test_bad_values_name_the_field(overrides, field):
 
 
 def test_proxy_loss_needs_a_class_count():
-  c = _config(**{"loss.name": "proxy_anchor"})
-  del c.loss["gamma"], c.loss["margin"]
+  c = _config()
+  c.loss = base.loss_config("proxy_anchor")
   config_checks.check_config(c, device_count=8, process_count=1)
   c.dataset.num_classes = 0
   with pytest.raises(config_checks.ConfigError,
