@@ -65,6 +65,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.dataset.num_classes = ml_collections.config_dict.placeholder(int)
   c.dataset.preprocess = ml_collections.ConfigDict()  # preset overrides
   c.dataset.num_workers = 0
+  # Model selection: hold out this fraction of the *train* classes as a
+  # class-disjoint validation split; `best_metric` then picks the step on it
+  # and the test numbers of that step are the result. 0: no validation split
+  # (best_metric then selects on the test split, and the results say so).
+  c.dataset.validation_fraction = 0.0
+  c.dataset.validation_seed = 0    # which classes are held out
   c.dataset.num_threads = 4
 
   c.model = ml_collections.ConfigDict()
