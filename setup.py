@@ -25,6 +25,8 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=setuptools.find_packages(include=["circle_jax", "circle_jax.*"]),
+    # The Omniglot 'background small' zips (MIT) that omniglot_small reads.
+    package_data={"circle_jax.data": ["archives/omniglot_small/*"]},
     install_requires=_requirements("requirements.txt"),
     extras_require={
         # The test suite (torch is the CPU build; see requirements-test.txt).

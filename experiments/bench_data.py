@@ -1,6 +1,6 @@
 """Input-pipeline throughput: build time and decoded+augmented images/s.
 
-  python -m experiments.bench_data [--manual_dir ../shared/data/omniglot]
+  python -m experiments.bench_data [--manual_dir DIR]   (default: the bundled archives)
       [--steps 30] [--out experiments/results/bench_data_cpu.md]
 
 Measures, on this machine:
@@ -60,7 +60,9 @@ def jpeg_source(n=240, classes=60):
 
 def main():
   ap = argparse.ArgumentParser()
-  ap.add_argument("--manual_dir", default="../shared/data/omniglot")
+  ap.add_argument("--manual_dir", default=None,
+                  help="Omniglot zips (default: the ones shipped with the "
+                  "package)")
   ap.add_argument("--steps", type=int, default=30)
   ap.add_argument("--out", default="")
   args = ap.parse_args()

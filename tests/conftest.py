@@ -13,12 +13,11 @@ import pathlib  # noqa: E402
 import pytest  # noqa: E402
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-OMNIGLOT_DIR = REPO_ROOT.parent / "shared" / "data" / "omniglot"
+OMNIGLOT_DIR = REPO_ROOT / "circle_jax" / "data" / "archives" / "omniglot_small"
 
 
 @pytest.fixture(scope="session")
 def omniglot_dir():
-  """The shared official Omniglot 'background small' archives (skip if absent)."""
-  if not (OMNIGLOT_DIR / "images_background_small1.zip").exists():
-    pytest.skip(f"Omniglot archives not found at {OMNIGLOT_DIR}")
+  """The official Omniglot 'background small' archives shipped in the repo."""
+  assert (OMNIGLOT_DIR / "images_background_small1.zip").exists(), OMNIGLOT_DIR
   return OMNIGLOT_DIR

@@ -31,7 +31,8 @@ class DatasetSpec:
       ``circle_jax.evaluation.DEFAULT_KS`` (the dataset name).
     ks: that list, ``(1, 2, 4, 8)`` for CUB/Cars/Omniglot/digits,
       ``(1, 10, 100, 1000)`` for SOP, ``(1, 10, 20, 30, 40)`` for In-Shop.
-    needs_files: False only for ``digits``.
+    needs_files: False for ``digits`` (scikit-learn's) and ``omniglot_small``
+      (its archives ship with the package).
   """
 
   name: str
@@ -82,7 +83,7 @@ DATASETS = {
         DatasetSpec("omniglot_small", 136, 106, {"train": 2720, "test": 2120},
                     1, "train", ("test",),
                     dict(preset="grayscale", image_size=28), "omniglot_small",
-                    (1, 2, 4, 8)),
+                    (1, 2, 4, 8), needs_files=False),
         DatasetSpec("digits", 5, 5, {"train": 901, "test": 896}, 1, "train",
                     ("test",), dict(preset="grayscale", image_size=16),
                     "digits", (1, 2, 4, 8), needs_files=False),

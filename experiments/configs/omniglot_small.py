@@ -1,10 +1,10 @@
 """Circle loss with conv4 on Omniglot "background small" (CPU scale).
 
-Reads the official archives images_background_small{1,2}.zip::
+Reads the official archives images_background_small{1,2}.zip, shipped with
+the package (circle_jax/data/archives/omniglot_small/; MIT licence)::
 
   python -m experiments.main --config experiments/configs/omniglot_small.py \
-      --workdir /tmp/omniglot_run \
-      --config.dataset.manual_dir=../shared/data/omniglot
+      --workdir /tmp/omniglot_run
 
 Train on the alphabets of the train split, retrieve characters of the unseen
 alphabets of the test split (splits: circle_jax.data, docs/data.md).

@@ -7,12 +7,12 @@ tfds.disable_progress_bar()
 
 
 @pytest.fixture(scope="session")
-def omniglot_small_dir(tmp_path_factory, omniglot_dir):
-  """`omniglot_small` built once per session from the shared real archives."""
+def omniglot_small_dir(tmp_path_factory):
+  """`omniglot_small` built once per session from the bundled real archives
+  (no manual_dir: the builder finds the zips shipped with the package)."""
   from circle_jax import data  # pylint: disable=g-import-not-at-top
   data_dir = tmp_path_factory.mktemp("omniglot_small_data")
-  data.load_split("omniglot_small", "train", data_dir=data_dir,
-                  manual_dir=omniglot_dir)
+  data.load_split("omniglot_small", "train", data_dir=data_dir)
   return data_dir
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import pathlib
 from typing import List
 
 from circle_jax.data.builders import base
@@ -106,6 +108,33 @@ class Omniglot(_OmniglotBase, skip_registration=True):
     }
 
 
+# The two official 'background small' zips (MIT licence), shipped with the
+# package, and their md5 checksums.
+BUNDLED_DIR = (pathlib.Path(__file__).resolve().parents[1] / "archives"
+               / "omniglot_small")
+BUNDLED_MD5 = {
+    "images_background_small1.zip": "e704a628b5459e08445c13499850abc4",
+    "images_background_small2.zip": "b75a71a51d3b13f821f212756fe481fd",
+}
+
+
+def check_bundled_archives(folder=BUNDLED_DIR):
+  """Raises CorruptImageError if a bundled zip is missing or its md5 differs."""
+  for name, want in BUNDLED_MD5.items():
+    path = pathlib.Path(folder) / name
+    if not path.exists():
+      raise base.CorruptImageError(
+          f"Dataset 'omniglot_small': the bundled archive {path} is missing; "
+          "reinstall circle_jax (or pass --config.dataset.manual_dir=<folder "
+          "with the two zips>).")
+    got = hashlib.md5(path.read_bytes()).hexdigest()
+    if got != want:
+      raise base.CorruptImageError(
+          f"Dataset 'omniglot_small': {path} has md5 {got}, expected {want} "
+          "(corrupt or modified); restore it from the repository, or pass "
+          "--config.dataset.manual_dir=<folder with the official zips>.")
+
+
 class OmniglotSmall(_OmniglotBase, skip_registration=True):
   """Omniglot 'background small' archives, alphabet-disjoint.
 
@@ -114,8 +143,8 @@ class OmniglotSmall(_OmniglotBase, skip_registration=True):
   ``images_background_small2.zip`` that are not in small1 (Greek and Latin
   appear in both): Japanese_(katakana), Sanskrit, Tagalog, 106 characters,
   2,120 images. Files: the two zips (or extracted folders) in the manual
-  directory; they are not downloaded (the same GitHub folder has them:
-  https://github.com/brendenlake/omniglot/tree/master/python).
+  directory if one is given; otherwise the copies shipped with the package
+  (:data:`BUNDLED_DIR`, md5-checked), so no download is ever needed.
   """
 
   name = "omniglot_small"
@@ -135,6 +164,12 @@ class OmniglotSmall(_OmniglotBase, skip_registration=True):
                         _REPO.format("images_background_small2")),
   )
   EXPECTED_SIZES = {"train": 2720, "test": 2120}
+
+  def _open_sources(self, manual_dir, dl_manager):
+    if manual_dir is None:
+      check_bundled_archives()
+      manual_dir = BUNDLED_DIR
+    return super()._open_sources(manual_dir, dl_manager)
 
   def _plan(self, sources):
     seen = alphabets_of(sources["small1"], "images_background_small1")

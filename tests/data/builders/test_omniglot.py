@@ -102,7 +102,24 @@ def test_omniglot_small_split_rule_on_fixtures(tmp_path):
   assert len(plans["test"][0]) == 3 * 2
 
 
-# -------------------------------------------------- the real shared archives --
+# ------------------------------------------------- the real bundled archives --
+
+
+def test_bundled_archives_are_checked_by_md5(tmp_path, omniglot_dir):
+  from circle_jax.data.builders import omniglot
+  omniglot.check_bundled_archives(omniglot_dir)
+  for name in omniglot.BUNDLED_MD5:
+    (tmp_path / name).write_bytes((omniglot_dir / name).read_bytes())
+  omniglot.check_bundled_archives(tmp_path)
+  raw = bytearray((tmp_path / "images_background_small2.zip").read_bytes())
+  raw[1000] ^= 1
+  (tmp_path / "images_background_small2.zip").write_bytes(bytes(raw))
+  with pytest.raises(data.CorruptImageError,
+                     match="small2.zip has md5 .*expected b75a71a5"):
+    omniglot.check_bundled_archives(tmp_path)
+  (tmp_path / "images_background_small1.zip").unlink()
+  with pytest.raises(data.CorruptImageError, match="small1.zip is missing"):
+    omniglot.check_bundled_archives(tmp_path)
 
 
 def test_omniglot_small_real_archives(omniglot_small_dir, omniglot_dir):
