@@ -1,0 +1,943 @@
+r"""Loss comparison in one command: every (loss, seed), one table, one chart.
+
+Trains every registered loss you name with the *same* trunk, embedding,
+batch, optimiser, number of steps and evaluation (the config's), for several
+seeds, and writes a Markdown table and a bar chart. This is the protocol of
+Musgrave et al., "A Metric Learning Reality Check" (ECCV 2020) where it fits
+this codebase: only the loss and its own hyperparameters change, and those
+are its paper's defaults (``--config.loss.name=NAME`` swaps in the whole
+``config.loss`` section of ``NAME``; ``experiments/config_flag.py``).
+
+Each run is the real main job in its own process::
+
+  python -m experiments.main --config=CFG --config.loss.name=LOSS \
+      --config.seed=S --workdir=WORKDIR/LOSS/seed_S [--config.* overrides]
+
+* A run whose workdir holds a complete ``metrics.json`` (with ``result``) of
+  the same config is reused, so an interrupted comparison resumes where it
+  stopped (the interrupted run itself resumes from its last checkpoint).
+* A workdir that holds a run of *another* config (other steps, batch, ...)
+  is not touched: that run is reported as failed, naming the differing
+  fields (use another ``--workdir``).
+* A failed run is reported with its workdir and the tail of its stderr
+  (``WORKDIR/LOSS/seed_S/compare.stderr.log``); the other runs go on, and the
+  command exits with status 1 at the end.
+
+The table reports each run's ``metrics.json['result']['test']``: the
+test-split metrics of the step that the main job selected (on a validation
+split of held-out train classes, on the test split, or the last step; the
+file's header says which). Values are the mean and the *sample* standard
+deviation (ddof=1) over the seeds, in %; the best mean of each column is in
+bold.
+
+By default every run shares a persistent XLA compilation cache
+(``WORKDIR/jax_cache``): the seeds of a loss and the evaluation programs of
+all losses are compiled once (``--no-compilation-cache`` to disable).
+
+Examples::
+
+  # the full table on Omniglot-small (17 losses x 3 seeds x 2000 steps)
+  python -m experiments.compare --config experiments/configs/omniglot_small.py \
+      --losses all --seeds 3 --out experiments/results/compare_omniglot_small
+
+  # a smoke test: 3 losses x 2 seeds x 50 steps on digits
+  python -m experiments.compare --config experiments/configs/digits.py \
+      --losses circle,multi_similarity,proxy_anchor --seeds 2 \
+      --out /tmp/compare_smoke --config.num_train_steps=50
+
+Writes ``OUT.md`` and ``OUT.png``; the runs live under ``--workdir``
+(default ``/tmp/circle_jax_compare/<config name>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import pathlib
+import platform
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+_REPO = pathlib.Path(__file__).resolve().parents[1]
+if str(_REPO) not in sys.path:
+  sys.path.insert(0, str(_REPO))
+
+from absl import flags  # noqa: E402
+
+from circle_jax import losses as losses_lib  # noqa: E402
+from experiments import config_flag  # noqa: E402
+
+METRICS_FILE = "metrics.json"
+RUN_FILE = "compare_run.json"      # written by this script next to the run
+STDOUT_FILE = "compare.stdout.log"
+STDERR_FILE = "compare.stderr.log"
+STDERR_TAIL_LINES = 20
+
+# Config fields that do not change what a run computes (paths, I/O,
+# logging cadence): a finished run with other values is still reused.
+IGNORED_FIELDS = (
+    "dataset.data_dir", "dataset.manual_dir", "dataset.num_workers",
+    "dataset.num_threads", "batch.eval_batch_size", "async_checkpoints",
+    "parallelism", "log_every_steps", "checkpoint_every_steps",
+)
+
+# (metrics.json key, column title) in table order; recall@K columns are
+# inserted after P@1 for every K the runs report.
+_HEAD_METRICS = (("precision@1", "P@1"),)
+_TAIL_METRICS = (("map@r", "MAP@R"), ("nmi", "NMI"))
+# The chart's panels.
+PLOT_METRICS = (("recall@1", "R@1"), ("map@r", "MAP@R"))
+
+_ABSENT = "<absent>"
+
+
+# ----------------------------------------------------------------------------
+# Runs.
+# ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Run:
+  """One (loss, seed) training run of a comparison.
+
+  Attributes:
+    loss: the registry name of the loss.
+    seed: ``config.seed``.
+    workdir: the main job's ``--workdir``.
+    command: the main job's command line.
+    config: the resolved config of the run (plain JSON), as the main job
+      will build it.
+    status: ``"pending"``, ``"reused"`` (complete before this invocation),
+      ``"done"`` (trained now) or ``"failed"``.
+    metrics: the run's ``metrics.json`` once complete.
+    wall_seconds: wall time of the process that completed the run (None if
+      unknown, e.g. a run made by hand).
+    error: why the run failed (with the tail of its stderr).
+  """
+
+  loss: str
+  seed: int
+  workdir: str
+  command: List[str]
+  config: Dict[str, Any]
+  status: str = "pending"
+  metrics: Optional[Dict[str, Any]] = None
+  wall_seconds: Optional[float] = None
+  error: str = ""
+  info: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  @property
+  def complete(self) -> bool:
+    return self.status in ("reused", "done")
+
+
+def parse_losses(text: str) -> List[str]:
+  """``"all"`` (every registered loss, registry order) or ``"a,b,c"``."""
+  if text.strip() == "all":
+    return list(losses_lib.LOSSES)
+  names = [n.strip() for n in text.split(",") if n.strip()]
+  unknown = [n for n in names if n not in losses_lib.LOSSES]
+  if unknown or not names:
+    raise ValueError(
+        f"--losses: unknown loss(es) {unknown or text!r}; known losses: "
+        f"{', '.join(losses_lib.LOSSES)} (or 'all').")
+  if len(set(names)) != len(names):
+    raise ValueError(f"--losses: {text!r} names a loss twice.")
+  return names
+
+
+def parse_seeds(text: str) -> List[int]:
+  """``"3"`` -> seeds 0, 1, 2; ``"0,4,7"`` -> those seeds."""
+  if "," in text:
+    seeds = [int(s) for s in text.split(",") if s.strip()]
+  else:
+    seeds = list(range(int(text)))
+  if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+    raise ValueError(f"--seeds: expected a count >= 1 or distinct seeds "
+                     f">= 0; got {text!r}.")
+  return seeds
+
+
+def check_overrides(overrides: Sequence[str]) -> None:
+  """Only ``--config.FIELD=VALUE`` flags, and not the ones the runner sets."""
+  for arg in overrides:
+    m = re.fullmatch(r"--config\.([\w.]+)=(.*)", arg, flags=re.S)
+    if not m:
+      raise ValueError(
+          f"unexpected argument {arg!r}: extra arguments must be config "
+          "overrides of the form --config.FIELD=VALUE.")
+    if m.group(1) in ("seed", "loss.name"):
+      raise ValueError(
+          f"{arg}: the comparison sets config.{m.group(1)} itself (use "
+          "--losses / --seeds).")
+
+
+def main_command(config: str, loss: str, seed: int, workdir: str,
+                 overrides: Sequence[str]) -> List[str]:
+  """The main job's command line for one run."""
+  return [sys.executable, "-m", "experiments.main", f"--config={config}",
+          f"--config.loss.name={loss}", f"--config.seed={seed}",
+          f"--workdir={workdir}", *overrides]
+
+
+def resolve_config(command: Sequence[str]) -> Dict[str, Any]:
+  """The config that ``experiments.main`` builds from ``command`` (as JSON).
+
+  Parsed with the main job's own ``--config`` flag, so a bad override or a
+  hyperparameter the loss does not have fails here, before any training.
+  """
+  argv = ["experiments.main"] + [a for a in command[3:]
+                                 if not a.startswith("--workdir")]
+  values = flags.FlagValues()
+  holder = config_flag.DEFINE_config_file("config", None, flag_values=values,
+                                          sys_argv=argv)
+  try:
+    values(argv, known_only=True)
+  except flags.Error as e:
+    raise ValueError(str(e)) from None
+  except (AttributeError, KeyError) as e:  # ml_collections: unknown field
+    raise ValueError(f"a --config.* override names a field that the config "
+                     f"does not have ({e}); see experiments/configs/base.py."
+                     ) from None
+  return json.loads(holder.value.to_json_best_effort(sort_keys=True))
+
+
+def flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+  """``{'a': {'b': 1}}`` -> ``{'a.b': 1}``."""
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, dict) and v:
+      out.update(flatten(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def config_differences(saved: Dict[str, Any], expected: Dict[str, Any]
+                       ) -> List[Tuple[str, Any, Any]]:
+  """Fields (outside :data:`IGNORED_FIELDS`) whose values differ."""
+  a, b = flatten(saved), flatten(expected)
+  out = []
+  for path in sorted(set(a) | set(b)):
+    if any(path == f or path.startswith(f + ".") for f in IGNORED_FIELDS):
+      continue
+    if a.get(path, _ABSENT) != b.get(path, _ABSENT):
+      out.append((path, a.get(path, _ABSENT), b.get(path, _ABSENT)))
+  return out
+
+
+def _read_json(path: str) -> Optional[Any]:
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def complete_metrics(workdir: str) -> Optional[Dict[str, Any]]:
+  """The workdir's ``metrics.json`` if it is complete (has ``result.test``)."""
+  metrics = _read_json(os.path.join(workdir, METRICS_FILE))
+  if not isinstance(metrics, dict):
+    return None
+  result = metrics.get("result")
+  if not isinstance(result, dict) or not isinstance(result.get("test"), dict):
+    return None
+  return metrics
+
+
+def _workdir_conflict(run: Run) -> str:
+  """Why ``run.workdir`` holds another run ("" if it does not)."""
+  saved = None
+  metrics = _read_json(os.path.join(run.workdir, METRICS_FILE))
+  if isinstance(metrics, dict) and isinstance(metrics.get("config"), dict):
+    saved = metrics["config"]
+  else:
+    saved = _read_json(os.path.join(run.workdir, "config.json"))
+  if not isinstance(saved, dict):
+    return ""
+  diff = config_differences(saved, run.config)
+  if not diff:
+    return ""
+  shown = "; ".join(f"{p}: {_short(a)} (there) vs {_short(b)} (this "
+                    "comparison)" for p, a, b in diff[:5])
+  more = f" and {len(diff) - 5} more" if len(diff) > 5 else ""
+  return (f"{run.workdir} holds a run of another config ({shown}{more}); "
+          "pass another --workdir, or delete that folder.")
+
+
+def _short(v) -> str:
+  text = json.dumps(v) if v != _ABSENT else v
+  return text if len(text) <= 40 else text[:37] + "..."
+
+
+def prepare(run: Run) -> None:
+  """Marks ``run`` reused (complete, same config) or failed (conflict)."""
+  conflict = _workdir_conflict(run)
+  if conflict:
+    run.status, run.error = "failed", conflict
+    return
+  metrics = complete_metrics(run.workdir)
+  if metrics is not None:
+    run.status, run.metrics = "reused", metrics
+    info = _read_json(os.path.join(run.workdir, RUN_FILE)) or {}
+    run.info = info
+    run.wall_seconds = info.get("wall_seconds")
+
+
+def cpu_model() -> str:
+  """The CPU model name (Linux ``/proc/cpuinfo``), else the platform's."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.lower().startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def num_cpus() -> int:
+  """What ``nproc`` prints: the CPUs this process may run on."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:
+    return os.cpu_count() or 1
+
+
+def accelerators() -> str:
+  """NVIDIA GPUs by name (``nvidia-smi``), or "" (without starting JAX)."""
+  if not shutil.which("nvidia-smi"):
+    return ""
+  try:
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+        capture_output=True, text=True, timeout=20, check=True).stdout
+  except (OSError, subprocess.SubprocessError):
+    return ""
+  return ", ".join(line.strip() for line in out.splitlines() if line.strip())
+
+
+def _tail(path: str, lines: int = STDERR_TAIL_LINES) -> str:
+  try:
+    with open(path, errors="replace") as f:
+      return "".join(f.readlines()[-lines:]).rstrip()
+  except OSError:
+    return ""
+
+
+def execute(run: Run, env: Dict[str, str]) -> None:
+  """Runs the main job of ``run`` and records its outcome in ``run``.
+
+  stdout and stderr go to ``compare.stdout.log`` / ``compare.stderr.log`` in
+  the workdir; ``compare_run.json`` records the command, the wall time and
+  the machine. On Ctrl-C the child (which saves its last step) is waited
+  for and ``KeyboardInterrupt`` is raised again.
+  """
+  os.makedirs(run.workdir, exist_ok=True)
+  out_path = os.path.join(run.workdir, STDOUT_FILE)
+  err_path = os.path.join(run.workdir, STDERR_FILE)
+  load_start = os.getloadavg()[0]
+  t0 = time.time()
+  with open(out_path, "w") as out, open(err_path, "w") as err:
+    proc = subprocess.Popen(run.command, stdout=out, stderr=err, env=env)
+    try:
+      code = proc.wait()
+    except KeyboardInterrupt:
+      proc.wait()
+      raise
+  wall = time.time() - t0
+  metrics = complete_metrics(run.workdir)
+  if code == 0 and metrics is not None:
+    run.status, run.metrics, run.wall_seconds = "done", metrics, wall
+    run.info = {
+        "command": run.command, "wall_seconds": wall,
+        "finished": datetime.datetime.now().isoformat(timespec="seconds"),
+        "nproc": num_cpus(), "cpu": cpu_model(),
+        "accelerators": accelerators(),
+        "load_average": [load_start, os.getloadavg()[0]],
+    }
+    with open(os.path.join(run.workdir, RUN_FILE), "w") as f:
+      json.dump(run.info, f, indent=2)
+    return
+  why = (f"exit status {code}" if code else
+         f"exit status 0 but no complete {METRICS_FILE}")
+  run.status = "failed"
+  run.error = (f"{why} after {wall:.0f} s; workdir {run.workdir}; last "
+               f"lines of {err_path}:\n{_tail(err_path)}")
+
+
+# ----------------------------------------------------------------------------
+# Aggregation.
+# ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Stat:
+  """Mean and sample standard deviation (ddof=1; None for n=1) of n values."""
+
+  mean: float
+  std: Optional[float]
+  n: int
+
+
+def aggregate(values: Sequence[float]) -> Optional[Stat]:
+  """:class:`Stat` of ``values`` (None when there are none)."""
+  values = [float(v) for v in values]
+  if not values:
+    return None
+  std = statistics.stdev(values) if len(values) > 1 else None
+  return Stat(statistics.fmean(values), std, len(values))
+
+
+def metric_columns(runs: Sequence[Run]) -> List[Tuple[str, str]]:
+  """``(key, title)`` of the table: P@1, R@K for every K, MAP@R, NMI."""
+  keys = set()
+  for r in runs:
+    if r.metrics is not None:
+      keys.update(r.metrics["result"]["test"])
+  ks = sorted(int(k.split("@")[1]) for k in keys
+              if re.fullmatch(r"recall@\d+", k))
+  return (list(_HEAD_METRICS) + [(f"recall@{k}", f"R@{k}") for k in ks]
+          + list(_TAIL_METRICS))
+
+
+def summarize(runs: Sequence[Run], losses: Sequence[str],
+              keys: Sequence[str]) -> Dict[str, Dict[str, Optional[Stat]]]:
+  """``{loss: {metric: Stat over the loss's complete runs}}``.
+
+  Besides the metric keys, ``"train_seconds"`` (metrics.json) and
+  ``"wall_seconds"`` (the process) are aggregated too.
+  """
+  out = {}
+  for loss in losses:
+    done = [r for r in runs if r.loss == loss and r.metrics is not None]
+    row = {}
+    for key in keys:
+      row[key] = aggregate([r.metrics["result"]["test"][key] for r in done
+                            if r.metrics["result"]["test"].get(key)
+                            is not None])
+    row["train_seconds"] = aggregate(
+        [r.metrics["train_seconds"] for r in done
+         if r.metrics.get("train_seconds") is not None])
+    row["wall_seconds"] = aggregate(
+        [r.wall_seconds for r in done if r.wall_seconds is not None])
+    out[loss] = row
+  return out
+
+
+def format_stat(stat: Optional[Stat], scale: float = 100.0,
+                digits: int = 1) -> str:
+  """``"61.2 ± 0.4"`` (values x ``scale``); ``"61.2"`` for one seed; ``"–"``."""
+  if stat is None:
+    return "–"
+  text = f"{stat.mean * scale:.{digits}f}"
+  if stat.std is not None:
+    text += f" ± {stat.std * scale:.{digits}f}"
+  return text
+
+
+def table_markdown(summary: Dict[str, Dict[str, Optional[Stat]]],
+                   columns: Sequence[Tuple[str, str]],
+                   runs_per_loss: Dict[str, Tuple[int, int]],
+                   scale: float = 100.0, digits: int = 1) -> str:
+  """The results table: one row per loss, the best mean per column in bold.
+
+  Args:
+    summary: :func:`summarize`'s output, rows in table order.
+    columns: ``(metric key, title)`` pairs.
+    runs_per_loss: ``{loss: (complete runs, requested runs)}``.
+    scale: display factor of the metric values (100: percent).
+    digits: decimals shown; "best" compares the displayed means, so ties
+      are all bold.
+
+  Returns:
+    The Markdown table (no trailing newline).
+  """
+  best = {}
+  for key, _ in columns:
+    shown = [round(row[key].mean * scale, digits) for row in summary.values()
+             if row.get(key) is not None]
+    best[key] = max(shown) if shown else None
+  head = ["loss", "runs"] + [t for _, t in columns] + ["train s"]
+  lines = ["| " + " | ".join(head) + " |",
+           "| --- | ---: |" + " ---: |" * (len(columns) + 1)]
+  for loss, row in summary.items():
+    done, wanted = runs_per_loss[loss]
+    cells = [f"`{loss}`", str(done) if done == wanted else f"{done}/{wanted}"]
+    for key, _ in columns:
+      text = format_stat(row.get(key), scale, digits)
+      stat = row.get(key)
+      if stat is not None and round(stat.mean * scale, digits) == best[key]:
+        text = f"**{text}**"
+      cells.append(text)
+    cells.append(format_stat(row.get("train_seconds"), 1.0, 0))
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------
+# Report.
+# ----------------------------------------------------------------------------
+
+
+def _fmt_value(v) -> str:
+  return f'"{v}"' if isinstance(v, str) else repr(v)
+
+
+def hyperparameter_lines(losses: Sequence[str], runs: Sequence[Run]
+                         ) -> List[str]:
+  """One table row per loss: its hyperparameters (from the run's config),
+  the values that differ from the registry (paper) default marked."""
+  lines = ["| loss | hyperparameters | learnable | source |",
+           "| --- | --- | --- | --- |"]
+  for loss in losses:
+    entry = losses_lib.get_loss(loss)
+    mine = [r for r in runs if r.loss == loss]
+    done = [r for r in mine if r.metrics is not None]
+    cfg = (done[0].metrics.get("config") or done[0].config) if done else (
+        mine[0].config)
+    hyper = dict(cfg.get("loss", {}))
+    hyper.pop("name", None)
+    parts = []
+    for k, v in hyper.items():
+      if k in entry.defaults:
+        text = f"`{k}={_fmt_value(v)}`"
+        if v != entry.defaults[k]:
+          text += f" (paper default {_fmt_value(entry.defaults[k])})"
+        parts.append(text)
+      elif v is not None:  # execution options such as block_size
+        parts.append(f"`{k}={_fmt_value(v)}`")
+    learnable = (f"`{entry.param_name}`: {entry.param_init}"
+                 if entry.param_name else "none")
+    lines.append(f"| `{loss}` | {', '.join(parts) or 'none'} | {learnable} "
+                 f"| {entry.paper} |")
+  return lines
+
+
+def _describe_model(cfg) -> str:
+  m = cfg["model"]
+  kwargs = ", ".join(f"{k}={v}" for k, v in sorted((m.get("kwargs") or
+                                                    {}).items()))
+  text = f"{m['name']}" + (f" ({kwargs})" if kwargs else "")
+  text += (f", {m.get('pooling', 'avg')} pooling, embedding dim "
+           f"{m['embedding_dim']}, {m.get('dtype', 'float32')}")
+  if m.get("pretrained"):
+    text += f", pretrained from {m['pretrained']}"
+  else:
+    text += ", trained from scratch"
+  if m.get("freeze_bn"):
+    text += ", frozen BatchNorm"
+  return text
+
+
+def _describe_batch(cfg) -> str:
+  b = cfg["batch"]
+  if b.get("sampler", "pk") == "random":
+    return f"{b['size']} random images"
+  p, k = b["classes_per_batch"], b["images_per_class"]
+  return f"P x K = {p} classes x {k} images = {p * k}"
+
+
+def _describe_optim(cfg) -> str:
+  o = cfg["optim"]
+  text = f"{o['name']}, lr {o['learning_rate']:g}"
+  text += f", weight decay {o.get('weight_decay', 0.0):g}"
+  if o.get("name") in ("sgd", "rmsprop") and o.get("momentum"):
+    text += f", momentum {o['momentum']:g}"
+  sched = o.get("schedule", "constant")
+  text += f", {sched} schedule"
+  if sched == "step":
+    text += (f" (x{o['decay_factor']:g} every {o['decay_every_steps']} "
+             "steps)")
+  if o.get("lr_warmup_steps"):
+    text += f", {o['lr_warmup_steps']} warm-up steps"
+  mult = {k: v for k, v in (o.get("lr_multipliers") or {}).items()
+          if v != 1.0}
+  if mult:
+    text += ", lr x " + ", ".join(f"{v:g} ({k})" for k, v in
+                                  sorted(mult.items()))
+  if o.get("freeze_backbone_steps"):
+    text += f", backbone frozen for {o['freeze_backbone_steps']} steps"
+  if o.get("grad_clip_norm"):
+    text += f", gradient norm clipped at {o['grad_clip_norm']:g}"
+  if o.get("grad_clip_value"):
+    text += f", gradient values clipped at {o['grad_clip_value']:g}"
+  return text
+
+
+def _describe_data(cfg, runs: Sequence[Run]) -> str:
+  from circle_jax.data import registry  # pylint: disable=g-import-not-at-top
+  name = cfg["dataset"]["name"]
+  try:
+    spec = registry.get_dataset_info(name)
+  except ValueError:
+    return name
+  done = [r for r in runs if r.metrics is not None]
+  queries = None
+  if done:
+    queries = done[0].metrics["result"]["test"].get("num_queries")
+  images = queries or sum(spec.num_images[s] for s in spec.eval_splits)
+  val = done[0].metrics.get("validation") if done else None
+  train = f"train on {spec.num_train_classes} classes"
+  if val:
+    train = (f"train on {spec.num_train_classes - val['num_classes']} "
+             f"classes, select on {val['num_classes']} held-out train classes "
+             f"({val['num_images']} images, "
+             f"dataset.validation_fraction={val['fraction']:g})")
+  where = ("each query among the gallery" if "query" in spec.eval_splits
+           else "each test image among the others")
+  return (f"{name}: {train}; test on {spec.num_test_classes} unseen classes "
+          f"({int(images)} images), retrieving {where}")
+
+
+def _describe_selection(cfg, runs: Sequence[Run]) -> str:
+  done = [r for r in runs if r.metrics is not None]
+  kinds = sorted({r.metrics["result"]["selection"] for r in done})
+  texts = []
+  for kind in kinds:
+    metric = next(r.metrics["result"].get("metric") for r in done
+                  if r.metrics["result"]["selection"] == kind)
+    if kind == "validation":
+      texts.append(f"the step with the best validation {metric} (held-out "
+                   "train classes); the table gives the test metrics of "
+                   "that step")
+    elif kind == "test":
+      texts.append(f"the step with the best **test** {metric} (no "
+                   "validation split): optimistic, since the test split "
+                   "picks the step; set --config.dataset.validation_fraction "
+                   "to select on held-out train classes")
+    else:
+      texts.append("the last step (no model selection)")
+  every = cfg.get("eval_every_steps") or 0
+  cadence = (f"evaluated every {every} steps and at the end" if every else
+             "evaluated at the end only")
+  return "; ".join(texts or ["no completed run"]) + f" ({cadence})"
+
+
+def _machine(runs: Sequence[Run]) -> str:
+  infos = [r.info for r in runs if r.info.get("cpu")]
+  cpus = sorted({f"{i['nproc']} CPUs (nproc), {i['cpu']}" for i in infos})
+  if not cpus:
+    cpus = [f"{num_cpus()} CPUs (nproc), {cpu_model()}"]
+  text = "; ".join(cpus)
+  gpus = sorted({i.get("accelerators") for i in infos if i.get("accelerators")})
+  if gpus:
+    text += f"; GPUs present: {'; '.join(gpus)}"
+  loads = [v for i in infos for v in i.get("load_average", [])]
+  if loads:
+    text += (f"; 1-min load average {min(loads):.1f}-{max(loads):.1f} at "
+             "the runs' start and end")
+  return text
+
+
+def _times(runs: Sequence[Run], elapsed: float) -> str:
+  walls = [r.wall_seconds for r in runs if r.wall_seconds is not None]
+  trains = [r.metrics["train_seconds"] for r in runs
+            if r.metrics is not None and r.metrics.get("train_seconds")
+            is not None]
+  now = sum(r.status == "done" for r in runs)
+  reused = sum(r.status == "reused" for r in runs)
+  text = (f"this invocation {elapsed:.0f} s ({now} runs trained, {reused} "
+          "reused)")
+  if walls:
+    text += (f"; all {len(walls)} timed runs {sum(walls):.0f} s, per run "
+             f"{statistics.fmean(walls):.0f} s wall (min {min(walls):.0f}, "
+             f"max {max(walls):.0f}; process start, compilation, data, "
+             "training, evaluations)")
+  if trains:
+    text += (f"; training loop {statistics.fmean(trains):.0f} s per run "
+             "(metrics.json train_seconds)")
+  return text
+
+
+def write_markdown(path: pathlib.Path, *, command: str, config_name: str,
+                   losses: Sequence[str], seeds: Sequence[int],
+                   runs: Sequence[Run], elapsed: float,
+                   plot_name: Optional[str] = None) -> str:
+  """Writes the comparison's Markdown file and returns its text."""
+  cfg = runs[0].config
+  columns = metric_columns(runs)
+  summary = summarize(runs, losses, [k for k, _ in columns])
+  counts = {loss: (sum(r.loss == loss and r.metrics is not None
+                       for r in runs),
+                   sum(r.loss == loss for r in runs)) for loss in losses}
+  every = (f"; evaluation every {cfg['eval_every_steps']} steps"
+           if cfg.get("eval_every_steps") else "")
+  lines = [
+      f"# Loss comparison: {cfg['dataset']['name']}, {cfg['model']['name']} "
+      f"{cfg['model']['embedding_dim']}-d, {len(losses)} losses x "
+      f"{len(seeds)} seeds",
+      "",
+      "Regenerate (reuses the finished runs in the workdir, trains the "
+      "others):",
+      "",
+      "```bash",
+      command,
+      "```",
+      "",
+      "Protocol (Musgrave et al., \"A Metric Learning Reality Check\", ECCV "
+      "2020, where it fits): every run has the same trunk, embedding, batch, "
+      "optimiser, number of steps and evaluation; only the loss and its own "
+      "hyperparameters (its paper's defaults, listed below) change. Config "
+      f"`{config_name}`:",
+      "",
+      f"- data: {_describe_data(cfg, runs)}",
+      f"- model: {_describe_model(cfg)}",
+      f"- batch: {_describe_batch(cfg)}",
+      f"- optimiser: {_describe_optim(cfg)}",
+      f"- steps: {cfg['num_train_steps']}{every}",
+      f"- seeds: {', '.join(map(str, seeds))} (model and loss-parameter "
+      "initialisation, batch order, augmentation)",
+      f"- reported step: {_describe_selection(cfg, runs)}",
+      "- values: test-split metrics in %, mean ± sample standard deviation "
+      "(ddof=1) over the seeds; the best mean of each column in bold; "
+      "`train s`: seconds in the training loop per run",
+      f"- time: {_times(runs, elapsed)}",
+      f"- machine: {_machine(runs)}",
+      f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
+      "",
+      table_markdown(summary, columns, counts),
+      "",
+  ]
+  if plot_name:
+    lines += [f"![R@1 and MAP@R per loss]({plot_name})", ""]
+  lines += ["## Hyperparameters", "",
+            "From each loss's `metrics.json` config; the source is the "
+            "registry's reference (`circle_jax.losses.LOSSES`).", ""]
+  lines += hyperparameter_lines(losses, runs)
+  lines += ["", "## Runs", "",
+            "| loss | seed | step | R@1 | MAP@R | NMI | train s | wall s |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+  for r in runs:
+    if r.metrics is None:
+      lines.append(f"| `{r.loss}` | {r.seed} | failed | – | – | – | – | – |")
+      continue
+    res = r.metrics["result"]
+    cells = [format_stat(aggregate([res["test"][k]])) if k in res["test"]
+             else "–" for k in ("recall@1", "map@r", "nmi")]
+    train = r.metrics.get("train_seconds")
+    lines.append(
+        f"| `{r.loss}` | {r.seed} | {res['step']} ({res['selection']}) | "
+        f"{' | '.join(cells)} | "
+        f"{'–' if train is None else f'{train:.0f}'} | "
+        f"{'–' if r.wall_seconds is None else f'{r.wall_seconds:.0f}'} |")
+  failed = [r for r in runs if r.status == "failed"]
+  if failed:
+    lines += ["", "## Failed runs", ""]
+    lines += [f"- `{r.loss}` seed {r.seed}: {r.error.splitlines()[0]}"
+              for r in failed]
+  text = "\n".join(lines) + "\n"
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(text)
+  return text
+
+
+def write_plot(path: pathlib.Path, summary: Dict[str, Dict[str, Any]],
+               title: str) -> None:
+  """Horizontal bars of R@1 and MAP@R (%) per loss, sorted by R@1, with the
+  seeds' standard deviation as error bars."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  rows = [(loss, row) for loss, row in summary.items()
+          if row.get(PLOT_METRICS[0][0]) is not None]
+  rows.sort(key=lambda lr: lr[1][PLOT_METRICS[0][0]].mean)
+  names = [loss for loss, _ in rows]
+  fig, axes = plt.subplots(
+      1, len(PLOT_METRICS), sharey=True,
+      figsize=(10, 1.2 + 0.38 * max(len(rows), 1)), squeeze=False)
+  for ax, (key, label) in zip(axes[0], PLOT_METRICS):
+    stats = [row.get(key) for _, row in rows]
+    means = [100 * s.mean if s else 0.0 for s in stats]
+    errs = [100 * s.std if s and s.std is not None else 0.0 for s in stats]
+    ys = range(len(rows))
+    ax.barh(ys, means, xerr=errs, color="#4c72b0", ecolor="#333333",
+            capsize=3, height=0.7)
+    top = max([m + e for m, e in zip(means, errs)] or [1.0])
+    for y, m, e, s in zip(ys, means, errs, stats):
+      if s is not None:
+        ax.text(m + e + 0.01 * top, y, f"{m:.1f}", va="center", fontsize=8)
+    ax.set_xlim(0, top * 1.12)
+    ax.set_xlabel(f"{label} (%) on the test split, mean ± std over seeds")
+    ax.set_title(label)
+    ax.grid(axis="x", alpha=0.3)
+  axes[0][0].set_yticks(range(len(rows)))
+  axes[0][0].set_yticklabels(names, fontsize=9)
+  fig.suptitle(title, fontsize=10)
+  fig.tight_layout()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def report(out: str, *, command: str, config_name: str,
+           losses: Sequence[str], seeds: Sequence[int], runs: Sequence[Run],
+           elapsed: float) -> Tuple[pathlib.Path, pathlib.Path]:
+  """Writes ``OUT.md`` and ``OUT.png``; returns their paths."""
+  md_path, png_path = pathlib.Path(out + ".md"), pathlib.Path(out + ".png")
+  write_markdown(md_path, command=command, config_name=config_name,
+                 losses=losses, seeds=seeds, runs=runs, elapsed=elapsed,
+                 plot_name=png_path.name)
+  cfg = runs[0].config
+  columns = metric_columns(runs)
+  summary = summarize(runs, losses, [k for k, _ in columns])
+  write_plot(png_path, summary,
+             f"{cfg['dataset']['name']}, {cfg['model']['name']} "
+             f"{cfg['model']['embedding_dim']}-d, {cfg['num_train_steps']} "
+             f"steps, {len(seeds)} seeds (only the loss changes)")
+  return md_path, png_path
+
+
+# ----------------------------------------------------------------------------
+# Command line.
+# ----------------------------------------------------------------------------
+
+
+def config_name(config: str) -> str:
+  """``experiments/configs/paper.py:cub200,circle`` -> ``paper_cub200_circle``."""
+  path, _, arg = config.partition(":")
+  name = pathlib.Path(path).stem
+  if arg:
+    name += "_" + re.sub(r"[^\w]+", "_", arg).strip("_")
+  return name
+
+
+def canonical_command(args, overrides: Sequence[str]) -> str:
+  """The one command that regenerates the comparison's files."""
+  cmd = ["python", "-m", "experiments.compare", "--config", args.config,
+         "--losses", args.losses, "--seeds", args.seeds, "--out", args.out]
+  if args.workdir_given:
+    cmd += ["--workdir", args.workdir]
+  if not args.compilation_cache:
+    cmd += ["--no-compilation-cache"]
+  return shlex.join(cmd + list(overrides))
+
+
+def child_env(workdir: str, compilation_cache: bool) -> Dict[str, str]:
+  """The main jobs' environment: this repo importable, the shared cache."""
+  env = dict(os.environ)
+  env["PYTHONPATH"] = os.pathsep.join(
+      p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
+  if compilation_cache and "JAX_COMPILATION_CACHE_DIR" not in env:
+    env["JAX_COMPILATION_CACHE_DIR"] = os.path.join(
+        os.path.abspath(workdir), "jax_cache")
+    env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    env.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+  return env
+
+
+def _summary_line(run: Run) -> str:
+  test = run.metrics["result"]["test"]
+  shown = ", ".join(f"{t} {100 * test[k]:.1f}" for k, t in
+                    (("recall@1", "R@1"), ("map@r", "MAP@R"), ("nmi", "NMI"))
+                    if k in test)
+  wall = f" in {run.wall_seconds:.0f} s" if run.wall_seconds else ""
+  return f"{run.status}{wall}: {shown}"
+
+
+def build_runs(args, overrides: Sequence[str]) -> List[Run]:
+  """Every (loss, seed) run with its command and resolved config."""
+  runs = []
+  for loss in parse_losses(args.losses):
+    for seed in parse_seeds(args.seeds):
+      workdir = os.path.join(args.workdir, loss, f"seed_{seed}")
+      command = main_command(args.config, loss, seed, workdir, overrides)
+      runs.append(Run(loss, seed, workdir, command, resolve_config(command)))
+  return runs
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """Parses the command line, runs what is missing, writes the report."""
+  p = argparse.ArgumentParser(
+      description=__doc__.split("\n")[0],
+      epilog="Extra --config.FIELD=VALUE arguments are passed to every run "
+             "(e.g. --config.num_train_steps=1000).")
+  p.add_argument("--config", default="experiments/configs/omniglot_small.py",
+                 help="the main job's config file (FILE or FILE:ARG)")
+  p.add_argument("--losses", default="all",
+                 help="comma-separated registry names, or 'all'")
+  p.add_argument("--seeds", default="3",
+                 help="number of seeds (0..N-1) or a comma-separated list")
+  p.add_argument("--out", default="",
+                 help="writes OUT.md and OUT.png (default "
+                      "experiments/results/compare_<config name>)")
+  p.add_argument("--workdir", default="",
+                 help="folder of the runs (default "
+                      "/tmp/circle_jax_compare/<config name>)")
+  p.add_argument("--no-compilation-cache", dest="compilation_cache",
+                 action="store_false",
+                 help="do not share a persistent XLA compilation cache "
+                      "(WORKDIR/jax_cache) between the runs")
+  p.add_argument("--dry-run", action="store_true",
+                 help="list the runs (reused / to train / conflicting) and "
+                      "their commands; train nothing, write nothing")
+  args, overrides = p.parse_known_args(argv)
+  started = time.time()
+  name = config_name(args.config)
+  args.workdir_given = bool(args.workdir)
+  args.workdir = args.workdir or os.path.join("/tmp/circle_jax_compare", name)
+  args.out = args.out or str(pathlib.Path("experiments") / "results" /
+                             f"compare_{name}")
+  try:
+    check_overrides(overrides)
+    losses, seeds = parse_losses(args.losses), parse_seeds(args.seeds)
+    runs = build_runs(args, overrides)
+  except ValueError as e:
+    p.error(str(e))
+  for run in runs:
+    prepare(run)
+  todo = [r for r in runs if r.status == "pending"]
+  print(f"[compare] {len(runs)} runs ({len(losses)} losses x {len(seeds)} "
+        f"seeds) in {args.workdir}: {len(runs) - len(todo)} finished or "
+        f"conflicting, {len(todo)} to train", flush=True)
+  if args.dry_run:
+    for r in runs:
+      state = {"pending": "train", "reused": "reuse"}.get(r.status, "CONFLICT")
+      print(f"{state:8s} {shlex.join(r.command)}")
+      if r.error:
+        print(f"         {r.error}")
+    return 0
+  env = child_env(args.workdir, args.compilation_cache)
+  for i, run in enumerate(todo):
+    print(f"[compare] {i + 1}/{len(todo)} {run.loss} seed {run.seed} ...",
+          flush=True)
+    try:
+      execute(run, env)
+    except KeyboardInterrupt:
+      print("\n[compare] interrupted; run the same command again to resume:\n"
+            f"  {canonical_command(args, overrides)}", file=sys.stderr)
+      return 130
+    if run.status == "failed":
+      print(f"[compare] FAILED {run.loss} seed {run.seed}: {run.error}",
+            file=sys.stderr, flush=True)
+    else:
+      print(f"[compare]   {_summary_line(run)}", flush=True)
+  md_path, png_path = report(
+      args.out, command=canonical_command(args, overrides),
+      config_name=args.config, losses=losses, seeds=seeds, runs=runs,
+      elapsed=time.time() - started)
+  print(f"[compare] wrote {md_path} and {png_path}")
+  failed = [r for r in runs if r.status == "failed"]
+  if failed:
+    print(f"[compare] {len(failed)} of {len(runs)} runs failed:",
+          file=sys.stderr)
+    for r in failed:
+      print(f"  {r.loss} seed {r.seed}: {r.workdir}\n    "
+            + r.error.replace("\n", "\n    "), file=sys.stderr)
+    return 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
