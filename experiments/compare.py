@@ -182,22 +182,26 @@ def check_overrides(overrides: Sequence[str]) -> None:
           "--losses / --seeds).")
 
 
-def main_command(config: str, loss: str, seed: int, workdir: str,
-                 overrides: Sequence[str]) -> List[str]:
+def config_args(config: str, loss: str, seed: int,
+                overrides: Sequence[str]) -> List[str]:
+  """The config flags of one run (what :func:`resolve_config` parses)."""
+  return [f"--config={config}", f"--config.loss.name={loss}",
+          f"--config.seed={seed}", *overrides]
+
+
+def main_command(flag_args: Sequence[str], workdir: str) -> List[str]:
   """The main job's command line for one run."""
-  return [sys.executable, "-m", "experiments.main", f"--config={config}",
-          f"--config.loss.name={loss}", f"--config.seed={seed}",
-          f"--workdir={workdir}", *overrides]
+  return [sys.executable, "-m", "experiments.main", *flag_args,
+          f"--workdir={workdir}"]
 
 
-def resolve_config(command: Sequence[str]) -> Dict[str, Any]:
-  """The config that ``experiments.main`` builds from ``command`` (as JSON).
+def resolve_config(flag_args: Sequence[str]) -> Dict[str, Any]:
+  """The config that ``experiments.main`` builds from these flags (as JSON).
 
   Parsed with the main job's own ``--config`` flag, so a bad override or a
   hyperparameter the loss does not have fails here, before any training.
   """
-  argv = ["experiments.main"] + [a for a in command[3:]
-                                 if not a.startswith("--workdir")]
+  argv = ["experiments.main", *flag_args]
   values = flags.FlagValues()
   holder = config_flag.DEFINE_config_file("config", None, flag_values=values,
                                           sys_argv=argv)
@@ -852,8 +856,9 @@ def build_runs(args, overrides: Sequence[str]) -> List[Run]:
   for loss in parse_losses(args.losses):
     for seed in parse_seeds(args.seeds):
       workdir = os.path.join(args.workdir, loss, f"seed_{seed}")
-      command = main_command(args.config, loss, seed, workdir, overrides)
-      runs.append(Run(loss, seed, workdir, command, resolve_config(command)))
+      cfg_flags = config_args(args.config, loss, seed, overrides)
+      runs.append(Run(loss, seed, workdir, main_command(cfg_flags, workdir),
+                      resolve_config(cfg_flags)))
   return runs
 
 
@@ -897,10 +902,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.error(str(e))
   for run in runs:
     prepare(run)
+    if run.status == "failed":
+      print(f"[compare] {run.loss} seed {run.seed}: {run.error}",
+            file=sys.stderr)
   todo = [r for r in runs if r.status == "pending"]
+  conflicts = sum(r.status == "failed" for r in runs)
   print(f"[compare] {len(runs)} runs ({len(losses)} losses x {len(seeds)} "
-        f"seeds) in {args.workdir}: {len(runs) - len(todo)} finished or "
-        f"conflicting, {len(todo)} to train", flush=True)
+        f"seeds) in {args.workdir}: {len(runs) - len(todo) - conflicts} "
+        f"finished, {len(todo)} to train"
+        + (f", {conflicts} with another config there" if conflicts else ""),
+        flush=True)
   if args.dry_run:
     for r in runs:
       state = {"pending": "train", "reused": "reuse"}.get(r.status, "CONFLICT")

@@ -1,0 +1,347 @@
+"""Specification of experiments/compare.py (the loss comparison runner)."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from experiments import compare
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+DIGITS = str(REPO / "experiments" / "configs" / "digits.py")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _test_metrics(r1, map_r, nmi):
+  return {"recall@1": r1, "recall@2": min(1.0, r1 + 0.1),
+          "recall@4": min(1.0, r1 + 0.2), "recall@8": min(1.0, r1 + 0.3),
+          "precision@1": r1, "r_precision": map_r + 0.1, "map@r": map_r,
+          "nmi": nmi, "ami": nmi - 0.01, "num_queries": 896.0,
+          "num_queries_without_match": 0.0}
+
+
+def _write_run(root, loss, seed, test, *, overrides=(), selection="test",
+               step=3, train_seconds=10.0, wall=None, config=None):
+  """A finished run's folder as the main job (and the runner) leave it."""
+  flag_args = compare.config_args(DIGITS, loss, seed, overrides)
+  workdir = os.path.join(root, loss, f"seed_{seed}")
+  os.makedirs(workdir, exist_ok=True)
+  metrics = {
+      "result": {"step": step, "selection": selection,
+                 "metric": None if selection == "last" else "recall@1",
+                 "test": test},
+      "final": test, "best": None, "init": None, "validation": None,
+      "step": step, "train_seconds": train_seconds,
+      "config": config or compare.resolve_config(flag_args),
+  }
+  with open(os.path.join(workdir, compare.METRICS_FILE), "w") as f:
+    json.dump(metrics, f)
+  if wall is not None:
+    with open(os.path.join(workdir, compare.RUN_FILE), "w") as f:
+      json.dump({"wall_seconds": wall, "nproc": 2, "cpu": "Test CPU",
+                 "load_average": [1.0, 2.5]}, f)
+  return workdir
+
+
+def _run(root, loss, seed, overrides=()):
+  flag_args = compare.config_args(DIGITS, loss, seed, overrides)
+  workdir = os.path.join(root, loss, f"seed_{seed}")
+  return compare.Run(loss, seed, workdir,
+                     compare.main_command(flag_args, workdir),
+                     compare.resolve_config(flag_args))
+
+
+# ----------------------------------------------------------------------------
+# Aggregation and the table.
+# ----------------------------------------------------------------------------
+
+
+def test_aggregate_is_mean_and_sample_std():
+  s = compare.aggregate([0.5, 0.6, 0.7])
+  assert s.n == 3
+  assert s.mean == pytest.approx(0.6)
+  # ddof=1: sqrt((0.01 + 0 + 0.01) / 2) = 0.1 (ddof=0 would give 0.0816).
+  assert s.std == pytest.approx(0.1)
+  assert compare.aggregate([0.25]) == compare.Stat(0.25, None, 1)
+  assert compare.aggregate([]) is None
+
+
+def test_table_rows_mean_std_in_percent_and_best_mean_bold():
+  agg = compare.aggregate
+  summary = {
+      "a": {"recall@1": agg([0.5, 0.7]), "map@r": agg([0.30, 0.34]),
+            "train_seconds": agg([10.0, 20.0])},
+      "b": {"recall@1": agg([0.62]), "map@r": agg([0.2]),
+            "train_seconds": None},
+  }
+  table = compare.table_markdown(
+      summary, [("recall@1", "R@1"), ("map@r", "MAP@R")],
+      {"a": (2, 2), "b": (1, 2)})
+  # a: R@1 mean 60.0, std sqrt(2 * 10^2) = 14.14; MAP@R 32.0 +- 2.83;
+  # train s 15 +- 7.07. b: one seed (no std), 1 of 2 runs complete.
+  assert table.splitlines() == [
+      "| loss | runs | R@1 | MAP@R | train s |",
+      "| --- | ---: | ---: | ---: | ---: |",
+      "| `a` | 2 | 60.0 ± 14.1 | **32.0 ± 2.8** | 15 ± 7 |",
+      "| `b` | 1/2 | **62.0** | 20.0 | – |",
+  ]
+
+
+def test_table_bolds_every_loss_tied_at_the_shown_precision():
+  agg = compare.aggregate
+  summary = {"a": {"nmi": agg([0.41, 0.43])}, "b": {"nmi": agg([0.4201])},
+             "c": {"nmi": None}}
+  rows = compare.table_markdown(summary, [("nmi", "NMI")],
+                                {"a": (2, 2), "b": (1, 1), "c": (0, 1)}
+                                ).splitlines()[2:]
+  assert rows == ["| `a` | 2 | **42.0 ± 1.4** | – |",
+                  "| `b` | 1 | **42.0** | – |",
+                  "| `c` | 0/1 | – | – |"]
+
+
+def test_metric_columns_follow_the_runs_recall_ks():
+  run = compare.Run("circle", 0, "", [], {})
+  run.metrics = {"result": {"test": {"recall@10": 0.5, "recall@1": 0.2,
+                                     "recall@100": 0.9, "map@r": 0.1}}}
+  assert compare.metric_columns([run]) == [
+      ("precision@1", "P@1"), ("recall@1", "R@1"), ("recall@10", "R@10"),
+      ("recall@100", "R@100"), ("map@r", "MAP@R"), ("nmi", "NMI")]
+
+
+# ----------------------------------------------------------------------------
+# Skip-if-complete and conflicting workdirs.
+# ----------------------------------------------------------------------------
+
+
+def test_complete_run_with_the_same_config_is_reused(tmp_path):
+  _write_run(tmp_path, "circle", 0, _test_metrics(0.5, 0.2, 0.3), wall=12.0,
+             overrides=["--config.dataset.data_dir=/elsewhere"])
+  run = _run(tmp_path, "circle", 0)
+  compare.prepare(run)
+  # data_dir is where the data lives, not what the run computes.
+  assert run.status == "reused" and run.wall_seconds == 12.0
+  assert run.metrics["result"]["test"]["recall@1"] == 0.5
+
+
+def test_incomplete_run_is_trained(tmp_path):
+  workdir = _write_run(tmp_path, "circle", 0, _test_metrics(0.5, 0.2, 0.3))
+  path = os.path.join(workdir, compare.METRICS_FILE)
+  with open(path) as f:
+    metrics = json.load(f)
+  del metrics["result"]
+  with open(path, "w") as f:
+    json.dump(metrics, f)
+  run = _run(tmp_path, "circle", 0)
+  compare.prepare(run)
+  assert run.status == "pending" and run.metrics is None
+  with open(path, "w") as f:
+    f.write('{"result": {"st')  # cut short
+  compare.prepare(run)
+  assert run.status == "pending"
+
+
+def test_workdir_of_another_config_is_refused_naming_the_fields(tmp_path):
+  _write_run(tmp_path, "circle", 0, _test_metrics(0.5, 0.2, 0.3),
+             overrides=["--config.num_train_steps=7"])
+  run = _run(tmp_path, "circle", 0, ["--config.num_train_steps=9"])
+  compare.prepare(run)
+  assert run.status == "failed" and run.metrics is None
+  assert "num_train_steps: 7 (there) vs 9 (this comparison)" in run.error
+  assert run.workdir in run.error and "another --workdir" in run.error
+
+
+def test_bad_arguments_fail_before_any_run(tmp_path, capsys):
+  base = ["--config", DIGITS, "--workdir", str(tmp_path / "runs"),
+          "--out", str(tmp_path / "out")]
+  for extra, message in (
+      (["--losses", "circle,circel"], "unknown loss(es) ['circel']"),
+      (["--losses", "all", "--config.loss.gamma=64"],
+       "has no hyperparameter 'gamma'"),
+      (["--losses", "circle", "--config.seed=3"], "use --losses / --seeds"),
+      (["--losses", "circle", "--config.nope=1"], "does not have"),
+      (["--losses", "circle", "--seeds", "0"], "--seeds"),
+  ):
+    with pytest.raises(SystemExit):
+      compare.main(base + extra)
+    assert message in capsys.readouterr().err
+  assert not (tmp_path / "runs").exists()
+
+
+# ----------------------------------------------------------------------------
+# Failure reporting and resuming (a stand-in for the main job).
+# ----------------------------------------------------------------------------
+
+_FAKE_MAIN = textwrap.dedent("""\
+    import json, os, sys
+    args = dict(a[2:].split("=", 1) for a in sys.argv[1:])
+    loss, seed = args["config.loss.name"], int(args["config.seed"])
+    with open(os.environ["FAKE_MAIN_LOG"], "a") as f:
+      f.write(f"{loss} {seed}\\n")
+    if loss == "contrastive":
+      print("Preparing ...\\nTraceback (most recent call last):\\n"
+            "ValueError: boom", file=sys.stderr)
+      sys.exit(3)
+    r1 = 0.4 + 0.1 * seed
+    test = {"recall@1": r1, "precision@1": r1, "map@r": r1 / 2, "nmi": 0.3}
+    os.makedirs(args["workdir"], exist_ok=True)
+    with open(os.path.join(args["workdir"], "metrics.json"), "w") as f:
+      json.dump({"result": {"step": 3, "selection": "last", "metric": None,
+                            "test": test}, "train_seconds": 1.5}, f)
+    """)
+
+
+def test_failed_run_is_reported_the_others_go_on_and_rerun_resumes(
+    tmp_path, monkeypatch, capsys):
+  fake = tmp_path / "fake_main.py"
+  fake.write_text(_FAKE_MAIN)
+  log = tmp_path / "calls.log"
+  monkeypatch.setenv("FAKE_MAIN_LOG", str(log))
+  monkeypatch.setattr(
+      compare, "main_command",
+      lambda flag_args, workdir: [sys.executable, str(fake), *flag_args,
+                                  f"--workdir={workdir}"])
+  root, out = tmp_path / "runs", tmp_path / "res" / "cmp"
+  argv = ["--config", DIGITS, "--losses", "contrastive,circle", "--seeds",
+          "2", "--workdir", str(root), "--out", str(out),
+          "--config.num_train_steps=3"]
+
+  assert compare.main(argv) == 1
+  err = capsys.readouterr().err
+  assert log.read_text().split("\n")[:4] == [
+      "contrastive 0", "contrastive 1", "circle 0", "circle 1"]
+  assert f"FAILED contrastive seed 0: exit status 3" in err
+  assert str(root / "contrastive" / "seed_1") in err
+  assert "ValueError: boom" in err
+  assert "2 of 4 runs failed" in err
+  md = pathlib.Path(str(out) + ".md").read_text()
+  assert "| `contrastive` | 0/2 | – |" in md
+  # circle: R@1 0.4 and 0.5 -> 45.0 +- 7.1.
+  assert "| `circle` | 2 | **45.0 ± 7.1** | **45.0 ± 7.1** |" in md
+  assert "## Failed runs" in md and "exit status 3" in md
+  assert pathlib.Path(str(out) + ".png").read_bytes()[:8] == PNG_SIGNATURE
+
+  # Again: the finished circle runs are reused, the failed ones retried.
+  log.write_text("")
+  assert compare.main(argv) == 1
+  assert log.read_text().split() == ["contrastive", "0", "contrastive", "1"]
+  assert "2 finished, 2 to train" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------
+# The report.
+# ----------------------------------------------------------------------------
+
+
+def test_report_from_fixture_runs(tmp_path):
+  numbers = {("circle", 0): (0.60, 0.30, 0.40), ("circle", 1): (0.64, 0.34,
+                                                                0.44),
+             ("proxy_anchor", 0): (0.70, 0.20, 0.50),
+             ("proxy_anchor", 1): (0.66, 0.22, 0.46)}
+  runs = []
+  for (loss, seed), (r1, map_r, nmi) in numbers.items():
+    overrides = ["--config.loss.gamma=64"] if loss == "circle" else []
+    _write_run(tmp_path, loss, seed, _test_metrics(r1, map_r, nmi),
+               overrides=overrides, selection="last", step=3,
+               train_seconds=20.0 + seed, wall=30.0 + seed)
+    run = _run(tmp_path, loss, seed, overrides)
+    compare.prepare(run)
+    assert run.status == "reused"
+    runs.append(run)
+  out = str(tmp_path / "results" / "cmp")
+  md_path, png_path = compare.report(
+      out, command="python -m experiments.compare --seeds 2",
+      config_name="experiments/configs/digits.py",
+      losses=["circle", "proxy_anchor"], seeds=[0, 1], runs=runs,
+      elapsed=5.0)
+  assert (str(md_path), str(png_path)) == (out + ".md", out + ".png")
+  md = md_path.read_text()
+  for fragment in (
+      "# Loss comparison: digits, conv4 4-d, 2 losses x 2 seeds",
+      "```bash\npython -m experiments.compare --seeds 2\n```",
+      "- data: digits: train on 5 classes; test on 5 unseen classes (896 "
+      "images)",
+      "- model: conv4 (width=32), avg pooling, embedding dim 4",
+      "- batch: P x K = 5 classes x 8 images = 40",
+      "- optimiser: adam, lr 0.001, weight decay 0, constant schedule",
+      "- steps: 150; evaluation every 75 steps",
+      "- seeds: 0, 1 ",
+      "- reported step: the last step (no model selection)",
+      "sample standard deviation (ddof=1)",
+      "all 4 timed runs 122 s, per run 30 s wall",
+      "training loop 20 s per run",
+      "- machine: 2 CPUs (nproc), Test CPU; 1-min load average 1.0-2.5",
+      "| loss | runs | P@1 | R@1 | R@2 | R@4 | R@8 | MAP@R | NMI | train s |",
+      # circle R@1 62.0 +- 2.8, MAP@R 32.0 +- 2.8, NMI 42.0 +- 2.8;
+      # proxy_anchor R@1 68.0 +- 2.8, MAP@R 21.0 +- 1.4, NMI 48.0 +- 2.8.
+      "| `circle` | 2 | 62.0 ± 2.8 | 62.0 ± 2.8 | 72.0 ± 2.8 | 82.0 ± 2.8 | "
+      "92.0 ± 2.8 | **32.0 ± 2.8** | 42.0 ± 2.8 | 20 ± 1 |",
+      "| `proxy_anchor` | 2 | **68.0 ± 2.8** | **68.0 ± 2.8** | "
+      "**78.0 ± 2.8** | **88.0 ± 2.8** | **98.0 ± 2.8** | 21.0 ± 1.4 | "
+      "**48.0 ± 2.8** | 20 ± 1 |",
+      "![R@1 and MAP@R per loss](cmp.png)",
+      "| `circle` | `gamma=64.0` (paper default 80.0), `margin=0.4` | none | "
+      "Sun et al., \"Circle Loss",
+      "| `proxy_anchor` | `alpha=32.0`, `margin=0.1` | `proxies`: kaiming "
+      "normal",
+      "| `proxy_anchor` | 1 | 3 (last) | 66.0 | 22.0 | 46.0 | 21 | 31 |",
+  ):
+    assert fragment in md, fragment
+  assert "Failed runs" not in md
+  png = png_path.read_bytes()
+  assert png[:8] == PNG_SIGNATURE and len(png) > 10_000
+
+
+def test_selection_on_validation_and_test_is_stated():
+  def run(selection):
+    r = compare.Run("circle", 0, "", [], {})
+    r.metrics = {"result": {"selection": selection, "metric": "recall@1",
+                            "test": {}}}
+    return r
+  cfg = {"eval_every_steps": 500}
+  assert compare._describe_selection(cfg, [run("validation")]).startswith(
+      "the step with the best validation recall@1 (held-out train classes)")
+  text = compare._describe_selection(cfg, [run("test")])
+  assert "best **test** recall@1" in text and "optimistic" in text
+  assert text.endswith("(evaluated every 500 steps and at the end)")
+
+
+# ----------------------------------------------------------------------------
+# End to end: the real CLI and the real main job.
+# ----------------------------------------------------------------------------
+
+
+def test_cli_end_to_end_on_digits(tmp_path):
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = ""  # one CPU device (conftest simulates 8)
+  env["PYTHONPATH"] = str(REPO)
+  out = tmp_path / "cmp"
+  cmd = [sys.executable, "-m", "experiments.compare", "--config", DIGITS,
+         "--losses", "circle,multi_similarity", "--seeds", "2",
+         "--workdir", str(tmp_path / "runs"), "--out", str(out),
+         "--config.num_train_steps=3", "--config.eval_every_steps=0",
+         "--config.checkpoint_every_steps=0", "--config.eval_at_init=False",
+         f"--config.dataset.data_dir={tmp_path / 'tfds'}"]
+  proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  for loss in ("circle", "multi_similarity"):
+    for seed in (0, 1):
+      with open(tmp_path / "runs" / loss / f"seed_{seed}" /
+                "metrics.json") as f:
+        metrics = json.load(f)
+      assert metrics["config"]["seed"] == seed
+      assert metrics["config"]["loss"]["name"] == loss
+      assert metrics["result"]["step"] == 3
+  md = pathlib.Path(str(out) + ".md").read_text()
+  assert "| `circle` | 2 | " in md and "| `multi_similarity` | 2 | " in md
+  assert "`alpha=2.0`, `base=0.5`, `beta=50.0`" in md
+  assert pathlib.Path(str(out) + ".png").read_bytes()[:8] == PNG_SIGNATURE
+  # The same command again trains nothing.
+  proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True,
+                        text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  assert "4 finished, 0 to train" in proc.stdout
