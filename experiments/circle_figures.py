@@ -19,8 +19,11 @@ the paper is drawn. Each figure is a PNG with a JSON of the numbers it shows.
   ``A = (s_n, s_p) = (0.8, 0.8)`` and ``B = (0.3, 0.8)``, and the share of
   ``s_n`` in the gradient, ``|dL/ds_n| / (|dL/ds_n| + |dL/ds_p|)``.
 * **Figure 5 analogue** (``fig5_similarity_histograms``, only with
-  ``--fig5-runs``): histograms of the positive-pair and negative-pair cosine
-  similarities of the test split after training, one panel per run.
+  ``--fig5-runs``), one column per trained run: histograms of the
+  positive-pair (``s_p``) and negative-pair (``s_n``) cosine similarities of
+  the test split, each unordered pair once (what issue #12 asks for), and each
+  anchor's hardest pair ``(max s_n, min s_p)`` in the ``(s_n, s_p)`` plane, the
+  plane in which the paper's Fig. 5 shows similarity pairs after training.
 
 What "decision boundary" means here. The paper's losses are of two kinds:
 
@@ -50,14 +53,20 @@ AM-Softmax is ``cosface_loss`` with two classes: the embedding ``e_1`` and the
 class weights ``(s_p, sqrt(1 - s_p^2), 0)`` and ``(s_n, 0, sqrt(1 - s_n^2))``,
 whose cosines with it are exactly ``s_p`` and ``s_n``.
 
-Usage::
+Usage (figures 1 and 2; about 10 s on CPU)::
 
   python -m experiments.circle_figures --out experiments/results/circle_figures
-  python -m experiments.circle_figures --out experiments/results/circle_figures \\
-      --figures 5 --fig5-runs circle=RUN1,cosface=RUN2,triplet=RUN3
 
-where ``RUN*`` are workdirs of ``python -m experiments.main`` (e.g. with
-``--config experiments/configs/omniglot_small.py``).
+Figure 5 from trained runs (``--figures 5`` skips recomputing 1 and 2)::
+
+  python -m experiments.circle_figures --figures 5 \\
+      --out experiments/results/circle_figures \\
+      --fig5-runs circle=RUN1,cosface=RUN2,triplet=RUN3
+
+where ``RUN*`` are workdirs of ``python -m experiments.main`` on
+``experiments/configs/omniglot_small.py`` (``experiments/compare.py`` puts
+them at ``WORKDIR/<loss>/seed_<s>``). Each run's best checkpoint (the latest
+if it kept none; ``--checkpoint`` to choose) embeds the dataset's test split.
 """
 
 from __future__ import annotations
@@ -69,7 +78,7 @@ import json
 import math
 import os
 import sys
-from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -121,7 +130,7 @@ _PAIR_NEG[0, 2] = True
 
 
 def pair_similarity_matrix(s_n, s_p) -> Array:
-  """3 x 3 similarities: anchor 0, its positive 1 (``s_p``), negative 2 (``s_n``)."""
+  """3 x 3 similarities: anchor 0, positive 1 (``s_p``), negative 2 (s_n)."""
   s = jnp.eye(3, dtype=jnp.float32)
   return s.at[0, 1].set(s_p).at[0, 2].set(s_n)
 
@@ -318,7 +327,7 @@ def trace_boundary(loss: PairLoss, num_rays: int = NUM_RAYS,
   """Points ``[num_rays, 2]`` (``s_n, s_p``) of the loss's decision boundary.
 
   Along each ray from the ideal state ``(0, 1)`` to the edge of the unit
-  square, bisects for the first point where ``loss > loss.level`` (the pair
+  square, bisects for the point where ``loss > loss.level`` starts (the pair
   crosses from "satisfied" to "violated"). Rays that stay satisfied up to the
   edge give NaN.
 
@@ -500,7 +509,7 @@ FIG2_LOSSES = ("triplet", "cosface", "circle")
 
 
 def fig2_grid(n: int = FIG2_GRID) -> Tuple[np.ndarray, np.ndarray]:
-  """``(s_n, s_p)`` meshgrid of the ``n x n`` cell centres of the unit square."""
+  """``(s_n, s_p)`` meshgrid of the ``n x n`` cell centres of [0, 1]^2."""
   c = (np.arange(n) + 0.5) / n
   return np.meshgrid(c, c)  # rows: s_p, columns: s_n
 

@@ -231,7 +231,8 @@ def naive_pair_stats(x, labels, edges):
   above = sum(1.0 if n > p else 0.5 if n == p else 0.0
               for p in pos for n in neg)
   return {"pos": pos, "neg": neg, "pos_counts": hist(pos),
-          "neg_counts": hist(neg), "neg_above_pos": above / (len(pos) * len(neg))}
+          "neg_counts": hist(neg),
+          "neg_above_pos": above / (len(pos) * len(neg))}
 
 
 def _check_against_naive(got, want, edges):
@@ -302,7 +303,7 @@ def test_parse_runs():
 
 @pytest.fixture(scope="module")
 def tiny_digits_run(tmp_path_factory):
-  """Six Circle-loss steps on digits, evaluated (and checkpointed) at the end."""
+  """Six Circle-loss steps on digits, evaluated and checkpointed at the end."""
   from circle_jax.train import loop
   from experiments.configs import digits
   c = digits.get_config()
