@@ -67,24 +67,8 @@ def test_batch_must_split_over_processes():
                                process_count=3)
 
 
-@pytest.mark.parametrize("dataset", ["cub200", "cars196", "sop", "inshop"])
-@pytest.mark.parametrize("loss", ["circle", "multi_similarity", "proxy_anchor",
-                                  "ranked_list", "ranked_proxy_anchor"])
-def test_paper_configs_are_valid(dataset, loss):
-  from experiments.configs import paper
-  c = paper.get_config(f"{dataset},{loss}")
-  c.dataset.manual_dir = "/data"
-  config_checks.check_config(c, device_count=4, process_count=1)
-  assert c.model.embedding_dim == 512
-  if loss in ("proxy_anchor", "ranked_proxy_anchor"):
-    assert c.optim.name == "adamw" and c.optim.lr_multipliers.loss == 100.0
-    assert c.optim.freeze_backbone_steps == (
-        {"cub200": 5864, "cars196": 8054, "sop": 59551, "inshop": 25882}[
-            dataset] // 180)
-  else:
-    assert c.optim.name == "adam" and c.optim.learning_rate == 1e-5
-  if loss == "circle":
-    assert (c.loss.gamma, c.loss.margin) == (80.0, 0.4)
+# The paper configs (one file per paper) are checked in
+# tests/experiments/test_paper_configs.py.
 
 
 def test_omniglot_small_config_is_valid():
