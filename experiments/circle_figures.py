@@ -858,15 +858,24 @@ def plot_fig5(data: dict, path: str) -> None:
 
   Top: histograms (densities) of ``s_p`` and ``s_n`` over all pairs. Bottom:
   each anchor's hardest pair in the ``(s_n, s_p)`` plane, as the paper's
-  Fig. 5 shows similarity pairs there.
+  Fig. 5 shows similarity pairs there: ``(max s_n, min s_p)`` is the pair
+  that the hard-mined triplet loss (the paper's eq. 3, the large-``gamma``
+  limit of eq. 1) acts on.
   """
   names = list(data["panels"])
   fig, axes = plt.subplots(2, len(names), figsize=(5.4 * len(names), 10.4),
                            squeeze=False)
+  # One (s_n, s_p) range for all bottom panels: [lo, 1]^2, lo <= 0.
+  lows = [np.nanmin(np.array(data["panels"][k][f"anchor_hardest_{s}"],
+                             np.float64), initial=0.0)
+          for k in names for s in ("s_n", "s_p")]
+  lo = max(-1.0, math.floor(min(lows) * 10) / 10)
   for j, name in enumerate(names):
     p = data["panels"][name]
     loss = dict(p["loss"])
-    title = (f"{name}: {loss.pop('name', name)} ({hyper_text(loss)})\n"
+    loss_name = loss.pop("name", name)
+    run = name if name == loss_name else f"{name}: {loss_name}"
+    title = (f"{run} ({hyper_text(loss)})\n"
              f"{p['dataset']} {p['split']}, {p['num_images']} images, "
              f"{p['checkpoint']} checkpoint (step {p['step']})")
     ax = axes[0, j]
@@ -901,17 +910,16 @@ def plot_fig5(data: dict, path: str) -> None:
     ax.scatter(h_n[ok], h_p[ok], s=4, alpha=0.4, color="tab:purple",
                lw=0, label=f"one anchor ({int(ok.sum())})")
     ax.plot([-1, 1], [-1, 1], "k--", lw=1, label="$s_p = s_n$")
-    lo = min(0.0, np.min(h_n[ok], initial=0.0), np.min(h_p[ok], initial=0.0))
-    lo = max(-1.0, math.floor(lo * 10) / 10)
     ax.set_xlim(lo, 1.0)
     ax.set_ylim(lo, 1.0)
     ax.set_aspect("equal")
     ax.set_xlabel("hardest $s_n$ of the anchor (max over other classes)")
     ax.set_ylabel("hardest $s_p$ of the anchor (min over its class)")
     sep = p.get("anchors_separated")
-    ax.set_title(f"{name}: each anchor's hardest pair; "
-                 + (f"{100 * sep:.1f}% above the diagonal" if sep is not None
-                    else "no anchor with both"), fontsize=9.5)
+    ax.set_title(f"{run}: each anchor's hardest pair (max $s_n$, min $s_p$)\n"
+                 + (f"{100 * sep:.1f}% of the anchors have min $s_p$ > max "
+                    "$s_n$" if sep is not None else "no anchor with both"),
+                 fontsize=9.5)
     ax.legend(loc="lower right", fontsize=7.5)
     ax.grid(True, alpha=0.3)
   fig.suptitle("Similarity distributions of the test split after training "
