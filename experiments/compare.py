@@ -55,7 +55,6 @@ import argparse
 import dataclasses
 import datetime
 import json
-import math
 import os
 import pathlib
 import platform
@@ -441,7 +440,10 @@ def summarize(runs: Sequence[Run], losses: Sequence[str],
 
 def format_stat(stat: Optional[Stat], scale: float = 100.0,
                 digits: int = 1) -> str:
-  """``"61.2 ± 0.4"`` (values x ``scale``); ``"61.2"`` for one seed; ``"–"``."""
+  """``"61.2 ± 0.4"`` (mean ± std, x ``scale``); one seed: ``"61.2"``.
+
+  ``"–"`` when there is no value.
+  """
   if stat is None:
     return "–"
   text = f"{stat.mean * scale:.{digits}f}"
@@ -492,6 +494,11 @@ def table_markdown(summary: Dict[str, Dict[str, Optional[Stat]]],
 # ----------------------------------------------------------------------------
 # Report.
 # ----------------------------------------------------------------------------
+
+
+def _plural(n: int, noun: str) -> str:
+  return f"{n} {noun}" + ("" if n == 1 else ("es" if noun.endswith("s")
+                                             else "s"))
 
 
 def _fmt_value(v) -> str:
@@ -598,10 +605,13 @@ def _describe_data(cfg, runs: Sequence[Run]) -> str:
              f"classes, select on {val['num_classes']} held-out train classes "
              f"({val['num_images']} images, "
              f"dataset.validation_fraction={val['fraction']:g})")
-  where = ("each query among the gallery" if "query" in spec.eval_splits
-           else "each test image among the others")
+  if "query" in spec.eval_splits:
+    test = (f"{int(images)} query images, retrieved among "
+            f"{spec.num_images['gallery']} gallery images")
+  else:
+    test = f"{int(images)} images, each retrieved among the others"
   return (f"{name}: {train}; test on {spec.num_test_classes} unseen classes "
-          f"({int(images)} images), retrieving {where}")
+          f"({test})")
 
 
 def _describe_selection(cfg, runs: Sequence[Run]) -> str:
@@ -622,6 +632,10 @@ def _describe_selection(cfg, runs: Sequence[Run]) -> str:
                    "to select on held-out train classes")
     else:
       texts.append("the last step (no model selection)")
+  last = cfg.get("num_train_steps")
+  if (done and kinds != ["last"]
+      and all(r.metrics["result"].get("step") == last for r in done)):
+    texts.append("here the last step in every run")
   every = cfg.get("eval_every_steps") or 0
   cadence = (f"evaluated every {every} steps and at the end" if every else
              "evaluated at the end only")
@@ -679,8 +693,8 @@ def write_markdown(path: pathlib.Path, *, command: str, config_name: str,
            if cfg.get("eval_every_steps") else "")
   lines = [
       f"# Loss comparison: {cfg['dataset']['name']}, {cfg['model']['name']} "
-      f"{cfg['model']['embedding_dim']}-d, {len(losses)} losses x "
-      f"{len(seeds)} seeds",
+      f"{cfg['model']['embedding_dim']}-d, {_plural(len(losses), 'loss')} x "
+      f"{_plural(len(seeds), 'seed')}",
       "",
       "Regenerate (reuses the finished runs in the workdir, trains the "
       "others):",
@@ -705,7 +719,9 @@ def write_markdown(path: pathlib.Path, *, command: str, config_name: str,
       f"- reported step: {_describe_selection(cfg, runs)}",
       "- values: test-split metrics in %, mean ± sample standard deviation "
       "(ddof=1) over the seeds; the best mean of each column in bold; "
-      "`train s`: seconds in the training loop per run",
+      "`train s`: seconds in the training loop per run (including the "
+      "compilation of the step where the shared compilation cache did not "
+      "have it yet)",
       f"- time: {_times(runs, elapsed)}",
       f"- machine: {_machine(runs)}",
       f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
@@ -724,7 +740,7 @@ def write_markdown(path: pathlib.Path, *, command: str, config_name: str,
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
   for r in runs:
     if r.metrics is None:
-      lines.append(f"| `{r.loss}` | {r.seed} | failed | – | – | – | – | – |")
+      lines.append(f"| `{r.loss}` | {r.seed} | failed |" + " – |" * 5)
       continue
     res = r.metrics["result"]
     cells = [format_stat(aggregate([res["test"][k]])) if k in res["test"]
@@ -799,7 +815,7 @@ def report(out: str, *, command: str, config_name: str,
   write_plot(png_path, summary,
              f"{cfg['dataset']['name']}, {cfg['model']['name']} "
              f"{cfg['model']['embedding_dim']}-d, {cfg['num_train_steps']} "
-             f"steps, {len(seeds)} seeds (only the loss changes)")
+             f"steps, {_plural(len(seeds), 'seed')} (only the loss changes)")
   return md_path, png_path
 
 
@@ -809,7 +825,7 @@ def report(out: str, *, command: str, config_name: str,
 
 
 def config_name(config: str) -> str:
-  """``experiments/configs/paper.py:cub200,circle`` -> ``paper_cub200_circle``."""
+  """A config's short name (`paper.py:cub,circle` -> `paper_cub_circle`)."""
   path, _, arg = config.partition(":")
   name = pathlib.Path(path).stem
   if arg:
@@ -907,9 +923,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             file=sys.stderr)
   todo = [r for r in runs if r.status == "pending"]
   conflicts = sum(r.status == "failed" for r in runs)
-  print(f"[compare] {len(runs)} runs ({len(losses)} losses x {len(seeds)} "
-        f"seeds) in {args.workdir}: {len(runs) - len(todo) - conflicts} "
-        f"finished, {len(todo)} to train"
+  print(f"[compare] {len(runs)} runs ({_plural(len(losses), 'loss')} x "
+        f"{_plural(len(seeds), 'seed')}) in {args.workdir}: "
+        f"{len(runs) - len(todo) - conflicts} finished, {len(todo)} to train"
         + (f", {conflicts} with another config there" if conflicts else ""),
         flush=True)
   if args.dry_run:
