@@ -36,17 +36,22 @@ all losses are compiled once (``--no-compilation-cache`` to disable).
 
 Examples::
 
-  # the full table on Omniglot-small (17 losses x 3 seeds x 2000 steps)
+  # the full table on Omniglot-small (17 losses x 3 seeds x 2000 steps),
+  # the step of each run selected on 20 % of the train classes held out
   python -m experiments.compare --config experiments/configs/omniglot_small.py \
-      --losses all --seeds 3 --out experiments/results/compare_omniglot_small
+      --losses all --seeds 3 --out experiments/results/compare_omniglot_small \
+      --config.dataset.validation_fraction=0.2
 
   # a smoke test: 3 losses x 2 seeds x 50 steps on digits
   python -m experiments.compare --config experiments/configs/digits.py \
       --losses circle,multi_similarity,proxy_anchor --seeds 2 \
       --out /tmp/compare_smoke --config.num_train_steps=50
 
-Writes ``OUT.md`` and ``OUT.png``; the runs live under ``--workdir``
-(default ``/tmp/circle_jax_compare/<config name>``).
+Writes ``OUT.md`` and ``OUT.png`` (default ``OUT``:
+``experiments/results/compare_<config name>``); the runs live under
+``--workdir`` (default ``/tmp/circle_jax_compare/<config name>``).
+``--dry-run`` lists the runs (to train, reused, conflicting) and their
+commands without training anything.
 """
 
 from __future__ import annotations
