@@ -6,11 +6,13 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from PIL import Image
 
 from circle_jax import losses as losses_lib
 from circle_jax import models as models_lib
+from circle_jax.train import state as state_lib
 from experiments import sweep
 from experiments.configs import digits
 
@@ -181,8 +183,6 @@ def test_unrolled_interceptor_leaves_the_model_unchanged():
 
 def test_stacked_state_copies_every_array():
   model = models_lib.get_model("conv4", embedding_dim=4, width=8, num_blocks=2)
-  from circle_jax.train import state as state_lib  # pylint: disable=g-import-not-at-top
-  import optax  # pylint: disable=g-import-not-at-top
   state = state_lib.create_train_state(
       model, optax.adam(1e-3), jnp.zeros((1, 8, 8, 1)),
       key=jax.random.PRNGKey(0))
@@ -261,6 +261,7 @@ def test_run_sweep_end_to_end_writes_results(data_dir, tmp_path):
   check = result["sequential_check"]
   assert check["max_param_diff"] < 2e-5
   assert check["max_embedding_diff"] < 1e-3
+  assert check["first_step_apart"] is None
   assert check["max_map_diff"] < 1e-3
   sweep.write_results(str(tmp_path), result)
   md = (tmp_path / "results.md").read_text()
