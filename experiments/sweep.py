@@ -158,9 +158,10 @@ def parse_grid(specs: Sequence[str]) -> Grid:
 
 def check_grid(entry, grid: Grid, fixed_hyper: Mapping[str, Any], *,
                embedding_dim: int, num_classes: Optional[int]) -> None:
-  """Checks that the grid's names are float hyperparameters of the loss and
-  that the loss accepts every grid point.
+  """Checks the grid's names and every grid point against the loss.
 
+  The names must be float hyperparameters of the loss, and the loss must
+  accept every point.
   Under ``vmap`` the hyperparameters are traced, and the losses' own range
   checks (``gamma > 0``, ...) only look at Python numbers; so every point is
   checked here with Python floats, by tracing the loss once per point
@@ -207,11 +208,6 @@ def stack_trees(trees: Sequence[PyTree]) -> PyTree:
   return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
-def unstack_tree(tree: PyTree, index: int) -> PyTree:
-  """Model ``index`` of a stacked tree."""
-  return jax.tree.map(lambda x: x[index], tree)
-
-
 def stacked_state(state: state_lib.TrainState,
                   num_models: int) -> state_lib.TrainState:
   """``num_models`` copies of ``state`` with a leading model axis.
@@ -255,9 +251,11 @@ def _unrolled_over_models(fn):
 
 
 def unrolled_conv(x: jax.Array, kernel: jax.Array, **conv_kwargs) -> jax.Array:
-  """``lax.conv_general_dilated(x, kernel, **conv_kwargs)`` with a batching
-  rule that loops over the models (:func:`_unrolled_over_models`).
+  """``lax.conv_general_dilated`` whose batching rule loops over the models.
 
+  ``unrolled_conv(x, kernel, **conv_kwargs)`` is
+  ``lax.conv_general_dilated(x, kernel, **conv_kwargs)``; under ``vmap`` it
+  runs one convolution per model (:func:`_unrolled_over_models`).
   ``vmap`` of a convolution whose input and kernel both carry the model axis
   is a grouped convolution (``feature_group_count = models``), which XLA:CPU
   runs several times slower than the same number of separate convolutions.
@@ -376,8 +374,10 @@ def make_sweep_step(entry, fixed_hyper: Mapping[str, Any], *,
 
 def make_sequential_step(entry, fixed_hyper: Mapping[str, Any],
                          point: Mapping[str, float], *, base_key: jax.Array):
-  """The plain one-model step of one grid point (its hyperparameters are
-  Python constants, compiled into the program)."""
+  """The plain one-model step of one grid point.
+
+  Its hyperparameters are Python constants, compiled into the program.
+  """
   loss_fn = step_lib.make_loss_fn(entry, {**fixed_hyper, **point})
   return step_lib.make_train_step(loss_fn, mode="none", base_key=base_key)
 
@@ -400,11 +400,6 @@ def make_sweep_embed(apply_fn, *, conv: str = "native"):
     return jnp.moveaxis(out, 0, 1)
 
   return jax.jit(f)
-
-
-def model_variables(state: state_lib.TrainState) -> dict:
-  """The (stacked) ``{'params', 'batch_stats'}`` of a (stacked) state."""
-  return state_lib.model_variables(state)
 
 
 # ----------------------------------------------------------------------------
@@ -574,7 +569,7 @@ def embed_test_split(s: Setup, states: state_lib.TrainState, *,
   """``(embeddings [N, M, D], labels [N])`` of the test split for all models."""
   mesh = step_lib.make_mesh(jax.devices()[:1])
   return loop.embed_source(
-      model_variables(states), make_sweep_embed(s.model.apply, conv=conv),
+      state_lib.model_variables(states), make_sweep_embed(s.model.apply, conv=conv),
       s.test_source,
       loop.eval_preprocess(s.config, s.info),
       batch_size=s.config.batch.get("eval_batch_size", 256), mesh=mesh)
@@ -602,8 +597,11 @@ def retrieval_per_model(embeddings: np.ndarray, labels: np.ndarray,
 
 def evaluate(s: Setup, states: state_lib.TrainState, *,
              conv: str = "native"):
-  """Test-split retrieval metrics of every model, their ``[N, M, D]``
-  embeddings and the wall seconds."""
+  """Test-split retrieval metrics of every model.
+
+  Returns:
+    ``(metrics per model, embeddings [N, M, D], wall seconds)``.
+  """
   t0 = time.perf_counter()
   emb, labels = embed_test_split(s, states, conv=conv)
   ks = tuple(s.config.get("eval_ks", None) or s.info.ks)
@@ -730,8 +728,11 @@ def _seconds(x: float) -> str:
 
 
 def results_markdown(result: Mapping[str, Any]) -> str:
-  """The results file: setup, metric tables over the grid, per-model rows,
-  timings and the vmapped-vs-sequential check (when present)."""
+  """The results file in Markdown.
+
+  Setup, metric tables over the grid, per-model rows, timings and the
+  vmapped-vs-sequential check (when present).
+  """
   grid = Grid(tuple(result["grid"]["names"]),
               tuple(tuple(v) for v in result["grid"]["values"]))
   models = result["models"]

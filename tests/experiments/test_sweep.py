@@ -91,8 +91,11 @@ def test_parse_grid_rejects(specs, match):
     ("ranked_proxy_anchor", "margin=-0.1,0.2", "margin"),
 ])
 def test_check_grid_rejects_what_the_loss_rejects(name, spec, match):
-  """The losses check ranges of Python numbers only; under vmap the values
-  are traced, so the sweep checks every point with Python floats first."""
+  """Points the loss rejects are rejected before tracing.
+
+  The losses check ranges of Python numbers only; under vmap the values are
+  traced, so the sweep checks every point with Python floats first.
+  """
   entry = losses_lib.get_loss(name)
   with pytest.raises(ValueError, match=match):
     sweep.check_grid(entry, sweep.parse_grid([spec]), dict(entry.defaults),
@@ -106,8 +109,10 @@ def test_check_grid_rejects_what_the_loss_rejects(name, spec, match):
 
 @pytest.mark.parametrize("name", sorted(LOSS_GRIDS))
 def test_traced_hyperparameters_give_the_constant_loss(name):
-  """jit(vmap) over the hyperparameter arrays = the Python-constant calls,
-  values and gradients: no Python branch or float() on a hyperparameter."""
+  """jit(vmap) over hyperparameter arrays = the Python-constant calls.
+
+  Values and gradients: no Python branch or float() on a hyperparameter.
+  """
   entry = losses_lib.get_loss(name)
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.standard_normal((24, 8)), jnp.float32)
@@ -231,8 +236,11 @@ def test_vmapped_grid_equals_one_model_at_a_time(tiny_setup, sequential_run,
 
 
 def test_first_step_loss_is_the_plain_loss_call(tiny_setup):
-  """Model i's step-0 loss is the registered loss called with grid point i
-  as Python constants, on the initial model's training-mode embeddings."""
+  """Model i's step-0 loss is the plain loss call with grid point i.
+
+  That is, the registered loss called with the point's Python constants on
+  the initial model's training-mode embeddings.
+  """
   s, batches = tiny_setup
   step = sweep.make_sweep_step(s.entry, s.fixed_hyper, base_key=s.base_key,
                                donate=False)
