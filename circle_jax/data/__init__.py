@@ -5,6 +5,8 @@
   stored as ArrayRecord and read with random access.
 * :class:`PKSampler`, :class:`RandomSampler`: batches as deterministic
   functions of ``(seed, step)``.
+* :func:`split_classes`: a class-disjoint validation split of the train
+  classes, for model selection.
 * :func:`get_preprocess`: the papers' preprocessing (``bninception``,
   ``imagenet``, ``grayscale``; train and eval variants).
 * :func:`train_iterator`, :func:`eval_iterator`, :func:`global_batch`: grain
@@ -29,6 +31,11 @@ from circle_jax.data.registry import DATASETS
 from circle_jax.data.registry import DatasetSpec
 from circle_jax.data.registry import get_builder
 from circle_jax.data.registry import get_dataset_info
+from circle_jax.data.registry import is_prepared
 from circle_jax.data.registry import load_split
 from circle_jax.data.samplers import PKSampler
 from circle_jax.data.samplers import RandomSampler
+from circle_jax.data.splits import ClassSubset
+from circle_jax.data.splits import holdout_classes
+from circle_jax.data.splits import num_holdout_classes
+from circle_jax.data.splits import split_classes
