@@ -43,6 +43,8 @@ from typing import Optional, Tuple
 import numpy as np
 from PIL import Image
 
+from circle_jax.errors import UserError
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 BNINCEPTION_MEAN_BGR = (104.0, 117.0, 128.0)
@@ -50,7 +52,7 @@ BNINCEPTION_MEAN_BGR = (104.0, 117.0, 128.0)
 PRESETS = ("bninception", "imagenet", "grayscale")
 
 
-class ImageDecodeError(ValueError):
+class ImageDecodeError(UserError, ValueError):
   """An encoded image could not be decoded; the message names the file."""
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import pathlib
 from typing import Mapping, Optional, Tuple
 
@@ -151,10 +153,23 @@ def load_split(name: str, split: str, *, data_dir,
   if split not in spec.splits:
     raise ValueError(f"Dataset {name!r} has splits {', '.join(spec.splits)}; "
                      f"got {split!r}.")
-  builder = get_builder(name, data_dir=data_dir, download=download)
+  manual_dir = (str(pathlib.Path(manual_dir).expanduser()) if manual_dir
+                else None)
+  builder = get_builder(name, data_dir=data_dir, download=download,
+                        requested_manual_dir=manual_dir)
   if not builder.is_prepared():
-    config = tfds.download.DownloadConfig(
-        manual_dir=str(pathlib.Path(manual_dir).expanduser())
-        if manual_dir is not None else None)
-    builder.download_and_prepare(download_config=config)
+    if manual_dir is not None and not pathlib.Path(manual_dir).is_dir():
+      raise builders.MissingDatasetFilesError(
+          f"Dataset {name!r}: manual_dir '{manual_dir}' does not exist; "
+          "create it and put the official files there, or fix the path "
+          "(--config.dataset.manual_dir).")
+    config = tfds.download.DownloadConfig(manual_dir=manual_dir)
+    # tfds prints its own progress to stdout; keep stdout for results.
+    with contextlib.redirect_stdout(io.StringIO()):
+      builder.download_and_prepare(download_config=config)
   return builder.as_data_source(split)
+
+
+def is_prepared(name: str, *, data_dir) -> bool:
+  """Whether :func:`load_split` will only open files (no preparation)."""
+  return get_builder(name, data_dir=data_dir).is_prepared()

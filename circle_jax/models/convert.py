@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from circle_jax.errors import UserError
 from circle_jax.models import bn_inception as bn_inception_lib
 from circle_jax.models import resnet as resnet_lib
 from circle_jax.models import torch_pickle
@@ -46,7 +47,7 @@ _FLAX_TO_KERAS = {
 }
 
 
-class ConversionError(ValueError):
+class ConversionError(UserError, ValueError):
   """Raised when a checkpoint does not match the model; lists every problem."""
 
 

@@ -14,6 +14,7 @@ from typing import Optional
 import jax
 
 from circle_jax import data as data_lib
+from circle_jax.errors import UserError
 from circle_jax import losses as losses_lib
 from circle_jax import models as models_lib
 from circle_jax.train import optim as optim_lib
@@ -23,7 +24,7 @@ RETRIEVAL_METRICS = ("precision@1", "r_precision", "map@r")
 CLUSTERING_METRICS = ("nmi", "ami")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
   """A config value is invalid; the message starts with the field's name."""
 
 
@@ -32,10 +33,13 @@ def _fail(field: str, message: str):
 
 
 def num_classes(config, info) -> Optional[int]:
-  """The class count for loss parameters: ``dataset.num_classes`` or the info's."""
+  """The class count for loss parameters: ``dataset.num_classes``, or the
+  dataset's train classes minus those held out for validation."""
   n = config.dataset.get("num_classes", None)
   if n is None and info is not None:
-    n = info.num_train_classes
+    n = info.num_train_classes - data_lib.num_holdout_classes(
+        info.num_train_classes,
+        config.dataset.get("validation_fraction", 0.0) or 0.0)
   return n
 
 
@@ -86,6 +90,15 @@ def check_config(config, *, device_count: Optional[int] = None,
                                or config.dataset.get("data_dir")):
     _fail("dataset.manual_dir", f"dataset {name!r} is read from its official "
           "files; set --config.dataset.manual_dir to the folder holding them.")
+  fraction = config.dataset.get("validation_fraction", 0.0) or 0.0
+  if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+    _fail("dataset.validation_fraction", f"must be a number in [0, 1); got "
+          f"{fraction!r}.")
+  try:
+    held_out = data_lib.num_holdout_classes(info.num_train_classes, fraction)
+  except ValueError as e:
+    _fail("dataset.validation_fraction", str(e))
+  train_classes = info.num_train_classes - held_out
   # Model.
   if config.model.get("name") not in models_lib.MODELS:
     _fail("model.name", f"unknown model {config.model.get('name')!r}; known "
@@ -137,9 +150,10 @@ def check_config(config, *, device_count: Optional[int] = None,
     for field, v in (("classes_per_batch", p), ("images_per_class", k)):
       if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         _fail(f"batch.{field}", f"must be a positive int; got {v!r}.")
-    if p > info.num_train_classes:
+    if p > train_classes:
       _fail("batch.classes_per_batch", f"{p} classes per batch but {name!r} "
-            f"has {info.num_train_classes} train classes.")
+            f"has {train_classes} train classes"
+            + (f" ({held_out} held out for validation)." if held_out else "."))
     if entry.kind == "pair" and k < 2:
       _fail("batch.images_per_class", f"pair loss {loss_name!r} needs "
             f"positive pairs: use at least 2 images per class; got {k}.")

@@ -11,8 +11,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from circle_jax import data as data_lib
 from circle_jax import embed
 from circle_jax.train import checkpoint as ckpt_lib
+from circle_jax.train import config_checks
+from circle_jax.train import console
 from circle_jax.train import loop
 from circle_jax.train import writers
 from experiments.configs import digits
@@ -56,17 +59,26 @@ def test_digits_run_learns_and_writes_metrics(learned_run):
     saved = json.load(f)
   assert saved["step"] == LEARN_STEPS
   assert saved["config"]["loss"]["name"] == "circle"
-  for part in ("init", "final", "best"):
+  best = saved["best"]
+  for part in (saved["init"], saved["final"], best["test"],
+               saved["result"]["test"]):
     for key in ("recall@1", "recall@2", "recall@4", "recall@8", "map@r",
                 "nmi", "precision@1", "r_precision", "ami"):
-      assert 0.0 <= saved[part][key] <= 1.0, (part, key)
+      assert 0.0 <= part[key] <= 1.0, key
   init, final = saved["init"], saved["final"]
   # It learns: retrieval of the unseen digits 5-9 is clearly better than with
   # the random initial network (measured: R@1 0.41 -> 0.67, MAP@R 0.14 -> 0.33).
   assert final["recall@1"] > init["recall@1"] + 0.1, (init, final)
   assert final["map@r"] > init["map@r"] + 0.05, (init, final)
-  assert saved["best"]["step"] in (LEARN_STEPS // 2, LEARN_STEPS)
-  assert saved["best"]["recall@1"] >= final["recall@1"]
+  # No validation split: the best step is selected on the test split, and
+  # the result says so.
+  assert saved["validation"] is None
+  assert best["step"] in (LEARN_STEPS // 2, LEARN_STEPS)
+  assert (best["metric"], best["mode"], best["selected_on"]) == (
+      "recall@1", "max", "test")
+  assert best["test"]["recall@1"] >= final["recall@1"]
+  assert saved["result"] == {"step": best["step"], "selection": "test",
+                             "metric": "recall@1", "test": best["test"]}
   # TensorBoard scalars (read back with their checksums).
   tb = os.path.join(workdir, "tensorboard")
   (events,) = os.listdir(tb)
@@ -172,13 +184,133 @@ def test_nonfinite_loss_stops_with_the_step_and_keeps_last_good_checkpoint(
     loop.train_and_evaluate(c, str(tmp_path))
   msg = str(err.value)
   assert "Non-finite loss or gradient at step" in msg
+  assert "Lower optim.learning_rate or set optim.grad_clip_norm" in msg
   bad_step = int(msg.split("at step ")[1].split()[0])
   assert 7 <= bad_step <= 8
   ckpts = ckpt_lib.Checkpoints(str(tmp_path / "checkpoints"))
   last = ckpts.latest_step()
-  assert last < bad_step and f"step {last}" in msg
+  assert last < bad_step
+  assert f"The last good checkpoint, step {last} in " in msg
+  assert "None" not in msg
   tree, _, _ = ckpts.restore()
   ckpts.close()
   assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(tree)
              if np.issubdtype(np.asarray(x).dtype, np.floating))
   assert not (tmp_path / "metrics.json").exists()
+
+
+def test_nonfinite_loss_before_any_checkpoint_says_there_is_none(
+    data_dir, tmp_path):
+  c = short_config(data_dir, num_train_steps=12, checkpoint_every_steps=0,
+                   eval_every_steps=0, eval_at_init=False, log_every_steps=4,
+                   best_metric="", **{"optim.name": "sgd",
+                                      "optim.learning_rate": 1e-3,
+                                      "optim.schedule": "step",
+                                      "optim.decay_every_steps": 2,
+                                      "optim.decay_factor": 1e30})
+  with pytest.raises(loop.NonFiniteError) as err:
+    loop.train_and_evaluate(c, str(tmp_path))
+  msg = str(err.value)
+  assert "No checkpoint was saved before it (checkpoint_every_steps=0)" in msg
+  assert "None" not in msg
+
+
+class _InterruptAt(console.LogReporter):
+  """Raises KeyboardInterrupt (as Ctrl-C would) after step `at`."""
+
+  def __init__(self, at):
+    self.at = at
+
+  def advance(self, done):
+    if done == self.at:
+      raise KeyboardInterrupt
+
+
+def test_ctrl_c_saves_the_last_step_and_resumes_exactly(data_dir, tmp_path):
+  kw = dict(num_train_steps=8, eval_every_steps=0, checkpoint_every_steps=4,
+            eval_clustering=False, eval_at_init=False, best_metric="")
+  c = short_config(data_dir, **kw)
+  with pytest.raises(loop.TrainingInterrupted) as err:
+    loop.train_and_evaluate(c, str(tmp_path / "a"), reporter=_InterruptAt(5))
+  assert err.value.saved_step == 5     # not only the periodic step 4
+  assert isinstance(err.value, KeyboardInterrupt)
+  loop.train_and_evaluate(short_config(data_dir, **kw), str(tmp_path / "a"))
+  loop.train_and_evaluate(short_config(data_dir, **kw), str(tmp_path / "b"))
+  trees = []
+  for run in ("a", "b"):
+    ckpts = ckpt_lib.Checkpoints(str(tmp_path / run / "checkpoints"))
+    assert ckpts.latest_step() == 8
+    trees.append(ckpts.restore()[0])
+    ckpts.close()
+  for x, y in zip(jax.tree.leaves(trees[0]), jax.tree.leaves(trees[1])):
+    np.testing.assert_array_equal(x, y)
+
+
+def test_validation_split_selects_the_step_and_reports_its_test_numbers(
+    data_dir, tmp_path):
+  c = short_config(data_dir, num_train_steps=20, eval_every_steps=10,
+                   checkpoint_every_steps=10, eval_clustering=False,
+                   log_every_steps=10,
+                   **{"dataset.validation_fraction": 0.4,
+                      "batch.classes_per_batch": 3})
+  info = data_lib.get_dataset_info("digits")
+  assert config_checks.num_classes(c, info) == 3   # proxies: trained classes
+  result = loop.train_and_evaluate(c, str(tmp_path))
+  held = data_lib.holdout_classes(5, 0.4, seed=0)
+  val = result["validation"]
+  assert val["classes"] == held.tolist() and val["num_classes"] == 2
+  train = data_lib.load_split("digits", "train", data_dir=data_dir)
+  labels = data_lib.split_labels(train)
+  assert val["num_images"] == int(np.isin(labels, held).sum())
+  assert set(val["init"]) >= {"recall@1", "map@r"}
+  best = result["best"]
+  assert best["selected_on"] == "validation" and best["step"] in (10, 20)
+  assert result["result"] == {"step": best["step"], "selection": "validation",
+                              "metric": "recall@1", "test": best["test"]}
+  # The reported test numbers are those of the selected checkpoint.
+  ckpts = ckpt_lib.Checkpoints(str(tmp_path / "checkpoints"),
+                               best_metric="recall@1")
+  tree, _, meta = ckpts.restore(which="best")
+  ckpts.close()
+  assert meta["step"] == best["step"]
+  assert meta["metrics"]["recall@1"] == best["validation"]["recall@1"]
+  mode = c.parallelism
+  evaluator = loop.Evaluator(c, info, loop.build_model(c, mode), mode)
+  assert evaluator.test(tree) == best["test"]
+  # Periodic evaluations ran on the validation classes, the test split only
+  # at init, at the end and for the selected step.
+  (events,) = os.listdir(tmp_path / "tensorboard")
+  scalars = writers.read_scalars(str(tmp_path / "tensorboard" / events))
+  assert sorted({s for s, t, _ in scalars if t == "val/recall@1"}) == [0, 10,
+                                                                      20]
+  assert sorted({s for s, t, _ in scalars if t == "eval/recall@1"}) == [0]
+  table = loop.result_table(result)
+  assert f"selected@{best['step']}" in table
+  assert "best validation recall@1" in table and "TEST" not in table
+
+
+def test_embed_tool_refuses_an_empty_folder_and_skips_corrupt_images(
+    learned_run, tmp_path):
+  workdir, _ = learned_run
+  empty = tmp_path / "empty"
+  (empty / "sub").mkdir(parents=True)
+  (empty / "notes.txt").write_text("no images here")
+  with pytest.raises(embed.EmbedError, match="no image files under"):
+    embed.embed_folder(workdir, str(empty))
+  folder = tmp_path / "mixed"
+  folder.mkdir()
+  Image.fromarray(np.full((8, 8), 200, np.uint8)).save(folder / "a.png")
+  (folder / "b.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+  Image.fromarray(np.full((8, 8), 50, np.uint8)).save(folder / "c.png")
+  paths, e, skipped = embed.embed_folder(workdir, str(folder), batch_size=4)
+  assert paths == ["a.png", "c.png"] and e.shape == (2, 4)
+  assert [p for p, _ in skipped] == ["b.png"]
+  assert "b.png" in skipped[0][1]
+  with pytest.raises(data_lib.ImageDecodeError, match="b.png"):
+    embed.embed_folder(workdir, str(folder), strict=True)
+  with pytest.raises(embed.EmbedError, match="no latest checkpoint yet"):
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "config.json").write_text(
+        open(os.path.join(workdir, "config.json")).read())
+    embed.embed_folder(str(fresh), str(folder))

@@ -39,17 +39,19 @@ import numpy as np
 import tensorflow_datasets as tfds
 from PIL import Image
 
+from circle_jax.errors import UserError
+
 # Non-image files that archive trees keep in memory on their first scan, so
 # metadata can be read from a .tgz without a second pass.
 _METADATA_SUFFIXES = (".txt", ".mat", ".csv", ".json")
 _MAX_METADATA_BYTES = 64 << 20
 
 
-class MissingDatasetFilesError(FileNotFoundError):
+class MissingDatasetFilesError(UserError, FileNotFoundError):
   """Raised when the files a dataset needs are neither found nor downloadable."""
 
 
-class CorruptImageError(ValueError):
+class CorruptImageError(UserError, ValueError):
   """Raised when an image of a dataset cannot be decoded; names the file."""
 
 
@@ -73,10 +75,22 @@ class ExpectedFile:
 
 def missing_files_error(dataset: str, manual_dir, expected: Sequence[ExpectedFile],
                         missing: Sequence[ExpectedFile], hint: str = ""):
-  """Builds a :class:`MissingDatasetFilesError` naming every expected file."""
+  """Builds a :class:`MissingDatasetFilesError` naming every expected file.
+
+  The first line names what is missing, where it was looked for and the fix;
+  the next lines list every expected file with its source.
+  """
+  what = " and ".join(repr(m.alternatives[0]) for m in missing)
+  if manual_dir is None:
+    first = (f"Dataset '{dataset}': no manual_dir given, and {what} cannot be "
+             "downloaded; put the official files in a folder and pass it as "
+             "manual_dir (--config.dataset.manual_dir=FOLDER).")
+  else:
+    first = (f"Dataset '{dataset}': {what} not found in manual_dir "
+             f"'{manual_dir}'; put the official files there or point "
+             "manual_dir at the folder that holds them.")
   lines = [
-      f"Dataset '{dataset}': required files not found in the manual directory "
-      f"{str(manual_dir)!r}.",
+      first,
       "Missing:",
       *[m.describe() for m in missing],
       "Expected layout (all of):",
@@ -401,8 +415,12 @@ class EncodedImageBuilder(tfds.core.GeneratorBasedBuilder,
   CITATION = ""
   DESCRIPTION = ""
 
-  def __init__(self, *, allow_download: bool = True, **kwargs):
+  def __init__(self, *, allow_download: bool = True,
+               requested_manual_dir=None, **kwargs):
     self.allow_download = allow_download
+    # The manual_dir the user gave, for messages: tfds' download manager
+    # reports an empty folder as no manual_dir at all.
+    self.requested_manual_dir = requested_manual_dir
     super().__init__(**kwargs)
 
   # tfds finds a builder's source file (for its checksums.tsv) through
@@ -471,6 +489,8 @@ class EncodedImageBuilder(tfds.core.GeneratorBasedBuilder,
 
   def _split_generators(self, dl_manager):
     manual_dir = self.manual_dir_of(dl_manager)
+    if manual_dir is None and self.requested_manual_dir:
+      manual_dir = self.requested_manual_dir
     sources, plans = self.plan_splits(manual_dir, dl_manager)
     meta = {}
     for split, (images, labels, class_keys) in plans.items():
@@ -536,6 +556,9 @@ def split_labels(source) -> np.ndarray:
   Returns:
     int64 array ``[len(source)]``.
   """
+  labels = getattr(source, "labels", None)
+  if isinstance(labels, np.ndarray) and len(labels) == len(source):
+    return labels  # e.g. circle_jax.data.splits.ClassSubset
   info = getattr(source, "dataset_info", None)
   split = getattr(source, "split", None)
   meta = getattr(info, "metadata", None) if info is not None else None
