@@ -1,5 +1,8 @@
-"""Tests of circle_jax/models/layers.py: ceil-mode pooling, global pooling."""
+"""Tests of circle_jax/models/layers.py: ceil-mode and disjoint max pooling,
+global pooling."""
 
+import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -80,3 +83,77 @@ def test_global_pool_hand_computed():
   assert layers.global_pool(x.astype(jnp.bfloat16), "avg").dtype == jnp.float32
   with pytest.raises(ValueError, match="pooling"):
     layers.global_pool(x, "gem")
+
+
+def _naive_disjoint_pool(x, k, padding):
+  """Per-window loops over a float64 [H, W] map, and the gradient cell.
+
+  Returns the pooled map and, per output cell, the (row, col) that gets its
+  gradient: the first maximal cell in row-major window order (padding never
+  wins). 'SAME' pads ceil(H/k)*k - H cells, the smaller half before.
+  """
+  h, w = x.shape
+  if padding == "VALID":
+    oh, ow, top, left = h // k, w // k, 0, 0
+  else:
+    oh, ow = -(-h // k), -(-w // k)
+    top, left = (oh * k - h) // 2, (ow * k - w) // 2
+  out = np.empty((oh, ow))
+  arg = {}
+  for i in range(oh):
+    for j in range(ow):
+      best = None
+      for r in range(i * k - top, i * k - top + k):
+        for c in range(j * k - left, j * k - left + k):
+          if 0 <= r < h and 0 <= c < w and (best is None or x[r, c] > best[0]):
+            best = (x[r, c], r, c)
+      out[i, j], arg[i, j] = best[0], best[1:]
+  return out, arg
+
+
+@pytest.mark.parametrize("h,w,k,padding", [
+    (28, 28, 2, "VALID"), (7, 7, 2, "VALID"), (7, 9, 2, "SAME"),
+    (8, 8, 2, "SAME"), (3, 3, 2, "SAME"), (1, 1, 2, "SAME"),
+    (10, 11, 3, "SAME"), (10, 11, 3, "VALID")])
+def test_max_pool_disjoint_values_and_gradients(h, w, k, padding):
+  rng = np.random.default_rng(h * 100 + w * 10 + k)
+  # Few distinct values: many ties, including windows of equal cells.
+  x = rng.integers(-1, 2, size=(h, w)).astype(np.float64)
+  want, arg = _naive_disjoint_pool(x, k, padding)
+  x4 = jnp.asarray(x[None, :, :, None], jnp.float32)
+  got = layers.max_pool_disjoint(x4, k, padding)
+  np.testing.assert_array_equal(np.asarray(got)[0, :, :, 0], want)
+  ct = rng.normal(size=want.shape)
+  grad = jax.vjp(lambda v: layers.max_pool_disjoint(v, k, padding), x4)[1](
+      jnp.asarray(ct[None, :, :, None], jnp.float32))[0]
+  want_grad = np.zeros_like(x)
+  for (i, j), (r, c) in arg.items():
+    want_grad[r, c] += ct[i, j]
+  np.testing.assert_allclose(np.asarray(grad)[0, :, :, 0], want_grad,
+                             rtol=1e-6)
+
+
+def test_max_pool_disjoint_equals_flax_max_pool_bitwise():
+  """The drop-in claim: nn.max_pool's values and gradients, jit and vmap."""
+  rng = np.random.default_rng(3)
+  x = jnp.asarray(np.maximum(rng.normal(size=(3, 2, 9, 7, 5)), 0.0),
+                  jnp.float32)      # after a ReLU: windows of tied zeros
+  for padding in ("SAME", "VALID"):
+    ours = jax.jit(jax.vmap(
+        lambda v: layers.max_pool_disjoint(v, 2, padding)))
+    flax = jax.jit(jax.vmap(lambda v: nn.max_pool(
+        v, (2, 2), strides=(2, 2), padding=padding)))
+    np.testing.assert_array_equal(ours(x), flax(x))
+    g = lambda f: jax.grad(lambda v: jnp.sum(jnp.sin(f(v))))(x)
+    np.testing.assert_array_equal(g(ours), g(flax))
+  y = layers.max_pool_disjoint(x[0].astype(jnp.bfloat16), 2, "SAME")
+  assert y.dtype == jnp.bfloat16
+
+
+def test_max_pool_disjoint_bad_input():
+  with pytest.raises(ValueError, match=r"\[B, H, W, C\]"):
+    layers.max_pool_disjoint(jnp.zeros((4, 4, 1)), 2)
+  with pytest.raises(ValueError, match="padding must be"):
+    layers.max_pool_disjoint(jnp.zeros((1, 4, 4, 1)), 2, "FULL")
+  with pytest.raises(ValueError, match="at least 2x2"):
+    layers.max_pool_disjoint(jnp.zeros((1, 1, 4, 1)), 2, "VALID")
