@@ -79,6 +79,7 @@ if str(_REPO) not in sys.path:
 from absl import flags  # noqa: E402
 
 from circle_jax import losses as losses_lib  # noqa: E402
+from circle_jax.train import workdir as workdir_lib  # noqa: E402
 from experiments import config_flag  # noqa: E402
 
 METRICS_FILE = "metrics.json"
@@ -102,7 +103,6 @@ _TAIL_METRICS = (("map@r", "MAP@R"), ("nmi", "NMI"))
 # The chart's panels.
 PLOT_METRICS = (("recall@1", "R@1"), ("map@r", "MAP@R"))
 
-_ABSENT = "<absent>"
 
 
 # ----------------------------------------------------------------------------
@@ -220,28 +220,12 @@ def resolve_config(flag_args: Sequence[str]) -> Dict[str, Any]:
   return json.loads(holder.value.to_json_best_effort(sort_keys=True))
 
 
-def flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
-  """``{'a': {'b': 1}}`` -> ``{'a.b': 1}``."""
-  out = {}
-  for k, v in tree.items():
-    if isinstance(v, dict) and v:
-      out.update(flatten(v, f"{prefix}{k}."))
-    else:
-      out[f"{prefix}{k}"] = v
-  return out
-
-
 def config_differences(saved: Dict[str, Any], expected: Dict[str, Any]
                        ) -> List[Tuple[str, Any, Any]]:
   """Fields (outside :data:`IGNORED_FIELDS`) whose values differ."""
-  a, b = flatten(saved), flatten(expected)
-  out = []
-  for path in sorted(set(a) | set(b)):
-    if any(path == f or path.startswith(f + ".") for f in IGNORED_FIELDS):
-      continue
-    if a.get(path, _ABSENT) != b.get(path, _ABSENT):
-      out.append((path, a.get(path, _ABSENT), b.get(path, _ABSENT)))
-  return out
+  return [d for d in workdir_lib.config_diff(saved, expected)
+          if not any(d[0] == f or d[0].startswith(f + ".")
+                     for f in IGNORED_FIELDS)]
 
 
 def _read_json(path: str) -> Optional[Any]:
@@ -284,7 +268,7 @@ def _workdir_conflict(run: Run) -> str:
 
 
 def _short(v) -> str:
-  text = json.dumps(v) if v != _ABSENT else v
+  text = json.dumps(v) if v != workdir_lib.ABSENT else v
   return text if len(text) <= 40 else text[:37] + "..."
 
 

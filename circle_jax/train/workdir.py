@@ -34,7 +34,8 @@ RESUMABLE_FIELDS = (
     "batch.eval_batch_size",
 )
 
-_ABSENT = "<absent>"
+# The value shown for a field that one of two configs lacks.
+ABSENT = "<absent>"
 
 
 class WorkdirConfigError(UserError):
@@ -64,7 +65,7 @@ def config_diff(saved: Dict[str, Any], new: Dict[str, Any]
   a, b = flatten(saved), flatten(new)
   out = []
   for path in sorted(set(a) | set(b)):
-    va, vb = a.get(path, _ABSENT), b.get(path, _ABSENT)
+    va, vb = a.get(path, ABSENT), b.get(path, ABSENT)
     if va != vb:
       out.append((path, va, vb))
   return out
@@ -121,7 +122,7 @@ def _resumable(path: str) -> bool:
 
 
 def _short(v) -> str:
-  text = json.dumps(v) if v != _ABSENT else v
+  text = json.dumps(v) if v != ABSENT else v
   return text if len(text) <= 60 else text[:57] + "..."
 
 
