@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import logging as std_logging
+import os
 import shlex
 import sys
 import traceback
@@ -158,14 +159,30 @@ class LogReporter:
     logging.info("\n%s", text)
 
 
+def is_bar_terminal(stream) -> bool:
+  """Whether a progress bar can be drawn on ``stream``.
+
+  A terminal, and one whose width is known: a pseudo-terminal of size 0x0
+  (e.g. ``script`` or ``docker exec -t`` without a size) would show tqdm's
+  dynamic-width bar as empty lines, so it gets the plain progress lines.
+  """
+  if not getattr(stream, "isatty", lambda: False)():
+    return False
+  try:
+    return os.get_terminal_size(stream.fileno()).columns > 0
+  except (AttributeError, OSError, ValueError):
+    return True   # a terminal whose size cannot be read: let tqdm decide
+
+
 class ConsoleReporter(LogReporter):
   """A live progress bar on stderr and the result on stdout.
 
   Args:
     err: where progress and notes go (default ``sys.stderr``).
     out: where the result goes (default ``sys.stdout``).
-    bar: draw a tqdm bar; default: when ``err`` is a terminal. Without a bar,
-      :meth:`stats` prints one line per logging interval instead.
+    bar: draw a tqdm bar; default: when ``err`` is a terminal with a known
+      width (:func:`is_bar_terminal`). Without a bar, :meth:`stats` prints
+      one line per logging interval instead.
   """
 
   def __init__(self, *, err: Optional[TextIO] = None,
@@ -173,7 +190,7 @@ class ConsoleReporter(LogReporter):
     self.err = err or sys.stderr
     self.out = out or sys.stdout
     if bar is None:
-      bar = bool(getattr(self.err, "isatty", lambda: False)())
+      bar = is_bar_terminal(self.err)
     self.use_bar = bar
     self._bar = None
     self._last = 0

@@ -1,6 +1,11 @@
 """What a run prints: progress lines, the result table, one-line errors."""
 
+import fcntl
 import io
+import os
+import pty
+import struct
+import termios
 
 import pytest
 
@@ -93,3 +98,20 @@ def test_resume_command_quotes_arguments():
 def test_format_duration():
   assert console.format_duration(0) == "0:00:00"
   assert console.format_duration(3725.4) == "1:02:05"
+
+
+def test_bar_only_on_a_terminal_of_known_width():
+  assert not console.is_bar_terminal(io.StringIO())
+  master, slave = pty.openpty()
+  try:
+    with os.fdopen(slave, "w", closefd=False) as tty:
+      # A fresh pseudo-terminal has size 0x0: tqdm's bar would be empty.
+      assert os.get_terminal_size(slave).columns == 0
+      assert not console.is_bar_terminal(tty)
+      fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0,
+                                                         0))
+      assert console.is_bar_terminal(tty)
+      assert console.ConsoleReporter(err=tty, out=io.StringIO()).use_bar
+  finally:
+    os.close(master)
+    os.close(slave)
