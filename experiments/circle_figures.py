@@ -78,7 +78,7 @@ import json
 import math
 import os
 import sys
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -853,6 +853,31 @@ def fig5_data(runs: Mapping[str, str], *, which: Optional[str] = None,
   }
 
 
+def fig5_table(data: dict) -> List[str]:
+  """Markdown table rows of the Fig. 5 numbers, one run per row.
+
+  Columns: run (loss), checkpoint step, ``s_p`` and ``s_n`` mean +- std,
+  histogram overlap, ``P(s_n > s_p)`` and the share of anchors whose hardest
+  positive beats their hardest negative (the README of the figures quotes
+  these rows; a test checks them against the committed JSON).
+  """
+  rows = ["| run | step | s_p mean ± std | s_n mean ± std | histogram overlap "
+          "| P(s_n > s_p) | anchors with min s_p > max s_n |",
+          "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+  for name, p in data["panels"].items():
+    loss = dict(p["loss"])
+    loss_name = loss.pop("name", name)
+    run = name if name == loss_name else f"{name} ({loss_name})"
+    sep = p.get("anchors_separated")
+    rows.append(
+        f"| {run} ({hyper_text(loss)}) | {p['step']} "
+        f"| {p['mean_pos']:.3f} ± {p['std_pos']:.3f} "
+        f"| {p['mean_neg']:.3f} ± {p['std_neg']:.3f} "
+        f"| {p['histogram_overlap']:.3f} | {p['neg_above_pos']:.4f} "
+        f"| {'-' if sep is None else f'{100 * sep:.2f} %'} |")
+  return rows
+
+
 def plot_fig5(data: dict, path: str) -> None:
   """Writes the Fig. 5 analogue (two panels per run) to ``path``.
 
@@ -917,7 +942,7 @@ def plot_fig5(data: dict, path: str) -> None:
     ax.set_ylabel("hardest $s_p$ of the anchor (min over its class)")
     sep = p.get("anchors_separated")
     ax.set_title(f"{run}: each anchor's hardest pair (max $s_n$, min $s_p$)\n"
-                 + (f"{100 * sep:.1f}% of the anchors have min $s_p$ > max "
+                 + (f"{100 * sep:.2f}% of the anchors have min $s_p$ > max "
                     "$s_n$" if sep is not None else "no anchor with both"),
                  fontsize=9.5)
     ax.legend(loc="lower right", fontsize=7.5)
@@ -978,6 +1003,8 @@ def write_figures(out: str, figures: Sequence[str] = ("1", "2"),
     write_json(data, os.path.join(out, stem + ".json"))
     plot(data, png)
     written[fig] = png
+    if fig == "5":
+      print("\n".join(fig5_table(data)))
   return written
 
 

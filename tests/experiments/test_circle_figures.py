@@ -371,3 +371,67 @@ def test_fig5_pipeline_from_a_run_workdir(tiny_digits_run, tmp_path):
   np.testing.assert_allclose(panel["anchor_hardest_s_n"], h_n, atol=1e-6)
   np.testing.assert_allclose(panel["anchor_hardest_s_p"], h_p, atol=1e-6)
   assert panel["anchors_separated"] == pytest.approx(np.mean(h_p > h_n))
+
+
+# The committed Fig. 5 analogue: trained runs cannot be rerun in a test, so
+# check that its numbers are consistent with the Omniglot-small test split
+# (106 characters x 20 drawers, every unordered pair once) and with each other,
+# and that the README quotes them as they are.
+OMNIGLOT_TEST_CLASSES, OMNIGLOT_DRAWERS = 106, 20
+
+
+@pytest.fixture(scope="module")
+def fig5():
+  return _load("fig5_similarity_histograms")
+
+
+def test_committed_fig5_counts_every_test_pair_once(fig5):
+  assert list(fig5["panels"]) == ["circle", "cosface", "triplet"]
+  n = OMNIGLOT_TEST_CLASSES * OMNIGLOT_DRAWERS
+  for name, p in fig5["panels"].items():
+    assert p["loss"]["name"] == name
+    assert (p["dataset"], p["split"], p["num_images"]) == (
+        "omniglot_small", "test", n)
+    assert p["num_pos"] == OMNIGLOT_TEST_CLASSES * math.comb(
+        OMNIGLOT_DRAWERS, 2)
+    assert p["num_pos"] + p["num_neg"] == math.comb(n, 2)
+    assert sum(p["pos_counts"]) == p["num_pos"]
+    assert sum(p["neg_counts"]) == p["num_neg"]
+    assert len(p["anchor_hardest_s_n"]) == len(p["anchor_hardest_s_p"]) == n
+
+
+def test_committed_fig5_summaries_agree_with_its_histograms(fig5):
+  for p in fig5["panels"].values():
+    edges = np.array(p["bins"])
+    centres = (edges[:-1] + edges[1:]) / 2
+    width = np.max(np.diff(edges))
+    for key in ("pos", "neg"):
+      counts = np.array(p[f"{key}_counts"], np.float64)
+      # The binned mean is within half a bin of the exact one.
+      binned = float(counts @ centres / counts.sum())
+      assert abs(binned - p[f"mean_{key}"]) <= width / 2, key
+      assert 0 < p[f"std_{key}"] < 1
+    pos = np.array(p["pos_counts"]) / p["num_pos"]
+    neg = np.array(p["neg_counts"]) / p["num_neg"]
+    assert p["histogram_overlap"] == pytest.approx(
+        np.minimum(pos, neg).sum(), abs=1e-9)
+    # P(s_n > s_p) is exact; the binned histograms bound it: pairs in
+    # different bins are ordered by their bins, pairs sharing a bin may go
+    # either way.
+    lower_cdf_pos = np.concatenate([[0.0], np.cumsum(pos)[:-1]])
+    strictly = float(neg @ lower_cdf_pos)
+    assert strictly <= p["neg_above_pos"] <= strictly + float(neg @ pos)
+    h_n = np.array(p["anchor_hardest_s_n"], np.float64)
+    h_p = np.array(p["anchor_hardest_s_p"], np.float64)
+    assert p["anchors_separated"] == pytest.approx(np.mean(h_p > h_n),
+                                                   abs=1e-3)
+    # The hardest pairs are pairs: within the range of all pairs.
+    assert h_n.max() <= edges[np.nonzero(p["neg_counts"])[0][-1] + 1] + 1e-6
+    assert h_p.min() >= edges[np.nonzero(p["pos_counts"])[0][0]] - 1e-6
+
+
+def test_readme_quotes_the_committed_fig5_numbers(fig5):
+  with open(os.path.join(RESULTS, "README.md"), encoding="utf-8") as f:
+    readme = f.read()
+  for row in cf.fig5_table(fig5):
+    assert row in readme, row
