@@ -7,6 +7,7 @@ import shlex
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from experiments import check_readme
@@ -20,24 +21,73 @@ def _readme():
     return f.read()
 
 
+def _seeds():
+  with open(check_readme.SEEDS_TABLE) as f:
+    return check_readme.seed_stats(f.read())
+
+
 def test_readme_table_parses():
   figures = check_readme.readme_figures(_readme())
   assert set(figures) == {(c, m) for c in ("init", "final")
                           for m in ("recall@1", "map@r", "nmi")}
   assert check_readme.readme_final_step(_readme()) == 150
+  assert set(check_readme.readme_seeds(_readme())) == {"recall@1", "map@r",
+                                                       "nmi"}
 
 
-def test_compare_flags_every_mismatch():
-  text = _readme()
-  figures = check_readme.readme_figures(text)
+def test_seed_stats_reads_the_circle_row_of_the_comparison_table():
+  table = ("| loss | runs | P@1 | R@1 | MAP@R | NMI |\n"
+           "| --- | ---: | ---: | ---: | ---: | ---: |\n"
+           "| `circle_class_level` | 3 | 1.0 ± 1.0 | 2.0 ± 1.0 | 3.0 ± 1.0 "
+           "| 4.0 ± 1.0 |\n"
+           "| `circle` | 3 | 50.0 ± 5.0 | **55.2 ± 5.9** | 22.7 ± 4.1 "
+           "| 26.8 ± 4.4 |\n")
+  got = check_readme.seed_stats(table)
+  np.testing.assert_allclose([got["recall@1"], got["map@r"], got["nmi"]],
+                             [(0.552, 0.059), (0.227, 0.041), (0.268, 0.044)])
+  with pytest.raises(ValueError, match="no row for `margin`"):
+    check_readme.seed_stats(table, "margin")
+  with pytest.raises(ValueError, match="not 'mean ± std'"):
+    check_readme.seed_stats(table.replace("22.7 ± 4.1", "22.7"))
+
+
+def test_readme_seed_column_is_the_comparison_tables():
+  seeds = _seeds()
+  for key, (mean, std) in check_readme.readme_seeds(_readme()).items():
+    assert mean == pytest.approx(round(seeds[key][0], 2))
+    assert std == pytest.approx(round(seeds[key][1], 2))
+  assert all(std > 0.02 for _, std in seeds.values())
+
+
+def _metrics(final):
+  figures = check_readme.readme_figures(_readme())
   metrics = {"step": 150, "init": {}, "final": {}}
   for (col, key), v in figures.items():
     metrics[col][key] = v + 0.004        # rounds to the README's value
-  assert check_readme.compare(text, metrics) == []
-  metrics["final"]["map@r"] += 0.02
-  metrics["step"] = 120
-  bad = check_readme.compare(text, metrics)
-  assert len(bad) == 2 and "final step" in bad[0] and "final map@r" in bad[1]
+  metrics["final"].update(final)
+  return metrics
+
+
+def test_compare_accepts_another_cpus_rounding_and_flags_the_rest():
+  text, seeds = _readme(), _seeds()
+  assert check_readme.compare(text, _metrics({}), seeds=seeds) == []
+  # The same commit on an Intel Xeon (README's figures are an AMD EPYC's).
+  xeon = {"recall@1": 0.5681, "map@r": 0.2260, "nmi": 0.2592}
+  assert check_readme.compare(text, _metrics(xeon), seeds=seeds) == []
+  # Without the seed spread, only rounding is allowed.
+  assert len(check_readme.compare(text, _metrics(xeon))) == 3
+  # A job that stops learning stays near its init: flagged.
+  broken = _metrics({k: v for (c, k), v in
+                     check_readme.readme_figures(text).items() if c == "init"})
+  broken["init"]["map@r"] += 0.02
+  broken["step"] = 120
+  bad = check_readme.compare(text, broken, seeds=seeds)
+  assert "final step" in bad[0] and len(bad) == 5
+  assert any(b.startswith("init map@r") for b in bad)
+  # A stale seeds column.
+  stale = dict(seeds, nmi=(seeds["nmi"][0] + 0.05, seeds["nmi"][1]))
+  bad = check_readme.compare(text, _metrics({}), seeds=stale)
+  assert len(bad) == 1 and bad[0].startswith("seeds nmi")
 
 
 def test_readme_main_job_reproduces_its_figures(tmp_path):
@@ -61,6 +111,7 @@ def test_readme_main_job_reproduces_its_figures(tmp_path):
   assert not re.search(r"^I\d{4} ", proc.stderr, re.M)
   with open(tmp_path / "run" / "metrics.json") as f:
     metrics = json.load(f)
-  assert check_readme.compare(text, metrics) == [], proc.stdout
+  assert check_readme.compare(text, metrics, seeds=_seeds()) == [], (
+      proc.stdout)
   assert check_readme.main(["--metrics", str(tmp_path / "run" /
                                              "metrics.json")]) == 0
