@@ -170,25 +170,26 @@ def test_embed_tool_uses_best_checkpoint_and_eval_preprocessing(
   np.testing.assert_allclose(e[:3], want, atol=1e-5)
 
 
-def _overflowing_config(data_dir, *, steps, checkpoint_every, jump_at):
-  """SGD whose learning rate jumps by 1e30 at `jump_at`: the weights overflow."""
-  return short_config(data_dir, num_train_steps=steps,
-                      checkpoint_every_steps=checkpoint_every,
-                      eval_every_steps=0, eval_at_init=False,
-                      log_every_steps=4, best_metric="",
-                      **{"optim.name": "sgd", "optim.learning_rate": 1e-3,
-                         "optim.schedule": "step",
-                         "optim.decay_every_steps": jump_at,
-                         "optim.decay_factor": 1e30})
+def _nonfinite_error(data_dir, workdir, *, steps, checkpoint_every, jump_at):
+  """Trains with SGD whose learning rate jumps by 1e30 at `jump_at` (the
+  weights overflow) and returns the NonFiniteError's message."""
+  c = short_config(data_dir, num_train_steps=steps,
+                   checkpoint_every_steps=checkpoint_every,
+                   eval_every_steps=0, eval_at_init=False,
+                   log_every_steps=4, best_metric="",
+                   **{"optim.name": "sgd", "optim.learning_rate": 1e-3,
+                      "optim.schedule": "step",
+                      "optim.decay_every_steps": jump_at,
+                      "optim.decay_factor": 1e30})
+  with pytest.raises(loop.NonFiniteError) as err:
+    loop.train_and_evaluate(c, str(workdir))
+  return str(err.value)
 
 
 def test_nonfinite_loss_stops_with_the_step_and_keeps_last_good_checkpoint(
     data_dir, tmp_path):
-  c = _overflowing_config(data_dir, steps=20, checkpoint_every=2,
-                          jump_at=6)
-  with pytest.raises(loop.NonFiniteError) as err:
-    loop.train_and_evaluate(c, str(tmp_path))
-  msg = str(err.value)
+  msg = _nonfinite_error(data_dir, tmp_path, steps=20, checkpoint_every=2,
+                         jump_at=6)
   assert "Non-finite loss or gradient at step" in msg
   assert "Lower optim.learning_rate or set optim.grad_clip_norm" in msg
   bad_step = int(msg.split("at step ")[1].split()[0])
@@ -207,11 +208,8 @@ def test_nonfinite_loss_stops_with_the_step_and_keeps_last_good_checkpoint(
 
 def test_nonfinite_loss_before_any_checkpoint_says_there_is_none(
     data_dir, tmp_path):
-  c = _overflowing_config(data_dir, steps=12, checkpoint_every=0,
-                          jump_at=2)
-  with pytest.raises(loop.NonFiniteError) as err:
-    loop.train_and_evaluate(c, str(tmp_path))
-  msg = str(err.value)
+  msg = _nonfinite_error(data_dir, tmp_path, steps=12, checkpoint_every=0,
+                         jump_at=2)
   assert "No checkpoint was saved before it (checkpoint_every_steps=0)" in msg
   assert "None" not in msg
 
