@@ -30,6 +30,8 @@ import re
 import sys
 from typing import Dict, List, Optional, Tuple
 
+from experiments import compare as compare_lib
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 SEEDS_TABLE = ROOT / "experiments" / "results" / "digits.md"
@@ -38,7 +40,6 @@ METRICS = {"R@1": "recall@1", "MAP@R": "map@r", "NMI": "nmi"}
 COLUMNS = ("init", "final")
 SEEDS_COLUMN = "seeds"
 SPREAD_FACTOR = 2.0
-_STAT = re.compile(r"^(-?[\d.]+)(?: ± ([\d.]+))?$")
 
 
 def _readme_rows(text: str) -> Tuple[List[str], List[List[str]]]:
@@ -74,10 +75,10 @@ def readme_seeds(text: str) -> Dict[str, Tuple[float, float]]:
   i = _column(header, SEEDS_COLUMN)
   out = {}
   for cells in rows:
-    m = _STAT.match(cells[i])
-    if not m or m.group(2) is None:
+    stat = compare_lib.parse_stat(cells[i], scale=1.0)
+    if stat is None or stat.std is None:
       raise ValueError(f"README digits table: '{cells[i]}' is not 'mean ± std'")
-    out[METRICS[cells[0]]] = (float(m.group(1)), float(m.group(2)))
+    out[METRICS[cells[0]]] = (stat.mean, stat.std)
   return out
 
 
@@ -89,25 +90,19 @@ def seed_stats(table: str, loss: str = "circle"
                ) -> Dict[str, Tuple[float, float]]:
   """``{metric key: (mean, std)}`` as fractions, from a comparison table.
 
-  ``table`` is the markdown of ``experiments.compare`` (values in %,
+  ``table`` is a results file of ``experiments.compare`` (values in %,
   ``mean ± std``); the row of ``loss`` is read.
   """
-  lines = [l for l in table.splitlines() if l.startswith("| loss |")]
-  if not lines:
-    raise ValueError("no '| loss | ...' table in the comparison file")
-  header = [c.strip() for c in lines[0].strip("|").split("|")]
-  row = next((l for l in table.splitlines()
-              if l.startswith(f"| `{loss}` |")), None)
-  if row is None:
+  rows = compare_lib.read_table_markdown(table)
+  if loss not in rows:
     raise ValueError(f"the comparison table has no row for `{loss}`")
-  cells = [c.strip().strip("*") for c in row.strip("|").split("|")]
   out = {}
   for name, key in METRICS.items():
-    m = _STAT.match(cells[header.index(name)])
-    if not m or m.group(2) is None:
-      raise ValueError(f"`{loss}` {name}: '{cells[header.index(name)]}' is not "
-                       "'mean ± std' over several seeds")
-    out[key] = (float(m.group(1)) / 100, float(m.group(2)) / 100)
+    stat = rows[loss].get(name)
+    if stat is None or stat.std is None:
+      raise ValueError(f"`{loss}` {name} is not 'mean ± std' over several "
+                       "seeds")
+    out[key] = (stat.mean, stat.std)
   return out
 
 

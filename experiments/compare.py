@@ -441,6 +441,59 @@ def format_stat(stat: Optional[Stat], scale: float = 100.0,
   return text
 
 
+_STAT_TEXT = re.compile(r"^(-?\d+(?:\.\d*)?)(?: ± (\d+(?:\.\d*)?))?$")
+
+
+def parse_stat(text: str, scale: float = 100.0, n: int = 0
+               ) -> Optional[Stat]:
+  """The inverse of :func:`format_stat`, to the shown digits.
+
+  ``"**61.2 ± 0.4**"`` -> ``Stat(0.612, 0.004, n)`` (bold markers of the best
+  mean are ignored); ``"61.2"`` -> std None; ``"–"`` -> None.
+
+  Raises:
+    ValueError: ``text`` is none of these forms.
+  """
+  text = text.strip().strip("*")
+  if text == "–":
+    return None
+  m = _STAT_TEXT.match(text)
+  if not m:
+    raise ValueError(f"'{text}' is not 'mean ± std', 'mean' or '–'")
+  std = None if m.group(2) is None else float(m.group(2)) / scale
+  return Stat(float(m.group(1)) / scale, std, n)
+
+
+def read_table_markdown(markdown: str, scale: float = 100.0
+                        ) -> Dict[str, Dict[str, Optional[Stat]]]:
+  """``{loss: {column title: Stat}}`` of a :func:`table_markdown` table.
+
+  ``markdown`` may be a whole results file: the table is found by its
+  ``| loss | runs |`` header. ``Stat.n`` is the row's complete runs; the
+  ``train s`` column is left out.
+
+  Raises:
+    ValueError: no such table, or a cell that :func:`parse_stat` rejects.
+  """
+  lines = markdown.splitlines()
+  start = next((i for i, l in enumerate(lines)
+                if l.startswith("| loss | runs |")), None)
+  if start is None:
+    raise ValueError("no '| loss | runs | ...' results table")
+  cells = lambda line: [c.strip() for c in line.strip().strip("|").split("|")]
+  titles = cells(lines[start])
+  out = {}
+  for line in lines[start + 2:]:
+    if not line.startswith("|"):
+      break
+    row = dict(zip(titles, cells(line)))
+    n = int(row["runs"].split("/")[0])
+    out[row["loss"].strip("`")] = {
+        t: parse_stat(c, scale, n) for t, c in row.items()
+        if t not in ("loss", "runs", "train s")}
+  return out
+
+
 def table_markdown(summary: Dict[str, Dict[str, Optional[Stat]]],
                    columns: Sequence[Tuple[str, str]],
                    runs_per_loss: Dict[str, Tuple[int, int]],

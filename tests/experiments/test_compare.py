@@ -103,6 +103,38 @@ def test_table_bolds_every_loss_tied_at_the_shown_precision():
                   "| `c` | 0/1 | – | – |"]
 
 
+def test_read_table_markdown_inverts_table_markdown_to_the_shown_digits():
+  agg = compare.aggregate
+  summary = {"a": {"recall@1": agg([0.5, 0.7]), "map@r": agg([0.30, 0.34])},
+             "b": {"recall@1": agg([0.62]), "map@r": None}}
+  table = compare.table_markdown(
+      summary, [("recall@1", "R@1"), ("map@r", "MAP@R")],
+      {"a": (2, 2), "b": (1, 2)})
+  got = compare.read_table_markdown("# title\n\n" + table + "\n\nmore text")
+  assert list(got) == ["a", "b"]
+  a, b = got["a"], got["b"]
+  assert list(a) == ["R@1", "MAP@R"]           # no loss/runs/train s columns
+  assert a["R@1"] == compare.Stat(pytest.approx(0.600), pytest.approx(0.141),
+                                  2)
+  assert a["MAP@R"].mean == pytest.approx(0.320)    # bold best mean
+  assert a["MAP@R"].std == pytest.approx(0.028)
+  assert b["R@1"] == compare.Stat(pytest.approx(0.62), None, 1)  # 1 of 2 runs
+  assert b["MAP@R"] is None
+  with pytest.raises(ValueError, match="no '| loss | runs"):
+    compare.read_table_markdown("| a | b |\n| --- | --- |")
+  with pytest.raises(ValueError, match="'6O.0 ± 14.1' is not"):
+    compare.read_table_markdown(table.replace("60.0", "6O.0"))
+
+
+def test_committed_results_tables_read_back():
+  for name, losses in (("digits", 17), ("omniglot_small", 17)):
+    text = (REPO / "experiments" / "results" / f"{name}.md").read_text()
+    rows = compare.read_table_markdown(text)
+    assert len(rows) == losses and all(
+        s is not None and s.n == 3 and s.std is not None
+        and 0 < s.mean < 1 for row in rows.values() for s in row.values())
+
+
 def test_metric_columns_follow_the_runs_recall_ks():
   run = compare.Run("circle", 0, "", [], {})
   run.metrics = {"result": {"test": {"recall@10": 0.5, "recall@1": 0.2,
