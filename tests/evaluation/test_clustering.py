@@ -1,6 +1,5 @@
 """Specification of circle_jax.evaluation.clustering."""
 
-import math
 
 import jax
 import jax.numpy as jnp

@@ -23,7 +23,6 @@ import numpy as np
 import pytest
 
 import circle_jax.losses as L
-from circle_jax.losses import blockwise
 
 B, D, C = 32, 64, 8
 VALUE_RTOL, VALUE_ATOL = 1e-2, 1e-4

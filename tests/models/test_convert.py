@@ -9,7 +9,6 @@ key mapping and of the error reports always run.
 
 import flax
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

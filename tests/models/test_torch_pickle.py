@@ -7,11 +7,9 @@ run without PyTorch.
 """
 
 import collections
-import io
 import os
 import pathlib
 import pickle
-import struct
 import zipfile
 
 import ml_dtypes

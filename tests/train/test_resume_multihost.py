@@ -7,7 +7,6 @@ comparisons read the final checkpoints (``checkpoints/latest/<last step>``).
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import jax
