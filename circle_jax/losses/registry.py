@@ -265,7 +265,10 @@ LOSSES: Mapping[str, LossEntry] = types.MappingProxyType({e.name: e for e in [
     _entry("ranked_proxy_anchor", _proxy_anchor.ranked_proxy_anchor_loss,
            "proxy", param_name="proxies", init=_kaiming_normal_fan_out,
            param_init="kaiming normal, fan_out (std sqrt(2/C))",
-           paper="Ranked Proxy-Anchor (seed 002), built on " +
+           paper="Zhang, Chen, Hou, Yuan, Liu (Nanjing University of "
+                 "Aeronautics and Astronautics), Ranked Proxy-Anchor loss, "
+                 "Chinese-language journal paper; equations reconstructed "
+                 "from its prose, Ranked List (CVPR 2019) and " +
                  _PROXY_ANCHOR_PAPER,
            reduction="positive term / #proxies with positives + negative "
                      "term / #classes"),

@@ -1,0 +1,182 @@
+"""The loss tables of the README and the docs, generated from the registry.
+
+The losses' names, functions, defaults, reductions, learnable parameters and
+papers are stated once, in :mod:`circle_jax.losses.registry` (the defaults in
+the loss functions' signatures). The README and ``docs/*.md`` show generated
+copies between two markers; the opening marker names the table::
+
+    <!-- generated: python -m circle_jax.docs_tables losses -->
+    | name | function | ... |
+    <!-- end generated -->
+
+Tables (the word after ``docs_tables`` in the marker):
+
+* ``losses``: :func:`circle_jax.losses.loss_table_markdown`, every registry
+  field of every loss.
+* ``readme-losses``: :func:`readme_loss_table`, the README's shorter table.
+* ``calls NAME...``: :func:`call_table` of the named functions of
+  :mod:`circle_jax.losses`: each call with its keyword defaults, read from
+  the signature, and the registry name of a registered loss.
+
+``python -m circle_jax.docs_tables`` rewrites every generated table of the
+README and ``docs/*.md`` in place; ``--check`` only lists the stale ones and
+exits with status 1. ``tests/test_docs.py`` fails while a committed table
+differs from its regeneration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import pathlib
+import re
+import sys
+from typing import Dict, List, Sequence
+
+from circle_jax import losses
+
+COMMAND = "python -m circle_jax.docs_tables"
+END = "<!-- end generated -->"
+_BEGIN = re.compile(
+    r"<!-- generated: " + re.escape(COMMAND) + r" (?P<spec>[^>]*?) -->\n")
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _value(value) -> str:
+  """A default as Python source (strings in double quotes)."""
+  return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def readme_loss_table() -> str:
+  """The README's table: name, function, defaults, reduction, learnable, paper.
+
+  Returns:
+    Markdown, one row per entry of ``circle_jax.losses.LOSSES``, ending with
+    a newline.
+  """
+  lines = ["| name | function | defaults | reduction | learnable | paper |",
+           "| --- | --- | --- | --- | --- | --- |"]
+  for entry in losses.LOSSES.values():
+    defaults = ", ".join(f"`{k}={_value(v)}`"
+                         for k, v in entry.defaults.items()) or "none"
+    learnable = f"`{entry.param_name}`" if entry.param_name else "none"
+    lines.append(f"| `{entry.name}` | `{entry.fn.__name__}` | {defaults} | "
+                 f"{entry.reduction} | {learnable} | {entry.paper} |")
+  return "\n".join(lines) + "\n"
+
+
+def _call(fn) -> str:
+  """``name(positional, *, keyword=default, ...)`` from ``fn``'s signature."""
+  parts, star = [], False
+  for p in inspect.signature(fn).parameters.values():
+    if p.kind is p.KEYWORD_ONLY and not star:
+      parts.append("*")
+      star = True
+    if p.kind is p.VAR_POSITIONAL:
+      parts.append(f"*{p.name}")
+      star = True
+    elif p.kind is p.VAR_KEYWORD:
+      parts.append(f"**{p.name}")
+    elif p.default is p.empty:
+      parts.append(p.name)
+    else:
+      parts.append(f"{p.name}={_value(p.default)}")
+  return f"{fn.__name__}({', '.join(parts)})"
+
+
+def call_table(names: Sequence[str]) -> str:
+  """The calls of public functions of :mod:`circle_jax.losses`, defaults shown.
+
+  Args:
+    names: function names exported by ``circle_jax.losses``.
+
+  Returns:
+    Markdown with a ``call (defaults)`` column and a ``registry name`` column
+    (the ``LOSSES`` key whose function it is, or ``-``), ending with a
+    newline.
+
+  Raises:
+    ValueError: a name that ``circle_jax.losses`` does not export.
+  """
+  registered = {e.fn.__name__: e.name for e in losses.LOSSES.values()}
+  lines = ["| call (defaults) | registry name |", "| --- | --- |"]
+  for name in names:
+    fn = getattr(losses, name, None)
+    if not callable(fn):
+      raise ValueError(f"circle_jax.losses has no function {name!r}; fix the "
+                       f"name in the '{COMMAND} calls' marker.")
+    reg = f"`{registered[name]}`" if name in registered else "-"
+    lines.append(f"| `{_call(fn)}` | {reg} |")
+  return "\n".join(lines) + "\n"
+
+
+def render(spec: str) -> str:
+  """The table a marker names: ``losses``, ``readme-losses`` or ``calls ...``."""
+  kind, *args = spec.split()
+  if kind == "losses" and not args:
+    return losses.loss_table_markdown()
+  if kind == "readme-losses" and not args:
+    return readme_loss_table()
+  if kind == "calls" and args:
+    return call_table(args)
+  raise ValueError(
+      f"Unknown generated table {spec!r}; the marker takes 'losses', "
+      f"'readme-losses' or 'calls NAME...'.")
+
+
+def regenerate(text: str) -> str:
+  """``text`` with every generated table rewritten from the registry.
+
+  Raises:
+    ValueError: an opening marker without its ``<!-- end generated -->``, or
+      a marker that names an unknown table.
+  """
+  out, pos = [], 0
+  for begin in _BEGIN.finditer(text):
+    if begin.start() < pos:
+      raise ValueError(f"Nested generated table at {begin.group(0)!r}.")
+    end = text.find(END, begin.end())
+    if end < 0:
+      raise ValueError(f"{begin.group(0).strip()} has no {END} after it.")
+    out += [text[pos:begin.end()], render(begin.group("spec")), END]
+    pos = end + len(END)
+  return "".join(out) + text[pos:]
+
+
+def documents(root: pathlib.Path = _ROOT) -> List[pathlib.Path]:
+  """The README and ``docs/*.md`` under the repository ``root``."""
+  return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def stale(root: pathlib.Path = _ROOT) -> Dict[pathlib.Path, str]:
+  """``{path: regenerated text}`` of the documents whose tables are stale."""
+  out = {}
+  for path in documents(root):
+    text = path.read_text(encoding="utf-8")
+    new = regenerate(text)
+    if new != text:
+      out[path] = new
+  return out
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(
+      prog=COMMAND, description=__doc__.split("\n", 1)[0])
+  parser.add_argument("--root", type=pathlib.Path, default=_ROOT,
+                      help="repository root (default: this checkout)")
+  parser.add_argument("--check", action="store_true",
+                      help="only list stale documents; exit 1 if any")
+  args = parser.parse_args(argv)
+  changed = stale(args.root)
+  for path, text in changed.items():
+    if args.check:
+      print(f"stale: {path} (run `{COMMAND}`)")
+    else:
+      path.write_text(text, encoding="utf-8")
+      print(f"rewrote the generated tables of {path}")
+  return 1 if args.check and changed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
