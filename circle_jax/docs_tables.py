@@ -1,9 +1,11 @@
-"""The loss tables of the README and the docs, generated from the registry.
+"""The tables of the README and the docs, generated from the registries.
 
 The losses' names, functions, defaults, reductions, learnable parameters and
 papers are stated once, in :mod:`circle_jax.losses.registry` (the defaults in
-the loss functions' signatures). The README and ``docs/*.md`` show generated
-copies between two markers; the opening marker names the table::
+the loss functions' signatures), and the datasets' class counts, split sizes
+and Recall@K cut-offs in :mod:`circle_jax.data.registry`. The README and
+``docs/*.md`` show generated copies between two markers; the opening marker
+names the table::
 
     <!-- generated: python -m circle_jax.docs_tables losses -->
     | name | function | ... |
@@ -17,6 +19,8 @@ Tables (the word after ``docs_tables`` in the marker):
 * ``calls NAME...``: :func:`call_table` of the named functions of
   :mod:`circle_jax.losses`: each call with its keyword defaults, read from
   the signature, and the registry name of a registered loss.
+* ``datasets``: :func:`dataset_table`, the dataset registry's classes, split
+  sizes and Recall@K cut-offs (``circle_jax.data.DATASETS``).
 
 ``python -m circle_jax.docs_tables`` rewrites every generated table of the
 README and ``docs/*.md`` in place; ``--check`` only lists the stale ones and
@@ -111,8 +115,27 @@ def call_table(names: Sequence[str]) -> str:
   return "\n".join(lines) + "\n"
 
 
+def dataset_table() -> str:
+  """Classes, images per split, Recall@K and channels of every dataset.
+
+  Returns:
+    Markdown, one row per entry of ``circle_jax.data.DATASETS``, ending with
+    a newline.
+  """
+  from circle_jax import data  # pylint: disable=g-import-not-at-top
+  lines = ["| name | classes (train / test) | images | Recall@K | channels |",
+           "| --- | --- | --- | --- | --- |"]
+  for spec in data.DATASETS.values():
+    images = ", ".join(f"{split} {n:,}" for split, n in spec.num_images.items())
+    ks = ", ".join(str(k) for k in spec.ks)
+    lines.append(f"| `{spec.name}` | {spec.num_train_classes:,} / "
+                 f"{spec.num_test_classes:,} | {images} | {ks} | "
+                 f"{spec.channels} |")
+  return "\n".join(lines) + "\n"
+
+
 def render(spec: str) -> str:
-  """The table a marker names: ``losses``, ``readme-losses`` or ``calls ...``."""
+  """The table a marker names (see the module docstring)."""
   kind, *args = spec.split()
   if kind == "losses" and not args:
     return losses.loss_table_markdown()
@@ -120,9 +143,11 @@ def render(spec: str) -> str:
     return readme_loss_table()
   if kind == "calls" and args:
     return call_table(args)
+  if kind == "datasets" and not args:
+    return dataset_table()
   raise ValueError(
       f"Unknown generated table {spec!r}; the marker takes 'losses', "
-      f"'readme-losses' or 'calls NAME...'.")
+      f"'readme-losses', 'datasets' or 'calls NAME...'.")
 
 
 def regenerate(text: str) -> str:

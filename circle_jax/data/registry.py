@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import io
 import pathlib
+import types
 from typing import Mapping, Optional, Tuple
 
 import tensorflow_datasets as tfds
@@ -22,17 +23,20 @@ class DatasetSpec:
     name: the config name (``cub200``, ``cars196``, ...).
     num_train_classes: classes of the train split (the proxy count).
     num_test_classes: classes of the evaluation split(s).
-    num_images: split name -> number of images of the complete dataset.
+    num_images: split name -> number of images of the complete dataset:
+      the builder's ``EXPECTED_SIZES``, which preparation checks (read-only).
     channels: 3 (RGB) or 1 (grayscale).
     train_split: the split to train on ('train').
     eval_splits: ``('test',)``, or ``('query', 'gallery')`` for In-Shop
       (retrieve each query among the gallery).
     preprocess: default preset kwargs for :func:`augment.get_preprocess`
       (``preset``, ``image_size``, ``resize_size``, ``scale``).
-    ks_name: key of the dataset's default Recall@K list in
-      ``circle_jax.evaluation.DEFAULT_KS`` (the dataset name).
-    ks: that list, ``(1, 2, 4, 8)`` for CUB/Cars/Omniglot/digits,
-      ``(1, 10, 100, 1000)`` for SOP, ``(1, 10, 20, 30, 40)`` for In-Shop.
+    ks: the Recall@K cut-offs the literature reports for the dataset,
+      ``(1, 2, 4, 8)`` for CUB/Cars/Omniglot/digits, ``(1, 10, 100, 1000)``
+      for SOP, ``(1, 10, 20, 30, 40)`` for In-Shop. Their only home:
+      ``circle_jax.evaluation.DEFAULT_KS`` and ``default_ks`` read them here.
+    ks_name: the dataset's key in ``circle_jax.evaluation.DEFAULT_KS`` (its
+      name).
     needs_files: False for ``digits`` (scikit-learn's) and ``omniglot_small``
       (its archives ship with the package).
   """
@@ -40,14 +44,21 @@ class DatasetSpec:
   name: str
   num_train_classes: int
   num_test_classes: int
-  num_images: Mapping[str, int]
   channels: int
   train_split: str
   eval_splits: Tuple[str, ...]
   preprocess: Mapping[str, object]
-  ks_name: str
   ks: Tuple[int, ...]
   needs_files: bool = True
+
+  @property
+  def num_images(self) -> Mapping[str, int]:
+    return types.MappingProxyType(
+        dict(builders.BUILDERS[self.name].EXPECTED_SIZES))
+
+  @property
+  def ks_name(self) -> str:
+    return self.name
 
   @property
   def splits(self) -> Tuple[str, ...]:
@@ -69,26 +80,22 @@ _RGB = dict(preset="bninception", image_size=224, resize_size=256,
 
 DATASETS = {
     s.name: s for s in (
-        DatasetSpec("cub200", 100, 100, {"train": 5864, "test": 5924}, 3,
-                    "train", ("test",), _RGB, "cub200", (1, 2, 4, 8)),
-        DatasetSpec("cars196", 98, 98, {"train": 8054, "test": 8131}, 3,
-                    "train", ("test",), _RGB, "cars196", (1, 2, 4, 8)),
-        DatasetSpec("sop", 11318, 11316, {"train": 59551, "test": 60502}, 3,
-                    "train", ("test",), _RGB, "sop", (1, 10, 100, 1000)),
-        DatasetSpec("inshop", 3997, 3985,
-                    {"train": 25882, "query": 14218, "gallery": 12612}, 3,
-                    "train", ("query", "gallery"), _RGB, "inshop",
-                    (1, 10, 20, 30, 40)),
-        DatasetSpec("omniglot", 964, 659, {"train": 19280, "test": 13180}, 1,
-                    "train", ("test",), dict(preset="grayscale", image_size=28),
-                    "omniglot", (1, 2, 4, 8)),
-        DatasetSpec("omniglot_small", 136, 106, {"train": 2720, "test": 2120},
-                    1, "train", ("test",),
-                    dict(preset="grayscale", image_size=28), "omniglot_small",
-                    (1, 2, 4, 8), needs_files=False),
-        DatasetSpec("digits", 5, 5, {"train": 901, "test": 896}, 1, "train",
-                    ("test",), dict(preset="grayscale", image_size=16),
-                    "digits", (1, 2, 4, 8), needs_files=False),
+        DatasetSpec("cub200", 100, 100, 3, "train", ("test",), _RGB,
+                    (1, 2, 4, 8)),
+        DatasetSpec("cars196", 98, 98, 3, "train", ("test",), _RGB,
+                    (1, 2, 4, 8)),
+        DatasetSpec("sop", 11318, 11316, 3, "train", ("test",), _RGB,
+                    (1, 10, 100, 1000)),
+        DatasetSpec("inshop", 3997, 3985, 3, "train", ("query", "gallery"),
+                    _RGB, (1, 10, 20, 30, 40)),
+        DatasetSpec("omniglot", 964, 659, 1, "train", ("test",),
+                    dict(preset="grayscale", image_size=28), (1, 2, 4, 8)),
+        DatasetSpec("omniglot_small", 136, 106, 1, "train", ("test",),
+                    dict(preset="grayscale", image_size=28), (1, 2, 4, 8),
+                    needs_files=False),
+        DatasetSpec("digits", 5, 5, 1, "train", ("test",),
+                    dict(preset="grayscale", image_size=16), (1, 2, 4, 8),
+                    needs_files=False),
     )
 }
 

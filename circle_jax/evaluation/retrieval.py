@@ -73,10 +73,11 @@ References:
 
 from __future__ import annotations
 
+import collections.abc
 import functools
 import logging
 import math
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -91,16 +92,33 @@ __all__ = [
     "retrieval_metrics",
 ]
 
-# The Ks reported in the literature for each benchmark.
-DEFAULT_KS: Dict[str, Tuple[int, ...]] = {
-    "cub200": (1, 2, 4, 8),
-    "cars196": (1, 2, 4, 8),
-    "sop": (1, 10, 100, 1000),
-    "inshop": (1, 10, 20, 30, 40),
-    "omniglot": (1, 2, 4, 8),
-    "omniglot_small": (1, 2, 4, 8),
-    "digits": (1, 2, 4, 8),
-}
+class _DatasetKs(collections.abc.Mapping):
+  """Dataset name -> the Recall@K cut-offs the literature reports for it.
+
+  A read-only view of ``circle_jax.data.DATASETS[name].ks``, their only home.
+  The dataset registry (and tensorflow_datasets, which it imports) is loaded
+  on first use, so that importing the evaluation does not.
+  """
+
+  def _datasets(self):
+    from circle_jax.data import registry  # pylint: disable=g-import-not-at-top
+    return registry.DATASETS
+
+  def __getitem__(self, name: str) -> Tuple[int, ...]:
+    return self._datasets()[name].ks
+
+  def __iter__(self):
+    return iter(self._datasets())
+
+  def __len__(self) -> int:
+    return len(self._datasets())
+
+  def __repr__(self) -> str:
+    return repr(dict(self))
+
+
+# The Ks reported in the literature for each benchmark (from the registry).
+DEFAULT_KS: Mapping[str, Tuple[int, ...]] = _DatasetKs()
 
 _ALIASES = {
     "cub": "cub200",

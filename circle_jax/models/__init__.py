@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, FrozenSet, NamedTuple, Tuple
 
+import chex
 import flax
 import jax.numpy as jnp
 import numpy as np
@@ -134,10 +135,10 @@ class InputSpec(NamedTuple):
     """
     x = jnp.asarray(images).astype(jnp.float32)
     if self.channel_order == "BGR":
-      if x.shape[-1] != 3:
-        raise ValueError(
-            f"A BGR input spec needs 3-channel RGB images; got {x.shape[-1]} "
-            "channels. Tile grayscale images to 3 channels first.")
+      chex.assert_axis_dimension(
+          x, -1, 3, exception_type=ValueError,
+          custom_message="A BGR input spec needs 3-channel RGB images; tile "
+                         "grayscale images to 3 channels first.")
       x = x[..., ::-1]
     x = x * (self.scale / 255.0)
     return (x - jnp.asarray(self.mean, jnp.float32)) / jnp.asarray(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -98,15 +99,13 @@ class EmbeddingModel(nn.Module):
 
 def _check_images(images: Any) -> Array:
   images = jnp.asarray(images)
-  if images.ndim != 4:
-    raise ValueError(
-        f"`images` must have rank 4 ([batch, height, width, channels]); got "
-        f"shape {images.shape}. Add a batch dimension with `images[None]`."
-    )
-  if not jnp.issubdtype(images.dtype, jnp.floating):
-    raise TypeError(
-        f"`images` must be floating (float32 or bfloat16); got dtype "
-        f"{images.dtype}. Convert with `input_spec(name).apply(images)` or "
-        "`.astype(jnp.float32)`."
-    )
+  chex.assert_rank(
+      images, 4, exception_type=ValueError,
+      custom_message="`images` must have rank 4 ([batch, height, width, "
+                     "channels]); add a batch dimension with `images[None]`.")
+  chex.assert_type(
+      images, float, exception_type=TypeError,
+      custom_message="`images` must be floating (float32 or bfloat16); "
+                     "convert with `input_spec(name).apply(images)` or "
+                     "`.astype(jnp.float32)`.")
   return images

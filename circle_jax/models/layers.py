@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence, Tuple
 
+import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -159,9 +160,8 @@ def max_pool_disjoint(x: Array, window: int, padding: str = "VALID") -> Array:
   Returns:
     ``[B, H', W', C]``.
   """
-  if x.ndim != 4:
-    raise ValueError(f"max_pool_disjoint expects [B, H, W, C]; got shape "
-                     f"{x.shape}.")
+  chex.assert_rank(x, 4, exception_type=ValueError,
+                   custom_message="max_pool_disjoint expects [B, H, W, C].")
   if padding not in ("SAME", "VALID"):
     raise ValueError(f"padding must be 'SAME' or 'VALID'; got {padding!r}.")
   k = int(window)

@@ -16,18 +16,26 @@ def test_every_name_has_a_builder_and_consistent_sizes():
     builder = builders.BUILDERS[name]
     assert builder.name == name
     assert tuple(builder.SPLITS) == spec.splits
-    assert dict(builder.EXPECTED_SIZES) == dict(spec.num_images)
+    assert spec.num_images == builder.EXPECTED_SIZES   # read from there
+    with pytest.raises(TypeError):
+      spec.num_images["train"] = 0                       # read-only
     p = spec.get_preprocess(train=False)
     assert p.channels == spec.channels and not p.train
     assert spec.get_preprocess(train=True, image_size=32).image_size == 32
     assert spec.ks_name == name and spec.ks[0] == 1
 
 
-def test_table_of_the_issue():
+def test_class_counts_split_sizes_and_ks_of_the_official_splits():
   info = {n: data.get_dataset_info(n) for n in NAMES}
   assert [(info[n].num_train_classes, info[n].num_test_classes) for n in NAMES
           ] == [(100, 100), (98, 98), (11318, 11316), (3997, 3985), (964, 659),
                 (136, 106), (5, 5)]
+  assert [dict(info[n].num_images) for n in NAMES] == [
+      {"train": 5864, "test": 5924}, {"train": 8054, "test": 8131},
+      {"train": 59551, "test": 60502},
+      {"train": 25882, "query": 14218, "gallery": 12612},
+      {"train": 19280, "test": 13180}, {"train": 2720, "test": 2120},
+      {"train": 901, "test": 896}]
   assert info["inshop"].eval_splits == ("query", "gallery")
   assert info["sop"].ks == (1, 10, 100, 1000)
   assert info["inshop"].ks == (1, 10, 20, 30, 40)
@@ -36,13 +44,11 @@ def test_table_of_the_issue():
   assert not info["digits"].needs_files
 
 
-def test_ks_agree_with_evaluation_defaults():
-  evaluation = pytest.importorskip("circle_jax.evaluation")
-  default_ks = getattr(evaluation, "default_ks", None)
-  if default_ks is None:
-    pytest.skip("circle_jax.evaluation.default_ks not there yet")
+def test_evaluation_defaults_are_the_registry_ks():
+  from circle_jax import evaluation  # pylint: disable=g-import-not-at-top
+  assert dict(evaluation.DEFAULT_KS) == {n: data.DATASETS[n].ks for n in NAMES}
   for name in NAMES:
-    assert tuple(default_ks(data.get_dataset_info(name).ks_name)) == (
+    assert evaluation.default_ks(data.get_dataset_info(name).ks_name) is (
         data.get_dataset_info(name).ks)
 
 

@@ -1,6 +1,9 @@
 """Specification of circle_jax.evaluation.retrieval."""
 
 import logging
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -382,6 +385,18 @@ def test_default_ks():
                              "omniglot_small", "digits"}
   with pytest.raises(ValueError, match="known datasets"):
     default_ks("imagenet")
+  with pytest.raises(KeyError):
+    DEFAULT_KS["imagenet"]
+
+
+def test_importing_the_evaluation_does_not_load_the_dataset_registry():
+  # DEFAULT_KS reads circle_jax.data (and tensorflow_datasets) on first use.
+  code = ("import sys; from circle_jax import evaluation; "
+          "assert 'tensorflow_datasets' not in sys.modules; "
+          "assert evaluation.DEFAULT_KS['sop'] == (1, 10, 100, 1000); "
+          "assert 'circle_jax.data.registry' in sys.modules")
+  subprocess.run([sys.executable, "-c", code], check=True,
+                 env={**os.environ, "JAX_PLATFORMS": "cpu"})
 
 
 def test_ks_are_sorted_and_deduplicated():

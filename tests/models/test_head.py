@@ -53,7 +53,10 @@ def test_embedding_init_is_kaiming_fan_out():
 
 
 def test_bad_images_are_clear_errors():
-  with pytest.raises(ValueError, match="rank 4"):
+  # The message says what is wrong and names the fix.
+  with pytest.raises(ValueError,
+                     match=r"shape \(8, 8, 3\).*rank 4.*`images\[None\]`"):
     head._check_images(jnp.zeros((8, 8, 3)))
-  with pytest.raises(TypeError, match="floating"):
+  with pytest.raises(TypeError, match=r"uint8.*floating.*input_spec"):
     head._check_images(jnp.zeros((1, 8, 8, 3), jnp.uint8))
+  head._check_images(jnp.zeros((1, 8, 8, 3), jnp.bfloat16))   # accepted

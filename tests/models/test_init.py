@@ -2,6 +2,7 @@
 
 import functools
 
+import chex
 import flax
 import jax
 import jax.numpy as jnp
@@ -45,7 +46,7 @@ def test_input_spec_hand_computed():
       [[[[30 - 104.0, 20 - 117.0, 10 - 128.0]]]], rtol=1e-6)
   np.testing.assert_allclose(models.input_spec("conv4").apply(rgb),
                              rgb / 255.0, rtol=1e-6)
-  with pytest.raises(ValueError, match="3-channel"):
+  with pytest.raises(ValueError, match="got '1'.*3-channel.*tile grayscale"):
     models.input_spec("resnet50").apply(np.zeros((1, 4, 4, 1)))
   with pytest.raises(ValueError, match="known models"):
     models.input_spec("vgg")
@@ -162,5 +163,4 @@ def test_sync_bn_over_devices_matches_single_device_batch():
   want, want_state = single.apply(variables, _X, train=True,
                                   mutable=["batch_stats"])
   np.testing.assert_allclose(emb, want, rtol=1e-5, atol=1e-5)
-  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5,
-                                 atol=1e-6), state, want_state)
+  chex.assert_trees_all_close(state, want_state, rtol=1e-5, atol=1e-6)

@@ -12,6 +12,7 @@ import pathlib
 import pickle
 import zipfile
 
+import chex
 import ml_dtypes
 import numpy as np
 import pytest
@@ -39,10 +40,9 @@ def expected_fixture():
 
 
 def _assert_same(got, want):
-  assert list(got) == list(want)
-  for k, w in want.items():
-    assert got[k].dtype == w.dtype and got[k].shape == w.shape, k
-    np.testing.assert_array_equal(got[k], w, err_msg=k)
+  assert list(got) == list(want)                     # the file's order
+  # Same dtypes, shapes and values.
+  chex.assert_trees_all_equal(dict(got), dict(want), strict=True)
 
 
 @pytest.mark.parametrize("name", ["tiny_zip.pth", "tiny_legacy.pth"])
@@ -68,8 +68,8 @@ def test_round_trip_against_torch_load_when_available(tmp_path):
     path = tmp_path / f"x{legacy}.pth"
     torch.save(sd, path, _use_new_zipfile_serialization=not legacy)
     got = torch_pickle.load_torch_file(path)
-    for k, v in torch.load(path).items():
-      np.testing.assert_array_equal(got[k], v.numpy())
+    chex.assert_trees_all_equal(
+        dict(got), {k: v.numpy() for k, v in torch.load(path).items()})
 
 
 class _Evil:
