@@ -52,6 +52,12 @@ def _value(value) -> str:
   return json.dumps(value) if isinstance(value, str) else repr(value)
 
 
+def _table(columns: Sequence[str], rows) -> str:
+  """A Markdown table: header, separator, one line per row of cells."""
+  lines = [columns, ["---"] * len(columns), *rows]
+  return "".join(f"| {' | '.join(cells)} |\n" for cells in lines)
+
+
 def readme_loss_table() -> str:
   """The README's table: name, function, defaults, reduction, learnable, paper.
 
@@ -59,15 +65,15 @@ def readme_loss_table() -> str:
     Markdown, one row per entry of ``circle_jax.losses.LOSSES``, ending with
     a newline.
   """
-  lines = ["| name | function | defaults | reduction | learnable | paper |",
-           "| --- | --- | --- | --- | --- | --- |"]
+  rows = []
   for entry in losses.LOSSES.values():
     defaults = ", ".join(f"`{k}={_value(v)}`"
                          for k, v in entry.defaults.items()) or "none"
     learnable = f"`{entry.param_name}`" if entry.param_name else "none"
-    lines.append(f"| `{entry.name}` | `{entry.fn.__name__}` | {defaults} | "
-                 f"{entry.reduction} | {learnable} | {entry.paper} |")
-  return "\n".join(lines) + "\n"
+    rows.append([f"`{entry.name}`", f"`{entry.fn.__name__}`", defaults,
+                 entry.reduction, learnable, entry.paper])
+  return _table(["name", "function", "defaults", "reduction", "learnable",
+                 "paper"], rows)
 
 
 def _call(fn) -> str:
@@ -104,15 +110,15 @@ def call_table(names: Sequence[str]) -> str:
     ValueError: a name that ``circle_jax.losses`` does not export.
   """
   registered = {e.fn.__name__: e.name for e in losses.LOSSES.values()}
-  lines = ["| call (defaults) | registry name |", "| --- | --- |"]
+  rows = []
   for name in names:
     fn = getattr(losses, name, None)
     if not callable(fn):
       raise ValueError(f"circle_jax.losses has no function {name!r}; fix the "
                        f"name in the '{COMMAND} calls' marker.")
     reg = f"`{registered[name]}`" if name in registered else "-"
-    lines.append(f"| `{_call(fn)}` | {reg} |")
-  return "\n".join(lines) + "\n"
+    rows.append([f"`{_call(fn)}`", reg])
+  return _table(["call (defaults)", "registry name"], rows)
 
 
 def dataset_table() -> str:
@@ -123,15 +129,13 @@ def dataset_table() -> str:
     a newline.
   """
   from circle_jax import data  # pylint: disable=g-import-not-at-top
-  lines = ["| name | classes (train / test) | images | Recall@K | channels |",
-           "| --- | --- | --- | --- | --- |"]
-  for spec in data.DATASETS.values():
-    images = ", ".join(f"{split} {n:,}" for split, n in spec.num_images.items())
-    ks = ", ".join(str(k) for k in spec.ks)
-    lines.append(f"| `{spec.name}` | {spec.num_train_classes:,} / "
-                 f"{spec.num_test_classes:,} | {images} | {ks} | "
-                 f"{spec.channels} |")
-  return "\n".join(lines) + "\n"
+  rows = [[f"`{spec.name}`",
+           f"{spec.num_train_classes:,} / {spec.num_test_classes:,}",
+           ", ".join(f"{split} {n:,}" for split, n in spec.num_images.items()),
+           ", ".join(str(k) for k in spec.ks), str(spec.channels)]
+          for spec in data.DATASETS.values()]
+  return _table(["name", "classes (train / test)", "images", "Recall@K",
+                 "channels"], rows)
 
 
 def render(spec: str) -> str:
