@@ -80,10 +80,11 @@ _RGB = dict(preset="bninception", image_size=224, resize_size=256,
 
 DATASETS = {
     s.name: s for s in (
-        DatasetSpec("cub200", 100, 100, 3, "train", ("test",), _RGB,
-                    (1, 2, 4, 8)),
-        DatasetSpec("cars196", 98, 98, 3, "train", ("test",), _RGB,
-                    (1, 2, 4, 8)),
+        # CUB and Cars split by class id; their builders hold the boundary.
+        DatasetSpec("cub200", builders.Cub200.NUM_TRAIN_CLASSES, 100, 3,
+                    "train", ("test",), _RGB, (1, 2, 4, 8)),
+        DatasetSpec("cars196", builders.Cars196.NUM_TRAIN_CLASSES, 98, 3,
+                    "train", ("test",), _RGB, (1, 2, 4, 8)),
         DatasetSpec("sop", 11318, 11316, 3, "train", ("test",), _RGB,
                     (1, 10, 100, 1000)),
         DatasetSpec("inshop", 3997, 3985, 3, "train", ("query", "gallery"),
