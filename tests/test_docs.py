@@ -85,6 +85,9 @@ def test_a_stale_table_is_rewritten_and_reported(tmp_path):
      f"{docs_tables.END}", "Unknown generated table 'tables'"),
     (f"<!-- generated: {docs_tables.COMMAND} calls -->\n"
      f"{docs_tables.END}", "Unknown generated table 'calls'"),
+    (f"<!-- generated: {docs_tables.COMMAND} losses -->\n"
+     f"<!-- generated: {docs_tables.COMMAND} datasets -->\n"
+     f"{docs_tables.END}", "Nested generated table"),
 ])
 def test_malformed_markers_are_errors(text, match):
   with pytest.raises(ValueError, match=match):
