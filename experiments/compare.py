@@ -62,10 +62,8 @@ import datetime
 import json
 import os
 import pathlib
-import platform
 import re
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys
@@ -78,7 +76,9 @@ if str(_REPO) not in sys.path:
 
 from absl import flags  # noqa: E402
 
+from circle_jax import hostenv  # noqa: E402
 from circle_jax import losses as losses_lib  # noqa: E402
+from circle_jax.results import Stat, aggregate, format_stat, table_markdown  # noqa: E402
 from circle_jax.train import workdir as workdir_lib  # noqa: E402
 from experiments import config_flag  # noqa: E402
 
@@ -286,39 +286,6 @@ def prepare(run: Run) -> None:
     run.wall_seconds = info.get("wall_seconds")
 
 
-def cpu_model() -> str:
-  """The CPU model name (Linux ``/proc/cpuinfo``), else the platform's."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.lower().startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
-
-
-def num_cpus() -> int:
-  """What ``nproc`` prints: the CPUs this process may run on."""
-  try:
-    return len(os.sched_getaffinity(0))
-  except AttributeError:
-    return os.cpu_count() or 1
-
-
-def accelerators() -> str:
-  """NVIDIA GPUs by name (``nvidia-smi``), or "" (without starting JAX)."""
-  if not shutil.which("nvidia-smi"):
-    return ""
-  try:
-    out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-        capture_output=True, text=True, timeout=20, check=True).stdout
-  except (OSError, subprocess.SubprocessError):
-    return ""
-  return ", ".join(line.strip() for line in out.splitlines() if line.strip())
-
-
 def _tail(path: str, lines: int = STDERR_TAIL_LINES) -> str:
   try:
     with open(path, errors="replace") as f:
@@ -354,8 +321,7 @@ def execute(run: Run, env: Dict[str, str]) -> None:
     run.info = {
         "command": run.command, "wall_seconds": wall,
         "finished": datetime.datetime.now().isoformat(timespec="seconds"),
-        "nproc": num_cpus(), "cpu": cpu_model(),
-        "accelerators": accelerators(),
+        **hostenv.machine_info(),
         "load_average": [load_start, os.getloadavg()[0]],
     }
     with open(os.path.join(run.workdir, RUN_FILE), "w") as f:
@@ -371,24 +337,6 @@ def execute(run: Run, env: Dict[str, str]) -> None:
 # ----------------------------------------------------------------------------
 # Aggregation.
 # ----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Stat:
-  """Mean and sample standard deviation (ddof=1; None for n=1) of n values."""
-
-  mean: float
-  std: Optional[float]
-  n: int
-
-
-def aggregate(values: Sequence[float]) -> Optional[Stat]:
-  """:class:`Stat` of ``values`` (None when there are none)."""
-  values = [float(v) for v in values]
-  if not values:
-    return None
-  std = statistics.stdev(values) if len(values) > 1 else None
-  return Stat(statistics.fmean(values), std, len(values))
 
 
 def metric_columns(runs: Sequence[Run]) -> List[Tuple[str, str]]:
@@ -425,112 +373,6 @@ def summarize(runs: Sequence[Run], losses: Sequence[str],
         [r.wall_seconds for r in done if r.wall_seconds is not None])
     out[loss] = row
   return out
-
-
-def format_stat(stat: Optional[Stat], scale: float = 100.0,
-                digits: int = 1) -> str:
-  """``"61.2 ± 0.4"`` (mean ± std, x ``scale``); one seed: ``"61.2"``.
-
-  ``"–"`` when there is no value.
-  """
-  if stat is None:
-    return "–"
-  text = f"{stat.mean * scale:.{digits}f}"
-  if stat.std is not None:
-    text += f" ± {stat.std * scale:.{digits}f}"
-  return text
-
-
-_STAT_TEXT = re.compile(r"^(-?\d+(?:\.\d*)?)(?: ± (\d+(?:\.\d*)?))?$")
-
-
-def parse_stat(text: str, scale: float = 100.0, n: int = 0
-               ) -> Optional[Stat]:
-  """The inverse of :func:`format_stat`, to the shown digits.
-
-  ``"**61.2 ± 0.4**"`` -> ``Stat(0.612, 0.004, n)`` (bold markers of the best
-  mean are ignored); ``"61.2"`` -> std None; ``"–"`` -> None.
-
-  Raises:
-    ValueError: ``text`` is none of these forms.
-  """
-  text = text.strip().strip("*")
-  if text == "–":
-    return None
-  m = _STAT_TEXT.match(text)
-  if not m:
-    raise ValueError(f"'{text}' is not 'mean ± std', 'mean' or '–'")
-  std = None if m.group(2) is None else float(m.group(2)) / scale
-  return Stat(float(m.group(1)) / scale, std, n)
-
-
-def read_table_markdown(markdown: str, scale: float = 100.0
-                        ) -> Dict[str, Dict[str, Optional[Stat]]]:
-  """``{loss: {column title: Stat}}`` of a :func:`table_markdown` table.
-
-  ``markdown`` may be a whole results file: the table is found by its
-  ``| loss | runs |`` header. ``Stat.n`` is the row's complete runs; the
-  ``train s`` column is left out.
-
-  Raises:
-    ValueError: no such table, or a cell that :func:`parse_stat` rejects.
-  """
-  lines = markdown.splitlines()
-  start = next((i for i, l in enumerate(lines)
-                if l.startswith("| loss | runs |")), None)
-  if start is None:
-    raise ValueError("no '| loss | runs | ...' results table")
-  cells = lambda line: [c.strip() for c in line.strip().strip("|").split("|")]
-  titles = cells(lines[start])
-  out = {}
-  for line in lines[start + 2:]:
-    if not line.startswith("|"):
-      break
-    row = dict(zip(titles, cells(line)))
-    n = int(row["runs"].split("/")[0])
-    out[row["loss"].strip("`")] = {
-        t: parse_stat(c, scale, n) for t, c in row.items()
-        if t not in ("loss", "runs", "train s")}
-  return out
-
-
-def table_markdown(summary: Dict[str, Dict[str, Optional[Stat]]],
-                   columns: Sequence[Tuple[str, str]],
-                   runs_per_loss: Dict[str, Tuple[int, int]],
-                   scale: float = 100.0, digits: int = 1) -> str:
-  """The results table: one row per loss, the best mean per column in bold.
-
-  Args:
-    summary: :func:`summarize`'s output, rows in table order.
-    columns: ``(metric key, title)`` pairs.
-    runs_per_loss: ``{loss: (complete runs, requested runs)}``.
-    scale: display factor of the metric values (100: percent).
-    digits: decimals shown; "best" compares the displayed means, so ties
-      are all bold.
-
-  Returns:
-    The Markdown table (no trailing newline).
-  """
-  best = {}
-  for key, _ in columns:
-    shown = [round(row[key].mean * scale, digits) for row in summary.values()
-             if row.get(key) is not None]
-    best[key] = max(shown) if shown else None
-  head = ["loss", "runs"] + [t for _, t in columns] + ["train s"]
-  lines = ["| " + " | ".join(head) + " |",
-           "| --- | ---: |" + " ---: |" * (len(columns) + 1)]
-  for loss, row in summary.items():
-    done, wanted = runs_per_loss[loss]
-    cells = [f"`{loss}`", str(done) if done == wanted else f"{done}/{wanted}"]
-    for key, _ in columns:
-      text = format_stat(row.get(key), scale, digits)
-      stat = row.get(key)
-      if stat is not None and round(stat.mean * scale, digits) == best[key]:
-        text = f"**{text}**"
-      cells.append(text)
-    cells.append(format_stat(row.get("train_seconds"), 1.0, 0))
-    lines.append("| " + " | ".join(cells) + " |")
-  return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------
@@ -686,9 +528,9 @@ def _describe_selection(cfg, runs: Sequence[Run]) -> str:
 
 def _machine(runs: Sequence[Run]) -> str:
   infos = [r.info for r in runs if r.info.get("cpu")]
-  cpus = sorted({f"{i['nproc']} CPUs (nproc), {i['cpu']}" for i in infos})
+  cpus = sorted({hostenv.cpu_text(i) for i in infos})
   if not cpus:
-    cpus = [f"{num_cpus()} CPUs (nproc), {cpu_model()}"]
+    cpus = [hostenv.cpu_text(hostenv.machine_info())]
   text = "; ".join(cpus)
   gpus = sorted({i.get("accelerators") for i in infos if i.get("accelerators")})
   if gpus:
