@@ -24,10 +24,8 @@ A single measurement::
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
-import os
 import pathlib
 import re
 import resource
@@ -36,9 +34,11 @@ import subprocess
 import sys
 import time
 
+if __package__ in (None, ""):  # run as a file: python experiments/X.py
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 _REPO = pathlib.Path(__file__).resolve().parents[1]
-if str(_REPO) not in sys.path:
-  sys.path.insert(0, str(_REPO))
+
+from experiments import timing  # noqa: E402  pylint: disable=g-import-not-at-top
 
 LOSSES = ("circle", "multi_similarity", "ranked_list")
 _GIB = 2**30
@@ -128,8 +128,7 @@ def _write(rows, args, platform):
       f"--batch {args.batch} --dim {args.dim} --block-size {args.block_size}`"
       f" (each loss in a fresh process under `/usr/bin/time -v`)",
       f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}; "
-      f"{os.cpu_count()} CPUs, load average "
-      f"{', '.join(f'{v:.1f}' for v in os.getloadavg())} (shared machine)",
+      f"{timing.machine_line()} (shared machine)",
       "- `/usr/bin/time` max RSS: whole process (Python + JAX runtime + "
       "inputs + program); XLA analysis: arguments + outputs + temporaries of "
       "the compiled program; dense: the same analysis of the dense loss "
@@ -151,13 +150,13 @@ def _write(rows, args, platform):
         f"`{r['command']}` |")
   out = pathlib.Path(args.out) if args.out else (
       _REPO / "experiments" / "results" / f"blockwise_memory_{platform}.md")
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text("\n".join(lines) + "\n")
-  print(out.read_text())
+  timing.write_table("\n".join(lines) + "\n", out)
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p = timing.parser(__doc__, hugepages=False,
+                   out="with --record: the results file (default experiments/"
+                       "results/blockwise_memory_<platform>.md)")
   p.add_argument("--loss", default="circle", choices=LOSSES)
   p.add_argument("--losses", default=",".join(LOSSES),
                  help="with --record: the losses to run")
@@ -173,7 +172,6 @@ def main(argv=None):
                  help="run every loss under /usr/bin/time -v and write the "
                       "results file")
   p.add_argument("--json", action="store_true", help="print one JSON line")
-  p.add_argument("--out", default="")
   args = p.parse_args(argv)
   if args.record:
     _record(args)

@@ -71,7 +71,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
-if str(_REPO) not in sys.path:
+if __package__ in (None, ""):  # run as a file: python experiments/X.py
   sys.path.insert(0, str(_REPO))
 
 from absl import flags  # noqa: E402
