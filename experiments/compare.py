@@ -646,45 +646,6 @@ def write_markdown(path: pathlib.Path, *, command: str, config_name: str,
   return text
 
 
-def write_plot(path: pathlib.Path, summary: Dict[str, Dict[str, Any]],
-               title: str) -> None:
-  """Horizontal bars of R@1 and MAP@R (%) per loss, sorted by R@1, with the
-  seeds' standard deviation as error bars."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  rows = [(loss, row) for loss, row in summary.items()
-          if row.get(PLOT_METRICS[0][0]) is not None]
-  rows.sort(key=lambda lr: lr[1][PLOT_METRICS[0][0]].mean)
-  names = [loss for loss, _ in rows]
-  fig, axes = plt.subplots(
-      1, len(PLOT_METRICS), sharey=True,
-      figsize=(10, 1.2 + 0.38 * max(len(rows), 1)), squeeze=False)
-  for ax, (key, label) in zip(axes[0], PLOT_METRICS):
-    stats = [row.get(key) for _, row in rows]
-    means = [100 * s.mean if s else 0.0 for s in stats]
-    errs = [100 * s.std if s and s.std is not None else 0.0 for s in stats]
-    ys = range(len(rows))
-    ax.barh(ys, means, xerr=errs, color="#4c72b0", ecolor="#333333",
-            capsize=3, height=0.7)
-    top = max([m + e for m, e in zip(means, errs)] or [1.0])
-    for y, m, e, s in zip(ys, means, errs, stats):
-      if s is not None:
-        ax.text(m + e + 0.01 * top, y, f"{m:.1f}", va="center", fontsize=8)
-    ax.set_xlim(0, top * 1.12)
-    ax.set_xlabel(f"{label} (%) on the test split, mean ± std over seeds")
-    ax.set_title(label)
-    ax.grid(axis="x", alpha=0.3)
-  axes[0][0].set_yticks(range(len(rows)))
-  axes[0][0].set_yticklabels(names, fontsize=9)
-  fig.suptitle(title, fontsize=10)
-  fig.tight_layout()
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-
-
 def report(out: str, *, command: str, config_name: str,
            losses: Sequence[str], seeds: Sequence[int], runs: Sequence[Run],
            elapsed: float) -> Tuple[pathlib.Path, pathlib.Path]:
@@ -693,10 +654,11 @@ def report(out: str, *, command: str, config_name: str,
   write_markdown(md_path, command=command, config_name=config_name,
                  losses=losses, seeds=seeds, runs=runs, elapsed=elapsed,
                  plot_name=png_path.name)
+  from experiments import plots  # pylint: disable=g-import-not-at-top
   cfg = runs[0].config
   columns = metric_columns(runs)
   summary = summarize(runs, losses, [k for k, _ in columns])
-  write_plot(png_path, summary,
+  plots.write_bars(png_path, summary, PLOT_METRICS,
              f"{cfg['dataset']['name']}, {cfg['model']['name']} "
              f"{cfg['model']['embedding_dim']}-d, {cfg['num_train_steps']} "
              f"steps, {_plural(len(seeds), 'seed')} (only the loss changes)")

@@ -675,40 +675,6 @@ def grid_matrix(grid: Grid, values: Sequence[float]) -> np.ndarray:
   return values.reshape(shape)
 
 
-def write_heatmap(path: str, grid: Grid, values: Sequence[float], *,
-                  title: str) -> None:
-  """A PNG heatmap of per-model values over a 1-D or 2-D grid, annotated."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  if len(grid.names) > 2:
-    raise ValueError("Heatmaps need a 1-D or 2-D grid.")
-  mat = grid_matrix(grid, values)
-  rows = grid.values[0] if len(grid.names) == 2 else ("",)
-  cols = grid.values[-1]
-  fig, ax = plt.subplots(figsize=(max(4.5, 1.6 + 1.0 * len(cols)),
-                                  1.6 + 0.7 * len(rows)))
-  im = ax.imshow(np.ma.masked_invalid(mat), cmap="viridis", aspect="auto")
-  finite = mat[np.isfinite(mat)]
-  mid = (finite.min() + finite.max()) / 2 if finite.size else 0.0
-  for i in range(mat.shape[0]):
-    for j in range(mat.shape[1]):
-      v = mat[i, j]
-      ax.text(j, i, "NaN" if not np.isfinite(v) else f"{v:.3f}", ha="center",
-              va="center", fontsize=9,
-              color="white" if np.isfinite(v) and v < mid else "black")
-  ax.set_xticks(range(len(cols)), [f"{c:g}" for c in cols])
-  ax.set_xlabel(grid.names[-1])
-  ax.set_yticks(range(len(rows)), [f"{r:g}" if r != "" else "" for r in rows])
-  if len(grid.names) == 2:
-    ax.set_ylabel(grid.names[0])
-  ax.set_title(title)
-  fig.colorbar(im, ax=ax)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-
-
 def _grid_table(grid: Grid, values: Sequence[float]) -> List[str]:
   mat = grid_matrix(grid, values)
   if len(grid.names) == 2:
@@ -841,11 +807,12 @@ def _machine() -> str:
 
 def write_results(out_dir: str, result: Mapping[str, Any]) -> None:
   """Writes ``results.json``, ``results.md`` and the heatmaps to ``out_dir``."""
+  from experiments import plots  # pylint: disable=g-import-not-at-top
   os.makedirs(out_dir, exist_ok=True)
   grid = Grid(tuple(result["grid"]["names"]),
               tuple(tuple(v) for v in result["grid"]["values"]))
   for key, fname, title in HEATMAPS:
-    write_heatmap(os.path.join(out_dir, fname), grid,
+    plots.write_heatmap(os.path.join(out_dir, fname), grid,
                   [m["metrics"][key] for m in result["models"]],
                   title=f"{result['loss']} on {result['dataset']}\n{title} "
                         f"after {result['steps']} steps")
