@@ -64,7 +64,6 @@ import os
 import pathlib
 import re
 import shlex
-import statistics
 import subprocess
 import sys
 import time
@@ -78,8 +77,8 @@ from absl import flags  # noqa: E402
 
 from circle_jax import hostenv  # noqa: E402
 from circle_jax import losses as losses_lib  # noqa: E402
-from circle_jax.results import Stat, aggregate, format_stat, table_markdown  # noqa: E402
 from circle_jax.train import workdir as workdir_lib  # noqa: E402
+from experiments import compare_report  # noqa: E402
 from experiments import config_flag  # noqa: E402
 
 METRICS_FILE = "metrics.json"
@@ -95,14 +94,6 @@ IGNORED_FIELDS = (
     "dataset.num_threads", "batch.eval_batch_size", "async_checkpoints",
     "parallelism", "log_every_steps", "checkpoint_every_steps",
 )
-
-# (metrics.json key, column title) in table order; recall@K columns are
-# inserted after P@1 for every K the runs report.
-_HEAD_METRICS = (("precision@1", "P@1"),)
-_TAIL_METRICS = (("map@r", "MAP@R"), ("nmi", "NMI"))
-# The chart's panels.
-PLOT_METRICS = (("recall@1", "R@1"), ("map@r", "MAP@R"))
-
 
 
 # ----------------------------------------------------------------------------
@@ -335,337 +326,6 @@ def execute(run: Run, env: Dict[str, str]) -> None:
 
 
 # ----------------------------------------------------------------------------
-# Aggregation.
-# ----------------------------------------------------------------------------
-
-
-def metric_columns(runs: Sequence[Run]) -> List[Tuple[str, str]]:
-  """``(key, title)`` of the table: P@1, R@K for every K, MAP@R, NMI."""
-  keys = set()
-  for r in runs:
-    if r.metrics is not None:
-      keys.update(r.metrics["result"]["test"])
-  ks = sorted(int(k.split("@")[1]) for k in keys
-              if re.fullmatch(r"recall@\d+", k))
-  return (list(_HEAD_METRICS) + [(f"recall@{k}", f"R@{k}") for k in ks]
-          + list(_TAIL_METRICS))
-
-
-def summarize(runs: Sequence[Run], losses: Sequence[str],
-              keys: Sequence[str]) -> Dict[str, Dict[str, Optional[Stat]]]:
-  """``{loss: {metric: Stat over the loss's complete runs}}``.
-
-  Besides the metric keys, ``"train_seconds"`` (metrics.json) and
-  ``"wall_seconds"`` (the process) are aggregated too.
-  """
-  out = {}
-  for loss in losses:
-    done = [r for r in runs if r.loss == loss and r.metrics is not None]
-    row = {}
-    for key in keys:
-      row[key] = aggregate([r.metrics["result"]["test"][key] for r in done
-                            if r.metrics["result"]["test"].get(key)
-                            is not None])
-    row["train_seconds"] = aggregate(
-        [r.metrics["train_seconds"] for r in done
-         if r.metrics.get("train_seconds") is not None])
-    row["wall_seconds"] = aggregate(
-        [r.wall_seconds for r in done if r.wall_seconds is not None])
-    out[loss] = row
-  return out
-
-
-# ----------------------------------------------------------------------------
-# Report.
-# ----------------------------------------------------------------------------
-
-
-def _plural(n: int, noun: str) -> str:
-  return f"{n} {noun}" + ("" if n == 1 else ("es" if noun.endswith("s")
-                                             else "s"))
-
-
-def _fmt_value(v) -> str:
-  return f'"{v}"' if isinstance(v, str) else repr(v)
-
-
-def hyperparameter_lines(losses: Sequence[str], runs: Sequence[Run]
-                         ) -> List[str]:
-  """One table row per loss: its hyperparameters (from the run's config),
-  the values that differ from the registry (paper) default marked."""
-  lines = ["| loss | hyperparameters | learnable | source |",
-           "| --- | --- | --- | --- |"]
-  for loss in losses:
-    entry = losses_lib.get_loss(loss)
-    mine = [r for r in runs if r.loss == loss]
-    done = [r for r in mine if r.metrics is not None]
-    cfg = (done[0].metrics.get("config") or done[0].config) if done else (
-        mine[0].config)
-    hyper = dict(cfg.get("loss", {}))
-    hyper.pop("name", None)
-    parts = []
-    for k, v in hyper.items():
-      if k in entry.defaults:
-        text = f"`{k}={_fmt_value(v)}`"
-        if v != entry.defaults[k]:
-          text += f" (paper default {_fmt_value(entry.defaults[k])})"
-        parts.append(text)
-      elif v is not None:  # execution options such as block_size
-        parts.append(f"`{k}={_fmt_value(v)}`")
-    learnable = (f"`{entry.param_name}`: {entry.param_init}"
-                 if entry.param_name else "none")
-    lines.append(f"| `{loss}` | {', '.join(parts) or 'none'} | {learnable} "
-                 f"| {entry.paper} |")
-  return lines
-
-
-def _describe_model(cfg) -> str:
-  m = cfg["model"]
-  kwargs = ", ".join(f"{k}={v}" for k, v in sorted((m.get("kwargs") or
-                                                    {}).items()))
-  text = f"{m['name']}" + (f" ({kwargs})" if kwargs else "")
-  text += (f", {m.get('pooling', 'avg')} pooling, embedding dim "
-           f"{m['embedding_dim']}, {m.get('dtype', 'float32')}")
-  if m.get("pretrained"):
-    text += f", pretrained from {m['pretrained']}"
-  else:
-    text += ", trained from scratch"
-  if m.get("freeze_bn"):
-    text += ", frozen BatchNorm"
-  return text
-
-
-def _describe_batch(cfg) -> str:
-  b = cfg["batch"]
-  if b.get("sampler", "pk") == "random":
-    return f"{b['size']} random images"
-  p, k = b["classes_per_batch"], b["images_per_class"]
-  return f"P x K = {p} classes x {k} images = {p * k}"
-
-
-def _describe_optim(cfg) -> str:
-  o = cfg["optim"]
-  text = f"{o['name']}, lr {o['learning_rate']:g}"
-  text += f", weight decay {o.get('weight_decay', 0.0):g}"
-  if o.get("name") in ("sgd", "rmsprop") and o.get("momentum"):
-    text += f", momentum {o['momentum']:g}"
-  sched = o.get("schedule", "constant")
-  text += f", {sched} schedule"
-  if sched == "step":
-    text += (f" (x{o['decay_factor']:g} every {o['decay_every_steps']} "
-             "steps)")
-  if o.get("lr_warmup_steps"):
-    text += f", {o['lr_warmup_steps']} warm-up steps"
-  mult = {k: v for k, v in (o.get("lr_multipliers") or {}).items()
-          if v != 1.0}
-  if mult:
-    text += ", lr x " + ", ".join(f"{v:g} ({k})" for k, v in
-                                  sorted(mult.items()))
-  if o.get("freeze_backbone_steps"):
-    text += f", backbone frozen for {o['freeze_backbone_steps']} steps"
-  if o.get("grad_clip_norm"):
-    text += f", gradient norm clipped at {o['grad_clip_norm']:g}"
-  if o.get("grad_clip_value"):
-    text += f", gradient values clipped at {o['grad_clip_value']:g}"
-  return text
-
-
-def _describe_data(cfg, runs: Sequence[Run]) -> str:
-  from circle_jax.data import registry  # pylint: disable=g-import-not-at-top
-  name = cfg["dataset"]["name"]
-  try:
-    spec = registry.get_dataset_info(name)
-  except ValueError:
-    return name
-  done = [r for r in runs if r.metrics is not None]
-  queries = None
-  if done:
-    queries = done[0].metrics["result"]["test"].get("num_queries")
-  images = queries or sum(spec.num_images[s] for s in spec.eval_splits)
-  val = done[0].metrics.get("validation") if done else None
-  train = f"train on {spec.num_train_classes} classes"
-  if val:
-    train = (f"train on {spec.num_train_classes - val['num_classes']} "
-             f"classes, select on {val['num_classes']} held-out train classes "
-             f"({val['num_images']} images, "
-             f"dataset.validation_fraction={val['fraction']:g})")
-  if "query" in spec.eval_splits:
-    test = (f"{int(images)} query images, retrieved among "
-            f"{spec.num_images['gallery']} gallery images")
-  else:
-    test = f"{int(images)} images, each retrieved among the others"
-  return (f"{name}: {train}; test on {spec.num_test_classes} unseen classes "
-          f"({test})")
-
-
-def _describe_selection(cfg, runs: Sequence[Run]) -> str:
-  done = [r for r in runs if r.metrics is not None]
-  kinds = sorted({r.metrics["result"]["selection"] for r in done})
-  texts = []
-  for kind in kinds:
-    metric = next(r.metrics["result"].get("metric") for r in done
-                  if r.metrics["result"]["selection"] == kind)
-    if kind == "validation":
-      texts.append(f"the step with the best validation {metric} (held-out "
-                   "train classes); the table gives the test metrics of "
-                   "that step")
-    elif kind == "test":
-      texts.append(f"the step with the best **test** {metric} (no "
-                   "validation split): optimistic, since the test split "
-                   "picks the step; set --config.dataset.validation_fraction "
-                   "to select on held-out train classes")
-    else:
-      texts.append("the last step (no model selection)")
-  last = cfg.get("num_train_steps")
-  if (done and kinds != ["last"]
-      and all(r.metrics["result"].get("step") == last for r in done)):
-    texts.append("here the last step in every run")
-  every = cfg.get("eval_every_steps") or 0
-  cadence = (f"evaluated every {every} steps and at the end" if every else
-             "evaluated at the end only")
-  return "; ".join(texts or ["no completed run"]) + f" ({cadence})"
-
-
-def _machine(runs: Sequence[Run]) -> str:
-  infos = [r.info for r in runs if r.info.get("cpu")]
-  cpus = sorted({hostenv.cpu_text(i) for i in infos})
-  if not cpus:
-    cpus = [hostenv.cpu_text(hostenv.machine_info())]
-  text = "; ".join(cpus)
-  gpus = sorted({i.get("accelerators") for i in infos if i.get("accelerators")})
-  if gpus:
-    text += f"; GPUs present: {'; '.join(gpus)}"
-  loads = [v for i in infos for v in i.get("load_average", [])]
-  if loads:
-    text += (f"; 1-min load average {min(loads):.1f}-{max(loads):.1f} at "
-             "the runs' start and end")
-  return text
-
-
-def _times(runs: Sequence[Run], elapsed: float) -> str:
-  walls = [r.wall_seconds for r in runs if r.wall_seconds is not None]
-  trains = [r.metrics["train_seconds"] for r in runs
-            if r.metrics is not None and r.metrics.get("train_seconds")
-            is not None]
-  now = sum(r.status == "done" for r in runs)
-  reused = sum(r.status == "reused" for r in runs)
-  text = (f"this invocation {elapsed:.0f} s ({now} runs trained, {reused} "
-          "reused)")
-  if walls:
-    text += (f"; all {len(walls)} timed runs {sum(walls):.0f} s, per run "
-             f"{statistics.fmean(walls):.0f} s wall (min {min(walls):.0f}, "
-             f"max {max(walls):.0f}; process start, compilation, data, "
-             "training, evaluations)")
-  if trains:
-    text += (f"; training loop {statistics.fmean(trains):.0f} s per run "
-             "(metrics.json train_seconds)")
-  return text
-
-
-def write_markdown(path: pathlib.Path, *, command: str, config_name: str,
-                   losses: Sequence[str], seeds: Sequence[int],
-                   runs: Sequence[Run], elapsed: float,
-                   plot_name: Optional[str] = None) -> str:
-  """Writes the comparison's Markdown file and returns its text."""
-  cfg = runs[0].config
-  columns = metric_columns(runs)
-  summary = summarize(runs, losses, [k for k, _ in columns])
-  counts = {loss: (sum(r.loss == loss and r.metrics is not None
-                       for r in runs),
-                   sum(r.loss == loss for r in runs)) for loss in losses}
-  every = (f"; evaluation every {cfg['eval_every_steps']} steps"
-           if cfg.get("eval_every_steps") else "")
-  lines = [
-      f"# Loss comparison: {cfg['dataset']['name']}, {cfg['model']['name']} "
-      f"{cfg['model']['embedding_dim']}-d, {_plural(len(losses), 'loss')} x "
-      f"{_plural(len(seeds), 'seed')}",
-      "",
-      "Regenerate (reuses the finished runs in the workdir, trains the "
-      "others):",
-      "",
-      "```bash",
-      command,
-      "```",
-      "",
-      "Protocol (Musgrave et al., \"A Metric Learning Reality Check\", ECCV "
-      "2020, where it fits): every run has the same trunk, embedding, batch, "
-      "optimiser, number of steps and evaluation; only the loss and its own "
-      "hyperparameters (its paper's defaults, listed below) change. Config "
-      f"`{config_name}`:",
-      "",
-      f"- data: {_describe_data(cfg, runs)}",
-      f"- model: {_describe_model(cfg)}",
-      f"- batch: {_describe_batch(cfg)}",
-      f"- optimiser: {_describe_optim(cfg)}",
-      f"- steps: {cfg['num_train_steps']}{every}",
-      f"- seeds: {', '.join(map(str, seeds))} (model and loss-parameter "
-      "initialisation, batch order, augmentation)",
-      f"- reported step: {_describe_selection(cfg, runs)}",
-      "- values: test-split metrics in %, mean ± sample standard deviation "
-      "(ddof=1) over the seeds; the best mean of each column in bold; "
-      "`train s`: seconds in the training loop per run (including the "
-      "compilation of the step where the shared compilation cache did not "
-      "have it yet)",
-      f"- time: {_times(runs, elapsed)}",
-      f"- machine: {_machine(runs)}",
-      f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
-      "",
-      table_markdown(summary, columns, counts),
-      "",
-  ]
-  if plot_name:
-    lines += [f"![R@1 and MAP@R per loss]({plot_name})", ""]
-  lines += ["## Hyperparameters", "",
-            "From each loss's `metrics.json` config; the source is the "
-            "registry's reference (`circle_jax.losses.LOSSES`).", ""]
-  lines += hyperparameter_lines(losses, runs)
-  lines += ["", "## Runs", "",
-            "| loss | seed | step | R@1 | MAP@R | NMI | train s | wall s |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-  for r in runs:
-    if r.metrics is None:
-      lines.append(f"| `{r.loss}` | {r.seed} | failed |" + " – |" * 5)
-      continue
-    res = r.metrics["result"]
-    cells = [format_stat(aggregate([res["test"][k]])) if k in res["test"]
-             else "–" for k in ("recall@1", "map@r", "nmi")]
-    train = r.metrics.get("train_seconds")
-    lines.append(
-        f"| `{r.loss}` | {r.seed} | {res['step']} ({res['selection']}) | "
-        f"{' | '.join(cells)} | "
-        f"{'–' if train is None else f'{train:.0f}'} | "
-        f"{'–' if r.wall_seconds is None else f'{r.wall_seconds:.0f}'} |")
-  failed = [r for r in runs if r.status == "failed"]
-  if failed:
-    lines += ["", "## Failed runs", ""]
-    lines += [f"- `{r.loss}` seed {r.seed}: {r.error.splitlines()[0]}"
-              for r in failed]
-  text = "\n".join(lines) + "\n"
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(text)
-  return text
-
-
-def report(out: str, *, command: str, config_name: str,
-           losses: Sequence[str], seeds: Sequence[int], runs: Sequence[Run],
-           elapsed: float) -> Tuple[pathlib.Path, pathlib.Path]:
-  """Writes ``OUT.md`` and ``OUT.png``; returns their paths."""
-  md_path, png_path = pathlib.Path(out + ".md"), pathlib.Path(out + ".png")
-  write_markdown(md_path, command=command, config_name=config_name,
-                 losses=losses, seeds=seeds, runs=runs, elapsed=elapsed,
-                 plot_name=png_path.name)
-  from experiments import plots  # pylint: disable=g-import-not-at-top
-  cfg = runs[0].config
-  columns = metric_columns(runs)
-  summary = summarize(runs, losses, [k for k, _ in columns])
-  plots.write_bars(png_path, summary, PLOT_METRICS,
-             f"{cfg['dataset']['name']}, {cfg['model']['name']} "
-             f"{cfg['model']['embedding_dim']}-d, {cfg['num_train_steps']} "
-             f"steps, {_plural(len(seeds), 'seed')} (only the loss changes)")
-  return md_path, png_path
-
-
-# ----------------------------------------------------------------------------
 # Command line.
 # ----------------------------------------------------------------------------
 
@@ -769,8 +429,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             file=sys.stderr)
   todo = [r for r in runs if r.status == "pending"]
   conflicts = sum(r.status == "failed" for r in runs)
-  print(f"[compare] {len(runs)} runs ({_plural(len(losses), 'loss')} x "
-        f"{_plural(len(seeds), 'seed')}) in {args.workdir}: "
+  print(f"[compare] {len(runs)} runs ({compare_report.plural(len(losses), 'loss')} x "
+        f"{compare_report.plural(len(seeds), 'seed')}) in {args.workdir}: "
         f"{len(runs) - len(todo) - conflicts} finished, {len(todo)} to train"
         + (f", {conflicts} with another config there" if conflicts else ""),
         flush=True)
@@ -796,7 +456,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             file=sys.stderr, flush=True)
     else:
       print(f"[compare]   {_summary_line(run)}", flush=True)
-  md_path, png_path = report(
+  md_path, png_path = compare_report.report(
       args.out, command=canonical_command(args, overrides),
       config_name=args.config, losses=losses, seeds=seeds, runs=runs,
       elapsed=time.time() - started)

@@ -9,7 +9,9 @@ import textwrap
 
 import pytest
 
+from circle_jax import results
 from experiments import compare
+from experiments import compare_report
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DIGITS = str(REPO / "experiments" / "configs" / "digits.py")
@@ -59,7 +61,7 @@ def test_metric_columns_follow_the_runs_recall_ks():
   run = compare.Run("circle", 0, "", [], {})
   run.metrics = {"result": {"test": {"recall@10": 0.5, "recall@1": 0.2,
                                      "recall@100": 0.9, "map@r": 0.1}}}
-  assert compare.metric_columns([run]) == [
+  assert compare_report.metric_columns([run]) == [
       ("precision@1", "P@1"), ("recall@1", "R@1"), ("recall@10", "R@10"),
       ("recall@100", "R@100"), ("map@r", "MAP@R"), ("nmi", "NMI")]
 
@@ -204,7 +206,7 @@ def test_report_from_fixture_runs(tmp_path):
     assert run.status == "reused"
     runs.append(run)
   out = str(tmp_path / "results" / "cmp")
-  md_path, png_path = compare.report(
+  md_path, png_path = compare_report.report(
       out, command="python -m experiments.compare --seeds 2",
       config_name="experiments/configs/digits.py",
       losses=["circle", "proxy_anchor"], seeds=[0, 1], runs=runs,
@@ -249,14 +251,12 @@ def test_report_from_fixture_runs(tmp_path):
 
 def test_selection_on_validation_and_test_is_stated():
   def run(selection):
-    r = compare.Run("circle", 0, "", [], {})
-    r.metrics = {"result": {"selection": selection, "metric": "recall@1",
-                            "test": {}}}
-    return r
+    return {"result": {"selection": selection, "metric": "recall@1",
+                       "test": {}}}
   cfg = {"eval_every_steps": 500}
-  assert compare._describe_selection(cfg, [run("validation")]).startswith(
+  assert results.describe_selection(cfg, [run("validation")]).startswith(
       "the step with the best validation recall@1 (held-out train classes)")
-  text = compare._describe_selection(cfg, [run("test")])
+  text = results.describe_selection(cfg, [run("test")])
   assert "best **test** recall@1" in text and "optimistic" in text
   assert text.endswith("(evaluated every 500 steps and at the end)")
 
