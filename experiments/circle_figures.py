@@ -195,27 +195,16 @@ def fig2_data(margin: float = FIG2_MARGIN, *, gamma: float = GAMMA,
 # ----------------------------------------------------------------------------
 
 
-def embed_run(workdir: str, *, which: Optional[str] = None,
-              split: Optional[str] = None):
-  """Embeds a run's test split with its best (or latest) checkpoint.
+def _restore_and_embed(workdir: str, which: Optional[str],
+                       split: Optional[str]):
+  """Restores a run's checkpoint and embeds a split: the one call site.
 
-  Rebuilds the model from ``workdir/config.json`` and restores the checkpoint
-  as :mod:`circle_jax.embed` does, then embeds the split with the training
-  loop's own evaluation path (``loop.embed_source`` with the eval
-  preprocessing, the evaluator's batch size and device mesh), so the
-  embeddings are those the run's test metrics were computed from. The saved
-  tree is restored as is (no template from ``loop.init_state``: initialising
-  the model and optimiser only to check shapes costs seconds per run).
-
-  Args:
-    workdir: a folder written by ``experiments.main``.
-    which: ``best`` or ``latest`` (default: best if the run kept one).
-    split: the split (default: the dataset's first evaluation split).
-
-  Returns:
-    ``(embeddings [N, D] float32, labels [N], info)``; ``info`` holds the
-    config's loss and dataset, the checkpoint and its step.
+  Returns ``(embeddings, labels, config, dataset info, split, which, step)``.
   """
+  # lead: switch to circle_jax.train.run after the merge:
+  #   run = run_lib.restore_run(workdir, which=which)
+  #   embeddings, labels = run.embed_split(split)
+  # (config, info, which, step: run.config, run.info, run.which, run.step).
   # pylint: disable=g-import-not-at-top
   from circle_jax import data as data_lib
   from circle_jax import embed as embed_lib
@@ -225,7 +214,6 @@ def embed_run(workdir: str, *, which: Optional[str] = None,
   # pylint: enable=g-import-not-at-top
   config = embed_lib.load_run_config(workdir)
   info = data_lib.get_dataset_info(config.dataset.name)
-  preprocess = loop.eval_preprocess(config, info)
   model = loop.build_model(config, "none")
   ckpts = ckpt_lib.Checkpoints(
       os.path.join(workdir, "checkpoints"),
@@ -253,12 +241,35 @@ def embed_run(workdir: str, *, which: Optional[str] = None,
       manual_dir=config.dataset.get("manual_dir"))
   embeddings, labels = loop.embed_source(
       variables, step_lib.embed_fn(model.apply, mesh=mesh), source,
-      preprocess, batch_size=config.batch.get("eval_batch_size", 256),
-      mesh=mesh)
+      loop.eval_preprocess(config, info),
+      batch_size=config.batch.get("eval_batch_size", 256), mesh=mesh)
+  return embeddings, labels, config, info, split, which, meta.get("step")
+
+
+def embed_run(workdir: str, *, which: Optional[str] = None,
+              split: Optional[str] = None):
+  """Embeds a run's test split with its best (or latest) checkpoint.
+
+  Rebuilds the model from the run's config, restores the checkpoint and
+  embeds the split with the training loop's own evaluation path (eval
+  preprocessing, the evaluator's batch size and devices), so the embeddings
+  are those the run's test metrics were computed from.
+
+  Args:
+    workdir: a folder written by ``experiments.main``.
+    which: ``best`` or ``latest`` (default: best if the run kept one).
+    split: the split (default: the dataset's first evaluation split).
+
+  Returns:
+    ``(embeddings [N, D] float32, labels [N], info)``; ``info`` holds the
+    config's loss and dataset, the checkpoint and its step.
+  """
+  embeddings, labels, config, info, split, which, step = _restore_and_embed(
+      workdir, which, split)
   loss = {k: v for k, v in config.loss.to_dict().items() if v is not None}
   run_info = {"workdir": os.path.abspath(workdir), "loss": loss,
               "dataset": info.name, "split": split, "checkpoint": which,
-              "step": meta.get("step")}
+              "step": step}
   return embeddings, labels, run_info
 
 

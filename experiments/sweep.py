@@ -460,8 +460,17 @@ def _define_flags():
   flags.DEFINE_string("out", None, "Output folder.", required=True)
 
 
+def _parse_flags(argv):
+  """absl's flag parsing, except that ``--help`` exits with status 0."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+  if {"-h", "--help", "-?", "--helpshort"} & set(argv[1:]):
+    app.usage(shorthelp=True, writeto_stdout=True)
+    sys.exit(0)
+  return app.parse_flags_with_usage(argv)
+
+
 if __name__ == "__main__":
   from absl import app  # pylint: disable=g-import-not-at-top
   hostenv.reexec_with_hugepage_malloc()  # CIRCLE_JAX_NO_HUGEPAGES=1: off.
   _define_flags()
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)
