@@ -48,10 +48,10 @@ def bench(name, batch, dim, classes_per_batch, repeats, num_classes):
   t0 = time.perf_counter()
   compiled = jax.jit(step).lower(x, params).compile()
   compile_s = time.perf_counter() - t0
-  mem = compiled.memory_analysis()
-  temp_mb = (mem.temp_size_in_bytes / 2**20) if mem is not None else float("nan")
-  return compile_s, temp_mb, 1e3 * timing.median_s(lambda: compiled(x, params), 1,
-                                             repeats)
+  mem = timing.compiled_memory(compiled)
+  temp_mb = mem["temp"] / 2**20 if mem is not None else float("nan")
+  ms = 1e3 * timing.median_s(lambda: compiled(x, params), 1, repeats)
+  return compile_s, temp_mb, ms
 
 
 def main():

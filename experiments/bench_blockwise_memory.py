@@ -44,13 +44,6 @@ LOSSES = ("circle", "multi_similarity", "ranked_list")
 _GIB = 2**30
 
 
-def _analysis_bytes(compiled):
-  m = compiled.memory_analysis()
-  return int(m.argument_size_in_bytes + m.output_size_in_bytes
-             + m.temp_size_in_bytes - m.alias_size_in_bytes), int(
-                 m.temp_size_in_bytes)
-
-
 def measure(loss: str, batch: int, dim: int, block_size: int,
             dense_analysis: bool) -> dict:
   """Compiles and runs one blockwise forward+backward; returns the figures."""
@@ -72,14 +65,15 @@ def measure(loss: str, batch: int, dim: int, block_size: int,
   t0 = time.perf_counter()
   compiled = f.lower(x, labels).compile()
   compile_s = time.perf_counter() - t0
-  peak, temp = _analysis_bytes(compiled)
+  mem = timing.compiled_memory(compiled)
+  peak, temp = mem["peak"], mem["temp"]
   out = dict(loss=loss, batch=batch, dim=dim, block_size=block_size,
              compile_s=compile_s, analysis_peak_bytes=peak,
              analysis_temp_bytes=temp)
   if dense_analysis:
     g = jax.jit(jax.value_and_grad(lambda x, y: dense_fn(x, y)))
-    out["dense_analysis_peak_bytes"], _ = _analysis_bytes(
-        g.lower(x, labels).compile())
+    out["dense_analysis_peak_bytes"] = timing.compiled_memory(
+        g.lower(x, labels).compile())["peak"]
   t0 = time.perf_counter()
   value, grad = compiled(x, labels)
   grad = grad.block_until_ready()

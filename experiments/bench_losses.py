@@ -83,11 +83,6 @@ TARGETED = ("circle", "multi_similarity", "ranked_list", "proxy_anchor",
 _MIB = 2**20
 
 
-# ----------------------------------------------------------------------------
-# Timing helpers.
-# ----------------------------------------------------------------------------
-
-
 @dataclasses.dataclass
 class Measured:
   seconds: Optional[float] = None
@@ -95,17 +90,6 @@ class Measured:
   peak_bytes: Optional[int] = None
   note: str = ""
   cost: Optional[dict] = None  # XLA cost analysis: flops, transcendentals, bytes
-
-
-def _peak_bytes(compiled) -> Optional[int]:
-  try:
-    m = compiled.memory_analysis()
-  except Exception:  # pylint: disable=broad-except
-    return None
-  if m is None:
-    return None
-  return int(m.argument_size_in_bytes + m.output_size_in_bytes
-             + m.temp_size_in_bytes - m.alias_size_in_bytes)
 
 
 def _cost(compiled) -> Optional[dict]:
@@ -128,7 +112,7 @@ def _measure_jax(fn, args, warmup, repeats, max_bytes) -> Measured:
   except Exception as e:  # pylint: disable=broad-except
     return Measured(note=f"compile error: {type(e).__name__}: {e}"[:120])
   compile_s = time.perf_counter() - t0
-  peak = _peak_bytes(compiled)
+  peak = (timing.compiled_memory(compiled) or {}).get("peak")
   cost = _cost(compiled)
   if peak is not None and peak > max_bytes:
     return Measured(compile_s=compile_s, peak_bytes=peak, cost=cost,

@@ -1,6 +1,7 @@
 """What every benchmark script shares: the timing loop and the command line.
 
 * :func:`call_times` / :func:`median_s`: wall-clock timing of compiled calls;
+  :func:`compiled_memory`: XLA's memory analysis of a compiled program;
 * :func:`parser`: an ``argparse`` parser with the common flags (``--repeats``,
   ``--out``, ``--no-hugepages``, ``--compilation-cache``);
 * :func:`run`: the ``__main__`` entry, which first re-executes the process
@@ -17,7 +18,7 @@ import pathlib
 import statistics
 import sys
 import time
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from circle_jax import hostenv
 
@@ -52,6 +53,23 @@ def median_s(fn: Callable[[], object], warmup: int, repeats: int,
              budget_s: float = float("inf")) -> float:
   """Median seconds of :func:`call_times` (same arguments)."""
   return statistics.median(call_times(fn, warmup, repeats, budget_s))
+
+
+def compiled_memory(compiled) -> Optional[Dict[str, int]]:
+  """XLA's memory analysis of a compiled program, in bytes.
+
+  ``{'peak': arguments + outputs + temporaries - aliased, 'temp':
+  temporaries}``; None where the backend gives no analysis.
+  """
+  try:
+    m = compiled.memory_analysis()
+  except Exception:  # pylint: disable=broad-except
+    return None
+  if m is None:
+    return None
+  return {"peak": int(m.argument_size_in_bytes + m.output_size_in_bytes
+                      + m.temp_size_in_bytes - m.alias_size_in_bytes),
+          "temp": int(m.temp_size_in_bytes)}
 
 
 def parser(doc: str, *, repeats: Optional[int] = None,
