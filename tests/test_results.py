@@ -132,3 +132,64 @@ def test_table_markdown_of_read_table_markdown_is_the_committed_table():
   committed = [" | ".join(l.split(" | ")[:-1])
                for l in lines[start:start + 2 + len(rows)]]
   assert written[2:] == committed[2:]
+
+
+# ----------------------------------------------------------------------------
+# The protocol lines.
+# ----------------------------------------------------------------------------
+
+
+def test_selection_on_validation_and_test_is_stated():
+  def run(selection):
+    return {"result": {"selection": selection, "metric": "recall@1",
+                       "test": {}}}
+  cfg = {"eval_every_steps": 500}
+  assert results.describe_selection(cfg, [run("validation")]).startswith(
+      "the step with the best validation recall@1 (held-out train classes)")
+  text = results.describe_selection(cfg, [run("test")])
+  assert "best **test** recall@1" in text and "optimistic" in text
+  assert text.endswith("(evaluated every 500 steps and at the end)")
+
+
+def test_describe_model_batch_and_optimiser():
+  cfg = {
+      "model": {"name": "conv4", "kwargs": {"width": 64}, "embedding_dim": 64,
+                "pooling": "avg", "dtype": "float32", "pretrained": "",
+                "freeze_bn": False},
+      "batch": {"sampler": "pk", "classes_per_batch": 32,
+                "images_per_class": 4},
+      "optim": {"name": "sgd", "learning_rate": 0.1, "weight_decay": 5e-4,
+                "momentum": 0.9, "schedule": "step", "decay_factor": 0.1,
+                "decay_every_steps": 1000, "lr_warmup_steps": 0,
+                "lr_multipliers": {"loss": 10.0, "model": 1.0}},
+  }
+  assert results.describe_model(cfg) == (
+      "conv4 (width=64), avg pooling, embedding dim 64, float32, trained "
+      "from scratch")
+  assert results.describe_batch(cfg) == (
+      "P x K = 32 classes x 4 images = 128")
+  assert results.describe_batch({"batch": {"sampler": "random", "size": 60}}
+                                ) == "60 random images"
+  assert results.describe_optim(cfg) == (
+      "sgd, lr 0.1, weight decay 0.0005, momentum 0.9, step schedule (x0.1 "
+      "every 1000 steps), lr x 10 (loss)")
+
+
+def test_hyperparameter_lines_mark_values_off_the_paper_default():
+  lines = results.hyperparameter_lines({
+      "circle": {"loss": {"name": "circle", "margin": 0.4, "gamma": 80.0,
+                          "block_size": 512}},
+      "multi_similarity": {"loss": {"name": "multi_similarity",
+                                    "alpha": 2.0, "beta": 40.0,
+                                    "base": 0.5, "epsilon": 0.1}}})
+  assert lines[:2] == ["| loss | hyperparameters | learnable | source |",
+                       "| --- | --- | --- | --- |"]
+  circle, ms = lines[2:]
+  # The registry's defaults (margin 0.4, gamma 80) are not marked; an
+  # execution option (block_size) is listed as it is.
+  assert circle.startswith(
+      "| `circle` | `margin=0.4`, `gamma=80.0`, `block_size=512` | none | "
+      "Sun et al.")
+  assert ms.startswith("| `multi_similarity` | `alpha=2.0`, `beta=40.0` "
+                       "(paper default 50.0), `base=0.5`, `epsilon=0.1` |")
+

@@ -9,7 +9,6 @@ import textwrap
 
 import pytest
 
-from circle_jax import results
 from experiments import compare
 from experiments import compare_report
 
@@ -247,18 +246,6 @@ def test_report_from_fixture_runs(tmp_path):
   assert "Failed runs" not in md
   png = png_path.read_bytes()
   assert png[:8] == PNG_SIGNATURE and len(png) > 10_000
-
-
-def test_selection_on_validation_and_test_is_stated():
-  def run(selection):
-    return {"result": {"selection": selection, "metric": "recall@1",
-                       "test": {}}}
-  cfg = {"eval_every_steps": 500}
-  assert results.describe_selection(cfg, [run("validation")]).startswith(
-      "the step with the best validation recall@1 (held-out train classes)")
-  text = results.describe_selection(cfg, [run("test")])
-  assert "best **test** recall@1" in text and "optimistic" in text
-  assert text.endswith("(evaluated every 500 steps and at the end)")
 
 
 # ----------------------------------------------------------------------------
