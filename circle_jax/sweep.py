@@ -408,6 +408,21 @@ def _history(metrics: List[dict]) -> Dict[str, np.ndarray]:
           for k in ("loss", "grad_norm", "finite")}
 
 
+def _compile_and_train(step, state, batches: Sequence[dict], *args):
+  """Compiles ``step(state, *args, batch)`` ahead of time, then runs it on
+  every batch; returns ``(state, history, {'compile_s', 'train_s'})``."""
+  t0 = time.perf_counter()
+  compiled = step.lower(state, *args, batches[0]).compile()
+  t1 = time.perf_counter()
+  metrics = []
+  for batch in batches:
+    state, m = compiled(state, *args, batch)
+    metrics.append(m)
+  jax.block_until_ready((state, metrics))
+  t2 = time.perf_counter()
+  return state, _history(metrics), {"compile_s": t1 - t0, "train_s": t2 - t1}
+
+
 def train_vmapped(s: GridProblem, batches: Sequence[dict], *,
                   conv: str = "native"):
   """Trains every grid point at once with one compiled vmapped step.
@@ -424,23 +439,14 @@ def train_vmapped(s: GridProblem, batches: Sequence[dict], *,
   step = make_sweep_step(s.entry, s.fixed_hyper, base_key=s.base_key,
                          conv=conv)
   hyper = jax.device_put(s.grid.arrays())
-  states = stacked_state(s.state, s.grid.size)
-  t0 = time.perf_counter()
-  compiled = step.lower(states, hyper, batches[0]).compile()
-  t1 = time.perf_counter()
-  metrics = []
-  for batch in batches:
-    states, m = compiled(states, hyper, batch)
-    metrics.append(m)
-  jax.block_until_ready((states, metrics))
-  t2 = time.perf_counter()
-  return states, _history(metrics), {"compile_s": t1 - t0, "train_s": t2 - t1}
+  return _compile_and_train(step, stacked_state(s.state, s.grid.size),
+                            batches, hyper)
 
 
 def train_sequential(s: GridProblem, batches: Sequence[dict]):
   """Trains the grid one model at a time (the baseline of the vmapped run).
 
-  Each point gets its own compiled ``make_train_step(mode="none")`` with its
+  Each point gets its own compiled :func:`make_sequential_step` with its
   hyperparameters as constants, a fresh copy of the same initial state and
   the same batches.
 
@@ -452,19 +458,11 @@ def train_sequential(s: GridProblem, batches: Sequence[dict]):
   for point in s.grid.points():
     step = make_sequential_step(s.entry, s.fixed_hyper, point,
                                 base_key=s.base_key)
-    state = fresh_state(s.state)
-    t0 = time.perf_counter()
-    compiled = step.lower(state, batches[0]).compile()
-    t1 = time.perf_counter()
-    metrics = []
-    for batch in batches:
-      state, m = compiled(state, batch)
-      metrics.append(m)
-    jax.block_until_ready((state, metrics))
-    t2 = time.perf_counter()
-    per_model.append({"compile_s": t1 - t0, "train_s": t2 - t1})
+    state, history, timings = _compile_and_train(step, fresh_state(s.state),
+                                                 batches)
+    per_model.append(timings)
     finals.append(state_lib.state_to_tree(state))
-    histories.append(_history(metrics))
+    histories.append(history)
   states = s.state.replace(**stack_trees(finals))
   history = {k: np.stack([h[k] for h in histories], axis=1)
              for k in histories[0]}
