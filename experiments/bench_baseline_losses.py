@@ -18,9 +18,7 @@ figure you quote.
 
 from __future__ import annotations
 
-import argparse
 import os
-import statistics
 import sys
 import time
 
@@ -28,9 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-  sys.path.insert(0, _REPO)
+if __package__ in (None, ""):  # run as a file: python experiments/X.py
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from circle_jax import losses  # noqa: E402
 from experiments import timing  # noqa: E402
 
@@ -51,19 +48,18 @@ def bench(name, batch, dim, classes_per_batch, repeats, num_classes):
   t0 = time.perf_counter()
   compiled = jax.jit(step).lower(x, params).compile()
   compile_s = time.perf_counter() - t0
-  mem = compiled.memory_analysis()
-  temp_mb = (mem.temp_size_in_bytes / 2**20) if mem is not None else float("nan")
-  times = timing.call_times(lambda: compiled(x, params), 1, repeats)
-  return compile_s, temp_mb, statistics.median(times) * 1e3
+  mem = timing.compiled_memory(compiled)
+  temp_mb = mem["temp"] / 2**20 if mem is not None else float("nan")
+  ms = 1e3 * timing.median_s(lambda: compiled(x, params), 1, repeats)
+  return compile_s, temp_mb, ms
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = timing.parser(__doc__, repeats=20, hugepages=False)
   parser.add_argument("--batch", type=int, default=256)
   parser.add_argument("--dim", type=int, default=128)
   parser.add_argument("--classes_per_batch", type=int, default=64)
   parser.add_argument("--num_classes", type=int, default=100)
-  parser.add_argument("--repeats", type=int, default=20)
   parser.add_argument("--losses", default="",
                       help="comma-separated registry names (default: all)")
   args = parser.parse_args()

@@ -24,10 +24,8 @@ A single measurement::
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
-import os
 import pathlib
 import re
 import resource
@@ -36,19 +34,14 @@ import subprocess
 import sys
 import time
 
+if __package__ in (None, ""):  # run as a file: python experiments/X.py
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 _REPO = pathlib.Path(__file__).resolve().parents[1]
-if str(_REPO) not in sys.path:
-  sys.path.insert(0, str(_REPO))
+
+from experiments import timing  # noqa: E402  pylint: disable=g-import-not-at-top
 
 LOSSES = ("circle", "multi_similarity", "ranked_list")
 _GIB = 2**30
-
-
-def _analysis_bytes(compiled):
-  m = compiled.memory_analysis()
-  return int(m.argument_size_in_bytes + m.output_size_in_bytes
-             + m.temp_size_in_bytes - m.alias_size_in_bytes), int(
-                 m.temp_size_in_bytes)
 
 
 def measure(loss: str, batch: int, dim: int, block_size: int,
@@ -72,14 +65,15 @@ def measure(loss: str, batch: int, dim: int, block_size: int,
   t0 = time.perf_counter()
   compiled = f.lower(x, labels).compile()
   compile_s = time.perf_counter() - t0
-  peak, temp = _analysis_bytes(compiled)
+  mem = timing.compiled_memory(compiled)
+  peak, temp = mem["peak"], mem["temp"]
   out = dict(loss=loss, batch=batch, dim=dim, block_size=block_size,
              compile_s=compile_s, analysis_peak_bytes=peak,
              analysis_temp_bytes=temp)
   if dense_analysis:
     g = jax.jit(jax.value_and_grad(lambda x, y: dense_fn(x, y)))
-    out["dense_analysis_peak_bytes"], _ = _analysis_bytes(
-        g.lower(x, labels).compile())
+    out["dense_analysis_peak_bytes"] = timing.compiled_memory(
+        g.lower(x, labels).compile())["peak"]
   t0 = time.perf_counter()
   value, grad = compiled(x, labels)
   grad = grad.block_until_ready()
@@ -128,8 +122,7 @@ def _write(rows, args, platform):
       f"--batch {args.batch} --dim {args.dim} --block-size {args.block_size}`"
       f" (each loss in a fresh process under `/usr/bin/time -v`)",
       f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}; "
-      f"{os.cpu_count()} CPUs, load average "
-      f"{', '.join(f'{v:.1f}' for v in os.getloadavg())} (shared machine)",
+      f"{timing.machine_line()} (shared machine)",
       "- `/usr/bin/time` max RSS: whole process (Python + JAX runtime + "
       "inputs + program); XLA analysis: arguments + outputs + temporaries of "
       "the compiled program; dense: the same analysis of the dense loss "
@@ -151,13 +144,13 @@ def _write(rows, args, platform):
         f"`{r['command']}` |")
   out = pathlib.Path(args.out) if args.out else (
       _REPO / "experiments" / "results" / f"blockwise_memory_{platform}.md")
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text("\n".join(lines) + "\n")
-  print(out.read_text())
+  timing.write_table("\n".join(lines) + "\n", out)
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p = timing.parser(__doc__, hugepages=False,
+                   out="with --record: the results file (default experiments/"
+                       "results/blockwise_memory_<platform>.md)")
   p.add_argument("--loss", default="circle", choices=LOSSES)
   p.add_argument("--losses", default=",".join(LOSSES),
                  help="with --record: the losses to run")
@@ -173,7 +166,6 @@ def main(argv=None):
                  help="run every loss under /usr/bin/time -v and write the "
                       "results file")
   p.add_argument("--json", action="store_true", help="print one JSON line")
-  p.add_argument("--out", default="")
   args = p.parse_args(argv)
   if args.record:
     _record(args)

@@ -15,17 +15,20 @@ Measures, on this machine:
 
 from __future__ import annotations
 
-import argparse
 import io
 import os
-import platform
+import sys
 import tempfile
 import time
 
 import numpy as np
 from PIL import Image
 
-from circle_jax import data
+if __package__ in (None, ""):  # run as a file: python experiments/X.py
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from circle_jax import data  # noqa: E402  pylint: disable=g-import-not-at-top
+from experiments import timing  # noqa: E402  pylint: disable=g-import-not-at-top
 
 
 def throughput(source, sampler, preprocess, steps, **kw):
@@ -59,12 +62,11 @@ def jpeg_source(n=240, classes=60):
 
 
 def main():
-  ap = argparse.ArgumentParser()
+  ap = timing.parser(__doc__, hugepages=False, out="write the table here too")
   ap.add_argument("--manual_dir", default=None,
                   help="Omniglot zips (default: the ones shipped with the "
                   "package)")
   ap.add_argument("--steps", type=int, default=30)
-  ap.add_argument("--out", default="")
   args = ap.parse_args()
   rows = []
   with tempfile.TemporaryDirectory() as tmp:
@@ -95,8 +97,7 @@ def main():
   lines = [
       "# Input pipeline throughput",
       "",
-      f"Machine: {platform.processor() or platform.machine()}, "
-      f"{os.cpu_count()} CPUs (shared with other jobs while measured).",
+      f"{timing.machine_line()} (shared with other jobs while measured)",
       "Command: `python -m experiments.bench_data --out "
       "experiments/results/bench_data_cpu.md`",
       "",
@@ -107,11 +108,7 @@ def main():
       "| --- | --- |",
       *[f"| {a} | {b} |" for a, b in rows],
   ]
-  text = "\n".join(lines) + "\n"
-  print(text)
-  if args.out:
-    with open(args.out, "w") as f:
-      f.write(text)
+  timing.write_table("\n".join(lines) + "\n", args.out)
 
 
 if __name__ == "__main__":

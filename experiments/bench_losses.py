@@ -26,7 +26,7 @@ added (``circle_jax.losses.blockwise``).
 
 On Linux with glibc >= 2.35 the script re-executes itself with
 ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (``--no-hugepages`` to keep the
-default malloc; see ``experiments/hostenv.py``).
+default malloc; see ``circle_jax/hostenv.py``).
 
 Results are printed and written to
 ``experiments/results/bench_losses_<platform>.md`` (``cpu``, ``gpu``, ``tpu``),
@@ -49,31 +49,28 @@ up to ``--torch-max-batch``.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import math
 import os
 import pathlib
-import platform
 import shlex
-import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 
+if __package__ in (None, ""):  # run as a file: python experiments/X.py
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 _REPO = pathlib.Path(__file__).resolve().parents[1]
-if str(_REPO) not in sys.path:
-  sys.path.insert(0, str(_REPO))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from circle_jax import hostenv  # noqa: E402
 from circle_jax import losses as cj_losses  # noqa: E402
 from circle_jax.losses import blockwise  # noqa: E402
-from experiments import hostenv  # noqa: E402
 from experiments import timing  # noqa: E402
 
 # A single call slower than this ends a measurement early (one call timed).
@@ -86,21 +83,6 @@ TARGETED = ("circle", "multi_similarity", "ranked_list", "proxy_anchor",
 _MIB = 2**20
 
 
-# ----------------------------------------------------------------------------
-# Timing helpers.
-# ----------------------------------------------------------------------------
-
-
-def _median_time(fn: Callable[[], object], warmup: int, repeats: int,
-                 budget_s: float = float("inf")) -> float:
-  """Median of ``repeats`` timed calls after ``warmup`` calls.
-
-  A call slower than ``budget_s`` ends the measurement early (see
-  ``timing.call_times``), so a pathological case cannot stall the sweep.
-  """
-  return statistics.median(timing.call_times(fn, warmup, repeats, budget_s))
-
-
 @dataclasses.dataclass
 class Measured:
   seconds: Optional[float] = None
@@ -108,17 +90,6 @@ class Measured:
   peak_bytes: Optional[int] = None
   note: str = ""
   cost: Optional[dict] = None  # XLA cost analysis: flops, transcendentals, bytes
-
-
-def _peak_bytes(compiled) -> Optional[int]:
-  try:
-    m = compiled.memory_analysis()
-  except Exception:  # pylint: disable=broad-except
-    return None
-  if m is None:
-    return None
-  return int(m.argument_size_in_bytes + m.output_size_in_bytes
-             + m.temp_size_in_bytes - m.alias_size_in_bytes)
 
 
 def _cost(compiled) -> Optional[dict]:
@@ -141,13 +112,13 @@ def _measure_jax(fn, args, warmup, repeats, max_bytes) -> Measured:
   except Exception as e:  # pylint: disable=broad-except
     return Measured(note=f"compile error: {type(e).__name__}: {e}"[:120])
   compile_s = time.perf_counter() - t0
-  peak = _peak_bytes(compiled)
+  peak = (timing.compiled_memory(compiled) or {}).get("peak")
   cost = _cost(compiled)
   if peak is not None and peak > max_bytes:
     return Measured(compile_s=compile_s, peak_bytes=peak, cost=cost,
                     note=f"skipped: needs {peak / 2**30:.1f} GiB")
   try:
-    seconds = _median_time(lambda: compiled(*args), warmup, repeats,
+    seconds = timing.median_s(lambda: compiled(*args), warmup, repeats,
                            budget_s=_SLOW_CALL_S)
   except Exception as e:  # pylint: disable=broad-except
     return Measured(compile_s=compile_s, peak_bytes=peak, cost=cost,
@@ -263,7 +234,7 @@ def _measure_torch(mods, name, hyper, x_np, labels_np, num_classes, dtype,
     return loss
 
   try:
-    seconds = _median_time(lambda: (step(), ())[1], warmup, repeats,
+    seconds = timing.median_s(lambda: (step(), ())[1], warmup, repeats,
                            budget_s=_SLOW_CALL_S)
   except Exception as e:  # pylint: disable=broad-except
     return Measured(note=f"peer error: {type(e).__name__}"[:80])
@@ -447,10 +418,7 @@ def write_markdown(rows: List[Row], args, path: pathlib.Path, started: float):
       f"- command: `{' '.join(shlex.quote(a) for a in sys.argv)}`",
       f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}, "
       f"total wall time {time.time() - started:.0f} s",
-      f"- host: {platform.processor() or platform.machine()}, "
-      f"{os.cpu_count()} CPUs visible; load average at the end "
-      f"{', '.join(f'{v:.1f}' for v in os.getloadavg())}; "
-      f"{hostenv.describe()}",
+      f"- host (at the end): {hostenv.describe(with_jax=False)}",
       f"- jax {jax.__version__}, D={args.dim}, labels: {args.per_class} "
       f"samples per class, C = {'B/%d' % args.per_class if not args.num_classes else args.num_classes} "
       f"classes/proxies; median of {args.repeats} timed calls after "
@@ -487,7 +455,9 @@ def write_markdown(rows: List[Row], args, path: pathlib.Path, started: float):
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p = timing.parser(__doc__, repeats=5,
+                   out="output file (default experiments/results/"
+                       "bench_losses_<platform>.md)")
   p.add_argument("--losses", default="all",
                  help="comma-separated registry names, or 'all'")
   p.add_argument("--batch-sizes", default="256,1024,4096,16384")
@@ -498,7 +468,6 @@ def main(argv=None):
   p.add_argument("--num-classes", type=int, default=0,
                  help="classes/proxies (default: B / per-class)")
   p.add_argument("--warmup", type=int, default=2)
-  p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--big-batch", type=int, default=4096,
                  help="above this batch size use --big-repeats and only "
                       "--big-losses")
@@ -514,11 +483,6 @@ def main(argv=None):
   p.add_argument("--torch-max-batch", type=int, default=4096)
   p.add_argument("--max-memory-gb", type=float, default=6.0,
                  help="skip (compile only) programs needing more memory")
-  p.add_argument("--out", default="",
-                 help="output file (default experiments/results/"
-                      "bench_losses_<platform>.md)")
-  p.add_argument("--no-hugepages", action="store_true",
-                 help="keep the default malloc (see experiments/hostenv.py)")
   args = p.parse_args(argv)
   started = time.time()
   print("[bench] " + HEADER, flush=True)
@@ -531,5 +495,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  hostenv.reexec_with_hugepage_malloc(disabled="--no-hugepages" in sys.argv)
-  main()
+  timing.run(main)

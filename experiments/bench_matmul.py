@@ -14,21 +14,18 @@ Usage:
   python experiments/bench_matmul.py --shape 4096,512,4096 --repeats 50
 
 Like the other CPU benchmarks it re-executes itself with huge-page malloc
-(``experiments/hostenv.py``; ``--no-hugepages`` keeps the default).
+(``circle_jax/hostenv.py``; ``--no-hugepages`` keeps the default).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 import numpy as np
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-  sys.path.insert(0, _REPO)
-from experiments import hostenv  # noqa: E402  pylint: disable=g-import-not-at-top
+if __package__ in (None, ""):  # run as a file: python experiments/X.py
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from experiments import timing  # noqa: E402  pylint: disable=g-import-not-at-top
 
 
@@ -47,17 +44,12 @@ def time_matmul(m, k, n, dtype, repeats):
 
 
 def main():
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p = timing.parser(__doc__, repeats=30)
   p.add_argument("--shape", default="1024,512,3168", help="M,K,N")
-  p.add_argument("--repeats", type=int, default=30)
-  p.add_argument("--no-hugepages", action="store_true",
-                 help="keep the default malloc (see experiments/hostenv.py)")
   args = p.parse_args()
   m, k, n = (int(v) for v in args.shape.split(","))
-  import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  print(f"# [{m} x {k}] x [{k} x {n}] on {jax.devices()[0].device_kind}, "
-        f"jax {jax.__version__}, {os.cpu_count()} cores; {hostenv.describe()}")
+  print(f"# [{m} x {k}] x [{k} x {n}]; {timing.machine_line()}")
   print("| operands | min ms | median ms | GFLOP/s (min) |")
   print("| --- | --- | --- | --- |")
   flop = 2.0 * m * k * n
@@ -68,5 +60,4 @@ def main():
 
 
 if __name__ == "__main__":
-  hostenv.reexec_with_hugepage_malloc(disabled="--no-hugepages" in sys.argv)
-  main()
+  timing.run(main)

@@ -14,22 +14,19 @@ Usage:
   python experiments/bench_max_pool.py --batch 256 --size 28 --repeats 20
 
 Like the other CPU benchmarks it re-executes itself with huge-page malloc
-(``experiments/hostenv.py``; ``--no-hugepages`` keeps the default).
+(``circle_jax/hostenv.py``; ``--no-hugepages`` keeps the default).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from unittest import mock
 
 import numpy as np
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-  sys.path.insert(0, _REPO)
-from experiments import hostenv  # noqa: E402  pylint: disable=g-import-not-at-top
+if __package__ in (None, ""):  # run as a file: python experiments/X.py
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from experiments import timing  # noqa: E402  pylint: disable=g-import-not-at-top
 
 
@@ -45,7 +42,7 @@ def pool_ms(shape, pool, repeats):
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   x = jnp.asarray(np.random.default_rng(0).normal(size=shape), jnp.float32)
   f = jax.jit(jax.grad(lambda v: jnp.sum(jnp.sin(pool(v, 2, "SAME")))))
-  return 1e3 * float(np.median(timing.call_times(lambda: f(x), 2, repeats)))
+  return 1e3 * timing.median_s(lambda: f(x), 2, repeats)
 
 
 def conv4_ms(batch, size, width, pool, repeats):
@@ -68,25 +65,19 @@ def conv4_ms(batch, size, width, pool, repeats):
 
     f = jax.jit(jax.grad(loss))
     f(variables["params"])  # traced and compiled with the patched pool
-  return 1e3 * float(np.median(timing.call_times(
-      lambda: f(variables["params"]), 2, repeats)))
+  return 1e3 * timing.median_s(lambda: f(variables["params"]), 2, repeats)
 
 
 def main():
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p = timing.parser(__doc__, repeats=30)
   p.add_argument("--batch", type=int, default=64)
   p.add_argument("--size", type=int, default=28)
   p.add_argument("--width", type=int, default=64)
-  p.add_argument("--repeats", type=int, default=30)
-  p.add_argument("--no-hugepages", action="store_true",
-                 help="keep the default malloc (see experiments/hostenv.py)")
   args = p.parse_args()
-  import jax  # pylint: disable=g-import-not-at-top
   from circle_jax.models import layers  # pylint: disable=g-import-not-at-top
   ours = layers.max_pool_disjoint
   print(f"# conv4 max pools, batch {args.batch}, {args.size}x{args.size}, "
-        f"width {args.width}, on {jax.devices()[0].device_kind}, jax "
-        f"{jax.__version__}, {os.cpu_count()} cores; {hostenv.describe()}")
+        f"width {args.width}; {timing.machine_line()}")
   print("| fwd + bwd of | nn.max_pool ms | max_pool_disjoint ms | speed-up |")
   print("| --- | --- | --- | --- |")
   size = args.size
@@ -102,5 +93,4 @@ def main():
 
 
 if __name__ == "__main__":
-  hostenv.reexec_with_hugepage_malloc(disabled="--no-hugepages" in sys.argv)
-  main()
+  timing.run(main)

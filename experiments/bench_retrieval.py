@@ -20,13 +20,13 @@ faiss-cpu is optional (``pip install faiss-cpu==1.15.1``, the ``[bench]``
 extra); without it only circle_jax is measured, and the table says so.
 
 Like the other CPU benchmarks, the script re-executes itself with glibc's
-huge-page malloc (``experiments/hostenv.py``; ``--no-hugepages`` keeps the
+huge-page malloc (``circle_jax/hostenv.py``; ``--no-hugepages`` keeps the
 default). Both methods run under the same setting, which the table records.
 
 Usage:
   python experiments/bench_retrieval.py                      # both datasets
   python experiments/bench_retrieval.py --datasets inshop --scale 0.25
-  python experiments/bench_retrieval.py --output experiments/results/bench_retrieval_cpu.md
+  python experiments/bench_retrieval.py --out experiments/results/bench_retrieval_cpu.md
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -42,10 +41,8 @@ import time
 
 import numpy as np
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-  sys.path.insert(0, _REPO)
-from experiments import hostenv  # noqa: E402  pylint: disable=g-import-not-at-top
+if __package__ in (None, ""):  # run as a file: python experiments/X.py
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from experiments import timing  # noqa: E402  pylint: disable=g-import-not-at-top
 
 # name: (queries, gallery or None for self-retrieval, classes, ks)
@@ -175,9 +172,7 @@ def child(args):
   """One measurement in this (fresh) process; prints a JSON line."""
   if args.method == "ours":
     import jax  # pylint: disable=g-import-not-at-top
-    if args.compilation_cache:
-      jax.config.update("jax_compilation_cache_dir", args.compilation_cache)
-      jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    timing.use_compilation_cache(args.compilation_cache)
     jax.devices()  # backend start-up is not part of the measurement
   q, q_lab, g, g_lab, ks = make_data(args.child, args.dim, args.scale)
   rss_data = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -220,20 +215,13 @@ def _spawn(name, method, args):
 
 
 def main():
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p = timing.parser(__doc__, repeats=3, out="write the table here too",
+                   compilation_cache=True)
   p.add_argument("--datasets", default="sop,inshop")
   p.add_argument("--dim", type=int, default=512)
   p.add_argument("--scale", type=float, default=1.0,
                  help="fraction of the real sizes (quick runs)")
   p.add_argument("--chunk-size", type=int, default=1024)
-  p.add_argument("--repeats", type=int, default=3,
-                 help="later calls per process (the table gives the median)")
-  p.add_argument("--compilation-cache", default=None, metavar="DIR",
-                 help="circle_jax: use JAX's persistent compilation cache in "
-                 "DIR (run twice: the first run fills it)")
-  p.add_argument("--no-hugepages", action="store_true",
-                 help="keep the default malloc (see experiments/hostenv.py)")
-  p.add_argument("--output", default=None, help="write the table here too")
   p.add_argument("--child", default=None, help=argparse.SUPPRESS)
   p.add_argument("--method", default=None, help=argparse.SUPPRESS)
   args = p.parse_args()
@@ -249,7 +237,6 @@ def main():
     print("faiss-cpu is not installed: measuring circle_jax only "
           "(pip install faiss-cpu==1.15.1 for the comparison).")
 
-  import jax  # pylint: disable=g-import-not-at-top
   rows = []
   for name in args.datasets.split(","):
     methods = ["ours", "faiss"] if have_faiss else ["ours"]
@@ -273,10 +260,9 @@ def main():
       + (f" --compilation-cache {args.compilation_cache}"
          if args.compilation_cache else "") + "`",
       "",
-      hostenv.describe() + ".",
+      timing.machine_line(),
       "",
-      f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), "
-      f"jax {jax.__version__}, {have_faiss or 'faiss-cpu not installed'}. "
+      f"{have_faiss or 'faiss-cpu not installed'}. "
       "Random unit vectors, dim "
       f"{args.dim}; each cell is one run in a fresh process; wall time "
       "includes everything after data generation (circle_jax: compilation "
@@ -314,13 +300,8 @@ def main():
   if not have_faiss:
     lines.append("")
     lines.append("faiss-cpu was not installed: no comparison.")
-  table = "\n".join(lines) + "\n"
-  print(table)
-  if args.output:
-    with open(args.output, "w") as f:
-      f.write(table)
+  timing.write_table("\n".join(lines) + "\n", args.out)
 
 
 if __name__ == "__main__":
-  hostenv.reexec_with_hugepage_malloc(disabled="--no-hugepages" in sys.argv)
-  main()
+  timing.run(main)

@@ -32,6 +32,8 @@ import time
 import numpy as np
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if __package__ in (None, ""):  # run as a file: python experiments/X.py
+  sys.path.insert(0, _REPO)
 
 
 def short_run_command(workdir, data_dir, steps, extra=()):
@@ -51,7 +53,8 @@ def short_run_command(workdir, data_dir, steps, extra=()):
 
 
 def _final_leaves(workdir):
-  sys.path.insert(0, _REPO)
+  """The leaves of a run's latest checkpoint (the whole saved train state)."""
+  # lead: switch to the training room's one restore path after the merge.
   import jax  # pylint: disable=import-outside-toplevel
   from circle_jax.train import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
   ckpts = ckpt_lib.Checkpoints(os.path.join(workdir, "checkpoints"))

@@ -30,7 +30,10 @@ import re
 import sys
 from typing import Dict, List, Optional, Tuple
 
-from experiments import compare as compare_lib
+if __package__ in (None, ""):  # run as a file: python experiments/X.py
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from circle_jax import results  # noqa: E402  pylint: disable=g-import-not-at-top
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -75,7 +78,7 @@ def readme_seeds(text: str) -> Dict[str, Tuple[float, float]]:
   i = _column(header, SEEDS_COLUMN)
   out = {}
   for cells in rows:
-    stat = compare_lib.parse_stat(cells[i], scale=1.0)
+    stat = results.parse_stat(cells[i], scale=1.0)
     if stat is None or stat.std is None:
       raise ValueError(f"README digits table: '{cells[i]}' is not 'mean ± std'")
     out[METRICS[cells[0]]] = (stat.mean, stat.std)
@@ -93,7 +96,7 @@ def seed_stats(table: str, loss: str = "circle"
   ``table`` is a results file of ``experiments.compare`` (values in %,
   ``mean ± std``); the row of ``loss`` is read.
   """
-  rows = compare_lib.read_table_markdown(table)
+  rows = results.read_table_markdown(table)
   if loss not in rows:
     raise ValueError(f"the comparison table has no row for `{loss}`")
   out = {}

@@ -62,24 +62,23 @@ import datetime
 import json
 import os
 import pathlib
-import platform
 import re
 import shlex
-import shutil
-import statistics
 import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
-if str(_REPO) not in sys.path:
+if __package__ in (None, ""):  # run as a file: python experiments/X.py
   sys.path.insert(0, str(_REPO))
 
 from absl import flags  # noqa: E402
 
+from circle_jax import hostenv  # noqa: E402
 from circle_jax import losses as losses_lib  # noqa: E402
 from circle_jax.train import workdir as workdir_lib  # noqa: E402
+from experiments import compare_report  # noqa: E402
 from experiments import config_flag  # noqa: E402
 
 METRICS_FILE = "metrics.json"
@@ -95,14 +94,6 @@ IGNORED_FIELDS = (
     "dataset.num_threads", "batch.eval_batch_size", "async_checkpoints",
     "parallelism", "log_every_steps", "checkpoint_every_steps",
 )
-
-# (metrics.json key, column title) in table order; recall@K columns are
-# inserted after P@1 for every K the runs report.
-_HEAD_METRICS = (("precision@1", "P@1"),)
-_TAIL_METRICS = (("map@r", "MAP@R"), ("nmi", "NMI"))
-# The chart's panels.
-PLOT_METRICS = (("recall@1", "R@1"), ("map@r", "MAP@R"))
-
 
 
 # ----------------------------------------------------------------------------
@@ -286,39 +277,6 @@ def prepare(run: Run) -> None:
     run.wall_seconds = info.get("wall_seconds")
 
 
-def cpu_model() -> str:
-  """The CPU model name (Linux ``/proc/cpuinfo``), else the platform's."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.lower().startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
-
-
-def num_cpus() -> int:
-  """What ``nproc`` prints: the CPUs this process may run on."""
-  try:
-    return len(os.sched_getaffinity(0))
-  except AttributeError:
-    return os.cpu_count() or 1
-
-
-def accelerators() -> str:
-  """NVIDIA GPUs by name (``nvidia-smi``), or "" (without starting JAX)."""
-  if not shutil.which("nvidia-smi"):
-    return ""
-  try:
-    out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-        capture_output=True, text=True, timeout=20, check=True).stdout
-  except (OSError, subprocess.SubprocessError):
-    return ""
-  return ", ".join(line.strip() for line in out.splitlines() if line.strip())
-
-
 def _tail(path: str, lines: int = STDERR_TAIL_LINES) -> str:
   try:
     with open(path, errors="replace") as f:
@@ -354,8 +312,7 @@ def execute(run: Run, env: Dict[str, str]) -> None:
     run.info = {
         "command": run.command, "wall_seconds": wall,
         "finished": datetime.datetime.now().isoformat(timespec="seconds"),
-        "nproc": num_cpus(), "cpu": cpu_model(),
-        "accelerators": accelerators(),
+        **hostenv.machine_info(),
         "load_average": [load_start, os.getloadavg()[0]],
     }
     with open(os.path.join(run.workdir, RUN_FILE), "w") as f:
@@ -366,499 +323,6 @@ def execute(run: Run, env: Dict[str, str]) -> None:
   run.status = "failed"
   run.error = (f"{why} after {wall:.0f} s; workdir {run.workdir}; last "
                f"lines of {err_path}:\n{_tail(err_path)}")
-
-
-# ----------------------------------------------------------------------------
-# Aggregation.
-# ----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Stat:
-  """Mean and sample standard deviation (ddof=1; None for n=1) of n values."""
-
-  mean: float
-  std: Optional[float]
-  n: int
-
-
-def aggregate(values: Sequence[float]) -> Optional[Stat]:
-  """:class:`Stat` of ``values`` (None when there are none)."""
-  values = [float(v) for v in values]
-  if not values:
-    return None
-  std = statistics.stdev(values) if len(values) > 1 else None
-  return Stat(statistics.fmean(values), std, len(values))
-
-
-def metric_columns(runs: Sequence[Run]) -> List[Tuple[str, str]]:
-  """``(key, title)`` of the table: P@1, R@K for every K, MAP@R, NMI."""
-  keys = set()
-  for r in runs:
-    if r.metrics is not None:
-      keys.update(r.metrics["result"]["test"])
-  ks = sorted(int(k.split("@")[1]) for k in keys
-              if re.fullmatch(r"recall@\d+", k))
-  return (list(_HEAD_METRICS) + [(f"recall@{k}", f"R@{k}") for k in ks]
-          + list(_TAIL_METRICS))
-
-
-def summarize(runs: Sequence[Run], losses: Sequence[str],
-              keys: Sequence[str]) -> Dict[str, Dict[str, Optional[Stat]]]:
-  """``{loss: {metric: Stat over the loss's complete runs}}``.
-
-  Besides the metric keys, ``"train_seconds"`` (metrics.json) and
-  ``"wall_seconds"`` (the process) are aggregated too.
-  """
-  out = {}
-  for loss in losses:
-    done = [r for r in runs if r.loss == loss and r.metrics is not None]
-    row = {}
-    for key in keys:
-      row[key] = aggregate([r.metrics["result"]["test"][key] for r in done
-                            if r.metrics["result"]["test"].get(key)
-                            is not None])
-    row["train_seconds"] = aggregate(
-        [r.metrics["train_seconds"] for r in done
-         if r.metrics.get("train_seconds") is not None])
-    row["wall_seconds"] = aggregate(
-        [r.wall_seconds for r in done if r.wall_seconds is not None])
-    out[loss] = row
-  return out
-
-
-def format_stat(stat: Optional[Stat], scale: float = 100.0,
-                digits: int = 1) -> str:
-  """``"61.2 ± 0.4"`` (mean ± std, x ``scale``); one seed: ``"61.2"``.
-
-  ``"–"`` when there is no value.
-  """
-  if stat is None:
-    return "–"
-  text = f"{stat.mean * scale:.{digits}f}"
-  if stat.std is not None:
-    text += f" ± {stat.std * scale:.{digits}f}"
-  return text
-
-
-_STAT_TEXT = re.compile(r"^(-?\d+(?:\.\d*)?)(?: ± (\d+(?:\.\d*)?))?$")
-
-
-def parse_stat(text: str, scale: float = 100.0, n: int = 0
-               ) -> Optional[Stat]:
-  """The inverse of :func:`format_stat`, to the shown digits.
-
-  ``"**61.2 ± 0.4**"`` -> ``Stat(0.612, 0.004, n)`` (bold markers of the best
-  mean are ignored); ``"61.2"`` -> std None; ``"–"`` -> None.
-
-  Raises:
-    ValueError: ``text`` is none of these forms.
-  """
-  text = text.strip().strip("*")
-  if text == "–":
-    return None
-  m = _STAT_TEXT.match(text)
-  if not m:
-    raise ValueError(f"'{text}' is not 'mean ± std', 'mean' or '–'")
-  std = None if m.group(2) is None else float(m.group(2)) / scale
-  return Stat(float(m.group(1)) / scale, std, n)
-
-
-def read_table_markdown(markdown: str, scale: float = 100.0
-                        ) -> Dict[str, Dict[str, Optional[Stat]]]:
-  """``{loss: {column title: Stat}}`` of a :func:`table_markdown` table.
-
-  ``markdown`` may be a whole results file: the table is found by its
-  ``| loss | runs |`` header. ``Stat.n`` is the row's complete runs; the
-  ``train s`` column is left out.
-
-  Raises:
-    ValueError: no such table, or a cell that :func:`parse_stat` rejects.
-  """
-  lines = markdown.splitlines()
-  start = next((i for i, l in enumerate(lines)
-                if l.startswith("| loss | runs |")), None)
-  if start is None:
-    raise ValueError("no '| loss | runs | ...' results table")
-  cells = lambda line: [c.strip() for c in line.strip().strip("|").split("|")]
-  titles = cells(lines[start])
-  out = {}
-  for line in lines[start + 2:]:
-    if not line.startswith("|"):
-      break
-    row = dict(zip(titles, cells(line)))
-    n = int(row["runs"].split("/")[0])
-    out[row["loss"].strip("`")] = {
-        t: parse_stat(c, scale, n) for t, c in row.items()
-        if t not in ("loss", "runs", "train s")}
-  return out
-
-
-def table_markdown(summary: Dict[str, Dict[str, Optional[Stat]]],
-                   columns: Sequence[Tuple[str, str]],
-                   runs_per_loss: Dict[str, Tuple[int, int]],
-                   scale: float = 100.0, digits: int = 1) -> str:
-  """The results table: one row per loss, the best mean per column in bold.
-
-  Args:
-    summary: :func:`summarize`'s output, rows in table order.
-    columns: ``(metric key, title)`` pairs.
-    runs_per_loss: ``{loss: (complete runs, requested runs)}``.
-    scale: display factor of the metric values (100: percent).
-    digits: decimals shown; "best" compares the displayed means, so ties
-      are all bold.
-
-  Returns:
-    The Markdown table (no trailing newline).
-  """
-  best = {}
-  for key, _ in columns:
-    shown = [round(row[key].mean * scale, digits) for row in summary.values()
-             if row.get(key) is not None]
-    best[key] = max(shown) if shown else None
-  head = ["loss", "runs"] + [t for _, t in columns] + ["train s"]
-  lines = ["| " + " | ".join(head) + " |",
-           "| --- | ---: |" + " ---: |" * (len(columns) + 1)]
-  for loss, row in summary.items():
-    done, wanted = runs_per_loss[loss]
-    cells = [f"`{loss}`", str(done) if done == wanted else f"{done}/{wanted}"]
-    for key, _ in columns:
-      text = format_stat(row.get(key), scale, digits)
-      stat = row.get(key)
-      if stat is not None and round(stat.mean * scale, digits) == best[key]:
-        text = f"**{text}**"
-      cells.append(text)
-    cells.append(format_stat(row.get("train_seconds"), 1.0, 0))
-    lines.append("| " + " | ".join(cells) + " |")
-  return "\n".join(lines)
-
-
-# ----------------------------------------------------------------------------
-# Report.
-# ----------------------------------------------------------------------------
-
-
-def _plural(n: int, noun: str) -> str:
-  return f"{n} {noun}" + ("" if n == 1 else ("es" if noun.endswith("s")
-                                             else "s"))
-
-
-def _fmt_value(v) -> str:
-  return f'"{v}"' if isinstance(v, str) else repr(v)
-
-
-def hyperparameter_lines(losses: Sequence[str], runs: Sequence[Run]
-                         ) -> List[str]:
-  """One table row per loss: its hyperparameters (from the run's config),
-  the values that differ from the registry (paper) default marked."""
-  lines = ["| loss | hyperparameters | learnable | source |",
-           "| --- | --- | --- | --- |"]
-  for loss in losses:
-    entry = losses_lib.get_loss(loss)
-    mine = [r for r in runs if r.loss == loss]
-    done = [r for r in mine if r.metrics is not None]
-    cfg = (done[0].metrics.get("config") or done[0].config) if done else (
-        mine[0].config)
-    hyper = dict(cfg.get("loss", {}))
-    hyper.pop("name", None)
-    parts = []
-    for k, v in hyper.items():
-      if k in entry.defaults:
-        text = f"`{k}={_fmt_value(v)}`"
-        if v != entry.defaults[k]:
-          text += f" (paper default {_fmt_value(entry.defaults[k])})"
-        parts.append(text)
-      elif v is not None:  # execution options such as block_size
-        parts.append(f"`{k}={_fmt_value(v)}`")
-    learnable = (f"`{entry.param_name}`: {entry.param_init}"
-                 if entry.param_name else "none")
-    lines.append(f"| `{loss}` | {', '.join(parts) or 'none'} | {learnable} "
-                 f"| {entry.paper} |")
-  return lines
-
-
-def _describe_model(cfg) -> str:
-  m = cfg["model"]
-  kwargs = ", ".join(f"{k}={v}" for k, v in sorted((m.get("kwargs") or
-                                                    {}).items()))
-  text = f"{m['name']}" + (f" ({kwargs})" if kwargs else "")
-  text += (f", {m.get('pooling', 'avg')} pooling, embedding dim "
-           f"{m['embedding_dim']}, {m.get('dtype', 'float32')}")
-  if m.get("pretrained"):
-    text += f", pretrained from {m['pretrained']}"
-  else:
-    text += ", trained from scratch"
-  if m.get("freeze_bn"):
-    text += ", frozen BatchNorm"
-  return text
-
-
-def _describe_batch(cfg) -> str:
-  b = cfg["batch"]
-  if b.get("sampler", "pk") == "random":
-    return f"{b['size']} random images"
-  p, k = b["classes_per_batch"], b["images_per_class"]
-  return f"P x K = {p} classes x {k} images = {p * k}"
-
-
-def _describe_optim(cfg) -> str:
-  o = cfg["optim"]
-  text = f"{o['name']}, lr {o['learning_rate']:g}"
-  text += f", weight decay {o.get('weight_decay', 0.0):g}"
-  if o.get("name") in ("sgd", "rmsprop") and o.get("momentum"):
-    text += f", momentum {o['momentum']:g}"
-  sched = o.get("schedule", "constant")
-  text += f", {sched} schedule"
-  if sched == "step":
-    text += (f" (x{o['decay_factor']:g} every {o['decay_every_steps']} "
-             "steps)")
-  if o.get("lr_warmup_steps"):
-    text += f", {o['lr_warmup_steps']} warm-up steps"
-  mult = {k: v for k, v in (o.get("lr_multipliers") or {}).items()
-          if v != 1.0}
-  if mult:
-    text += ", lr x " + ", ".join(f"{v:g} ({k})" for k, v in
-                                  sorted(mult.items()))
-  if o.get("freeze_backbone_steps"):
-    text += f", backbone frozen for {o['freeze_backbone_steps']} steps"
-  if o.get("grad_clip_norm"):
-    text += f", gradient norm clipped at {o['grad_clip_norm']:g}"
-  if o.get("grad_clip_value"):
-    text += f", gradient values clipped at {o['grad_clip_value']:g}"
-  return text
-
-
-def _describe_data(cfg, runs: Sequence[Run]) -> str:
-  from circle_jax.data import registry  # pylint: disable=g-import-not-at-top
-  name = cfg["dataset"]["name"]
-  try:
-    spec = registry.get_dataset_info(name)
-  except ValueError:
-    return name
-  done = [r for r in runs if r.metrics is not None]
-  queries = None
-  if done:
-    queries = done[0].metrics["result"]["test"].get("num_queries")
-  images = queries or sum(spec.num_images[s] for s in spec.eval_splits)
-  val = done[0].metrics.get("validation") if done else None
-  train = f"train on {spec.num_train_classes} classes"
-  if val:
-    train = (f"train on {spec.num_train_classes - val['num_classes']} "
-             f"classes, select on {val['num_classes']} held-out train classes "
-             f"({val['num_images']} images, "
-             f"dataset.validation_fraction={val['fraction']:g})")
-  if "query" in spec.eval_splits:
-    test = (f"{int(images)} query images, retrieved among "
-            f"{spec.num_images['gallery']} gallery images")
-  else:
-    test = f"{int(images)} images, each retrieved among the others"
-  return (f"{name}: {train}; test on {spec.num_test_classes} unseen classes "
-          f"({test})")
-
-
-def _describe_selection(cfg, runs: Sequence[Run]) -> str:
-  done = [r for r in runs if r.metrics is not None]
-  kinds = sorted({r.metrics["result"]["selection"] for r in done})
-  texts = []
-  for kind in kinds:
-    metric = next(r.metrics["result"].get("metric") for r in done
-                  if r.metrics["result"]["selection"] == kind)
-    if kind == "validation":
-      texts.append(f"the step with the best validation {metric} (held-out "
-                   "train classes); the table gives the test metrics of "
-                   "that step")
-    elif kind == "test":
-      texts.append(f"the step with the best **test** {metric} (no "
-                   "validation split): optimistic, since the test split "
-                   "picks the step; set --config.dataset.validation_fraction "
-                   "to select on held-out train classes")
-    else:
-      texts.append("the last step (no model selection)")
-  last = cfg.get("num_train_steps")
-  if (done and kinds != ["last"]
-      and all(r.metrics["result"].get("step") == last for r in done)):
-    texts.append("here the last step in every run")
-  every = cfg.get("eval_every_steps") or 0
-  cadence = (f"evaluated every {every} steps and at the end" if every else
-             "evaluated at the end only")
-  return "; ".join(texts or ["no completed run"]) + f" ({cadence})"
-
-
-def _machine(runs: Sequence[Run]) -> str:
-  infos = [r.info for r in runs if r.info.get("cpu")]
-  cpus = sorted({f"{i['nproc']} CPUs (nproc), {i['cpu']}" for i in infos})
-  if not cpus:
-    cpus = [f"{num_cpus()} CPUs (nproc), {cpu_model()}"]
-  text = "; ".join(cpus)
-  gpus = sorted({i.get("accelerators") for i in infos if i.get("accelerators")})
-  if gpus:
-    text += f"; GPUs present: {'; '.join(gpus)}"
-  loads = [v for i in infos for v in i.get("load_average", [])]
-  if loads:
-    text += (f"; 1-min load average {min(loads):.1f}-{max(loads):.1f} at "
-             "the runs' start and end")
-  return text
-
-
-def _times(runs: Sequence[Run], elapsed: float) -> str:
-  walls = [r.wall_seconds for r in runs if r.wall_seconds is not None]
-  trains = [r.metrics["train_seconds"] for r in runs
-            if r.metrics is not None and r.metrics.get("train_seconds")
-            is not None]
-  now = sum(r.status == "done" for r in runs)
-  reused = sum(r.status == "reused" for r in runs)
-  text = (f"this invocation {elapsed:.0f} s ({now} runs trained, {reused} "
-          "reused)")
-  if walls:
-    text += (f"; all {len(walls)} timed runs {sum(walls):.0f} s, per run "
-             f"{statistics.fmean(walls):.0f} s wall (min {min(walls):.0f}, "
-             f"max {max(walls):.0f}; process start, compilation, data, "
-             "training, evaluations)")
-  if trains:
-    text += (f"; training loop {statistics.fmean(trains):.0f} s per run "
-             "(metrics.json train_seconds)")
-  return text
-
-
-def write_markdown(path: pathlib.Path, *, command: str, config_name: str,
-                   losses: Sequence[str], seeds: Sequence[int],
-                   runs: Sequence[Run], elapsed: float,
-                   plot_name: Optional[str] = None) -> str:
-  """Writes the comparison's Markdown file and returns its text."""
-  cfg = runs[0].config
-  columns = metric_columns(runs)
-  summary = summarize(runs, losses, [k for k, _ in columns])
-  counts = {loss: (sum(r.loss == loss and r.metrics is not None
-                       for r in runs),
-                   sum(r.loss == loss for r in runs)) for loss in losses}
-  every = (f"; evaluation every {cfg['eval_every_steps']} steps"
-           if cfg.get("eval_every_steps") else "")
-  lines = [
-      f"# Loss comparison: {cfg['dataset']['name']}, {cfg['model']['name']} "
-      f"{cfg['model']['embedding_dim']}-d, {_plural(len(losses), 'loss')} x "
-      f"{_plural(len(seeds), 'seed')}",
-      "",
-      "Regenerate (reuses the finished runs in the workdir, trains the "
-      "others):",
-      "",
-      "```bash",
-      command,
-      "```",
-      "",
-      "Protocol (Musgrave et al., \"A Metric Learning Reality Check\", ECCV "
-      "2020, where it fits): every run has the same trunk, embedding, batch, "
-      "optimiser, number of steps and evaluation; only the loss and its own "
-      "hyperparameters (its paper's defaults, listed below) change. Config "
-      f"`{config_name}`:",
-      "",
-      f"- data: {_describe_data(cfg, runs)}",
-      f"- model: {_describe_model(cfg)}",
-      f"- batch: {_describe_batch(cfg)}",
-      f"- optimiser: {_describe_optim(cfg)}",
-      f"- steps: {cfg['num_train_steps']}{every}",
-      f"- seeds: {', '.join(map(str, seeds))} (model and loss-parameter "
-      "initialisation, batch order, augmentation)",
-      f"- reported step: {_describe_selection(cfg, runs)}",
-      "- values: test-split metrics in %, mean ± sample standard deviation "
-      "(ddof=1) over the seeds; the best mean of each column in bold; "
-      "`train s`: seconds in the training loop per run (including the "
-      "compilation of the step where the shared compilation cache did not "
-      "have it yet)",
-      f"- time: {_times(runs, elapsed)}",
-      f"- machine: {_machine(runs)}",
-      f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
-      "",
-      table_markdown(summary, columns, counts),
-      "",
-  ]
-  if plot_name:
-    lines += [f"![R@1 and MAP@R per loss]({plot_name})", ""]
-  lines += ["## Hyperparameters", "",
-            "From each loss's `metrics.json` config; the source is the "
-            "registry's reference (`circle_jax.losses.LOSSES`).", ""]
-  lines += hyperparameter_lines(losses, runs)
-  lines += ["", "## Runs", "",
-            "| loss | seed | step | R@1 | MAP@R | NMI | train s | wall s |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-  for r in runs:
-    if r.metrics is None:
-      lines.append(f"| `{r.loss}` | {r.seed} | failed |" + " – |" * 5)
-      continue
-    res = r.metrics["result"]
-    cells = [format_stat(aggregate([res["test"][k]])) if k in res["test"]
-             else "–" for k in ("recall@1", "map@r", "nmi")]
-    train = r.metrics.get("train_seconds")
-    lines.append(
-        f"| `{r.loss}` | {r.seed} | {res['step']} ({res['selection']}) | "
-        f"{' | '.join(cells)} | "
-        f"{'–' if train is None else f'{train:.0f}'} | "
-        f"{'–' if r.wall_seconds is None else f'{r.wall_seconds:.0f}'} |")
-  failed = [r for r in runs if r.status == "failed"]
-  if failed:
-    lines += ["", "## Failed runs", ""]
-    lines += [f"- `{r.loss}` seed {r.seed}: {r.error.splitlines()[0]}"
-              for r in failed]
-  text = "\n".join(lines) + "\n"
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(text)
-  return text
-
-
-def write_plot(path: pathlib.Path, summary: Dict[str, Dict[str, Any]],
-               title: str) -> None:
-  """Horizontal bars of R@1 and MAP@R (%) per loss, sorted by R@1, with the
-  seeds' standard deviation as error bars."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  rows = [(loss, row) for loss, row in summary.items()
-          if row.get(PLOT_METRICS[0][0]) is not None]
-  rows.sort(key=lambda lr: lr[1][PLOT_METRICS[0][0]].mean)
-  names = [loss for loss, _ in rows]
-  fig, axes = plt.subplots(
-      1, len(PLOT_METRICS), sharey=True,
-      figsize=(10, 1.2 + 0.38 * max(len(rows), 1)), squeeze=False)
-  for ax, (key, label) in zip(axes[0], PLOT_METRICS):
-    stats = [row.get(key) for _, row in rows]
-    means = [100 * s.mean if s else 0.0 for s in stats]
-    errs = [100 * s.std if s and s.std is not None else 0.0 for s in stats]
-    ys = range(len(rows))
-    ax.barh(ys, means, xerr=errs, color="#4c72b0", ecolor="#333333",
-            capsize=3, height=0.7)
-    top = max([m + e for m, e in zip(means, errs)] or [1.0])
-    for y, m, e, s in zip(ys, means, errs, stats):
-      if s is not None:
-        ax.text(m + e + 0.01 * top, y, f"{m:.1f}", va="center", fontsize=8)
-    ax.set_xlim(0, top * 1.12)
-    ax.set_xlabel(f"{label} (%) on the test split, mean ± std over seeds")
-    ax.set_title(label)
-    ax.grid(axis="x", alpha=0.3)
-  axes[0][0].set_yticks(range(len(rows)))
-  axes[0][0].set_yticklabels(names, fontsize=9)
-  fig.suptitle(title, fontsize=10)
-  fig.tight_layout()
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-
-
-def report(out: str, *, command: str, config_name: str,
-           losses: Sequence[str], seeds: Sequence[int], runs: Sequence[Run],
-           elapsed: float) -> Tuple[pathlib.Path, pathlib.Path]:
-  """Writes ``OUT.md`` and ``OUT.png``; returns their paths."""
-  md_path, png_path = pathlib.Path(out + ".md"), pathlib.Path(out + ".png")
-  write_markdown(md_path, command=command, config_name=config_name,
-                 losses=losses, seeds=seeds, runs=runs, elapsed=elapsed,
-                 plot_name=png_path.name)
-  cfg = runs[0].config
-  columns = metric_columns(runs)
-  summary = summarize(runs, losses, [k for k, _ in columns])
-  write_plot(png_path, summary,
-             f"{cfg['dataset']['name']}, {cfg['model']['name']} "
-             f"{cfg['model']['embedding_dim']}-d, {cfg['num_train_steps']} "
-             f"steps, {_plural(len(seeds), 'seed')} (only the loss changes)")
-  return md_path, png_path
 
 
 # ----------------------------------------------------------------------------
@@ -965,8 +429,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             file=sys.stderr)
   todo = [r for r in runs if r.status == "pending"]
   conflicts = sum(r.status == "failed" for r in runs)
-  print(f"[compare] {len(runs)} runs ({_plural(len(losses), 'loss')} x "
-        f"{_plural(len(seeds), 'seed')}) in {args.workdir}: "
+  print(f"[compare] {len(runs)} runs ({compare_report.plural(len(losses), 'loss')} x "
+        f"{compare_report.plural(len(seeds), 'seed')}) in {args.workdir}: "
         f"{len(runs) - len(todo) - conflicts} finished, {len(todo)} to train"
         + (f", {conflicts} with another config there" if conflicts else ""),
         flush=True)
@@ -992,7 +456,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             file=sys.stderr, flush=True)
     else:
       print(f"[compare]   {_summary_line(run)}", flush=True)
-  md_path, png_path = report(
+  md_path, png_path = compare_report.report(
       args.out, command=canonical_command(args, overrides),
       config_name=args.config, losses=losses, seeds=seeds, runs=runs,
       elapsed=time.time() - started)

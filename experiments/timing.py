@@ -1,9 +1,26 @@
-"""Wall-clock timing of compiled calls, shared by the benchmark scripts."""
+"""What every benchmark script shares: the timing loop and the command line.
+
+* :func:`call_times` / :func:`median_s`: wall-clock timing of compiled calls;
+  :func:`compiled_memory`: XLA's memory analysis of a compiled program;
+* :func:`parser`: an ``argparse`` parser with the common flags (``--repeats``,
+  ``--out``, ``--no-hugepages``, ``--compilation-cache``);
+* :func:`run`: the ``__main__`` entry, which first re-executes the process
+  with huge-page malloc (:mod:`circle_jax.hostenv`) unless ``--no-hugepages``;
+* :func:`machine_line` and :func:`write_table`: the host line and the output
+  of a results file.
+"""
 
 from __future__ import annotations
 
+import argparse
+import os
+import pathlib
+import statistics
+import sys
 import time
-from typing import Callable, List
+from typing import Callable, Dict, List, Optional
+
+from circle_jax import hostenv
 
 
 def call_times(fn: Callable[[], object], warmup: int, repeats: int,
@@ -30,3 +47,87 @@ def call_times(fn: Callable[[], object], warmup: int, repeats: int,
     if times[-1] > budget_s:
       break
   return times
+
+
+def median_s(fn: Callable[[], object], warmup: int, repeats: int,
+             budget_s: float = float("inf")) -> float:
+  """Median seconds of :func:`call_times` (same arguments)."""
+  return statistics.median(call_times(fn, warmup, repeats, budget_s))
+
+
+def compiled_memory(compiled) -> Optional[Dict[str, int]]:
+  """XLA's memory analysis of a compiled program, in bytes.
+
+  ``{'peak': arguments + outputs + temporaries - aliased, 'temp':
+  temporaries}``; None where the backend gives no analysis.
+  """
+  try:
+    m = compiled.memory_analysis()
+  except Exception:  # pylint: disable=broad-except
+    return None
+  if m is None:
+    return None
+  return {"peak": int(m.argument_size_in_bytes + m.output_size_in_bytes
+                      + m.temp_size_in_bytes - m.alias_size_in_bytes),
+          "temp": int(m.temp_size_in_bytes)}
+
+
+def parser(doc: str, *, repeats: Optional[int] = None,
+           out: Optional[str] = None, hugepages: bool = True,
+           compilation_cache: bool = False) -> argparse.ArgumentParser:
+  """A benchmark's parser: its docstring's first line and the common flags.
+
+  Args:
+    doc: the script's ``__doc__`` (the first line is the description).
+    repeats: the default of ``--repeats`` (timed calls); None: no flag.
+    out: the help of ``--out`` (also ``--output``), the results file;
+      None: no flag.
+    hugepages: add ``--no-hugepages`` (keep the default malloc; see
+      :func:`run`).
+    compilation_cache: add ``--compilation-cache DIR`` (JAX's persistent
+      compilation cache).
+  """
+  p = argparse.ArgumentParser(description=doc.strip().split("\n")[0])
+  if repeats is not None:
+    p.add_argument("--repeats", type=int, default=repeats,
+                   help="timed calls per measurement")
+  if out is not None:
+    p.add_argument("--out", "--output", dest="out", default="", help=out)
+  if hugepages:
+    p.add_argument("--no-hugepages", action="store_true",
+                   help="keep the default malloc (see circle_jax/hostenv.py)")
+  if compilation_cache:
+    p.add_argument("--compilation-cache", default=None, metavar="DIR",
+                   help="use JAX's persistent compilation cache in DIR (run "
+                        "twice: the first run fills it)")
+  return p
+
+
+def use_compilation_cache(directory: Optional[str]) -> None:
+  """Turns on JAX's persistent compilation cache in ``directory`` (if any),
+  for every compilation (no minimum compile time)."""
+  if directory:
+    import jax  # pylint: disable=g-import-not-at-top
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+
+def run(main: Callable[[], object]) -> None:
+  """A benchmark's ``__main__``: huge-page malloc (unless ``--no-hugepages``
+  or ``CIRCLE_JAX_NO_HUGEPAGES=1``), then ``main()``."""
+  hostenv.reexec_with_hugepage_malloc(disabled="--no-hugepages" in sys.argv)
+  main()
+
+
+def machine_line() -> str:
+  """``"Machine: ..."``: :func:`circle_jax.hostenv.describe` of this host."""
+  return f"Machine: {hostenv.describe()}."
+
+
+def write_table(text: str, out: str | os.PathLike | None) -> None:
+  """Prints a results file's text and writes it to ``out`` (if given)."""
+  print(text)
+  if out:
+    path = pathlib.Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)

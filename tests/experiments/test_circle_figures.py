@@ -5,8 +5,8 @@ Figure 1: the decision boundaries traced from our losses lie on the line
 radius ``sqrt(2) m`` around ``(0, 1)`` (Circle loss) to ``TOLERANCE``, for two
 margins. Figure 2: the gradients are the paper's eqs. 9-10 (alpha held
 constant) and equal in magnitude for the (s_n - s_p) losses. Figure 5: the
-pair statistics equal a float64 per-pair loop, and the pipeline from a run's
-workdir embeds what the run evaluated.
+pipeline from a run's workdir embeds what the run evaluated (the pair
+statistics themselves: tests/analysis/test_pairs.py).
 """
 
 import json
@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
+from circle_jax.analysis import pair_plane
+from circle_jax.analysis import pairs
 from experiments import circle_figures as cf
 
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -67,7 +69,7 @@ def test_each_loss_sees_exactly_the_one_pair(fig2):
                                - alpha_p * (s_p - 1.0 + m))),
   }
   for kind, value in want.items():
-    got = cf.pair_values(cf.pair_loss(kind, margin=m, gamma=g), s_n, s_p)
+    got = pair_plane.pair_values(pair_plane.pair_loss(kind, margin=m, gamma=g), s_n, s_p)
     np.testing.assert_allclose(got, value, rtol=1e-5, atol=1e-5,
                                err_msg=kind)
 
@@ -81,31 +83,24 @@ def test_each_loss_sees_exactly_the_one_pair(fig2):
 @pytest.mark.parametrize("kind", cf.LINE_LOSSES)
 def test_line_losses_boundary_is_the_line_sp_eq_sn_plus_m(fig1, kind, margin):
   pts = _curve(fig1, kind, margin)
-  assert pts.shape == (cf.NUM_RAYS, 2) and np.all(np.isfinite(pts))
-  assert np.max(np.abs(cf.line_residual(pts, margin))) < TOLERANCE
+  assert pts.shape == (pair_plane.NUM_RAYS, 2) and np.all(np.isfinite(pts))
+  assert np.max(np.abs(pair_plane.line_residual(pts, margin))) < TOLERANCE
   # It spans the square: from (0, m) on the s_p axis to (1 - m, 1).
   np.testing.assert_allclose(pts[0], [0.0, margin], atol=TOLERANCE)
   np.testing.assert_allclose(pts[-1], [1.0 - margin, 1.0], atol=TOLERANCE)
   # ... and it is not the circle.
-  assert np.max(np.abs(cf.circle_residual(pts, margin))) > 0.1
+  assert np.max(np.abs(pair_plane.circle_residual(pts, margin))) > 0.1
 
 
 @pytest.mark.parametrize("margin", MARGINS)
 def test_circle_loss_boundary_is_the_circle_of_radius_sqrt2_m(fig1, margin):
   pts = _curve(fig1, "circle", margin)
-  assert pts.shape == (cf.NUM_RAYS, 2) and np.all(np.isfinite(pts))
+  assert pts.shape == (pair_plane.NUM_RAYS, 2) and np.all(np.isfinite(pts))
   radius = np.hypot(pts[:, 0], pts[:, 1] - 1.0)
   np.testing.assert_allclose(radius, math.sqrt(2.0) * margin, atol=TOLERANCE)
-  assert np.max(np.abs(cf.line_residual(pts, margin))) > 0.1
+  assert np.max(np.abs(pair_plane.line_residual(pts, margin))) > 0.1
   other = [m for m in MARGINS if m != margin][0]
-  assert np.min(np.abs(cf.circle_residual(pts, other))) > 0.1
-
-
-def test_the_boundary_does_not_depend_on_gamma():
-  for kind in ("circle", "unified", "cosface"):
-    a = cf.trace_boundary(cf.pair_loss(kind, margin=0.3, gamma=16.0))
-    b = cf.trace_boundary(cf.pair_loss(kind, margin=0.3, gamma=256.0))
-    np.testing.assert_allclose(a, b, atol=TOLERANCE, err_msg=kind)
+  assert np.min(np.abs(pair_plane.circle_residual(pts, other))) > 0.1
 
 
 def test_fig1_arrows_equal_for_line_losses_and_reweighted_for_circle(fig1):
@@ -143,8 +138,8 @@ def test_circle_gradients_are_eqs_9_10_with_alpha_constant(fig2):
   """dL/ds_n = Z gamma alpha_n, dL/ds_p = -Z gamma alpha_p, Z = 1 - e^-L."""
   m, g = fig2["margin"], fig2["gamma"]
   s_n, s_p = np.meshgrid(fig2["grid_s_n"], fig2["grid_s_p"])
-  loss = cf.pair_loss("circle", margin=m, gamma=g)
-  z = -np.expm1(-cf.pair_values(loss, s_n, s_p))
+  loss = pair_plane.pair_loss("circle", margin=m, gamma=g)
+  z = -np.expm1(-pair_plane.pair_values(loss, s_n, s_p))
   panel = fig2["panels"]["circle"]
   alpha_n, alpha_p = np.maximum(s_n + m, 0), np.maximum(1 + m - s_p, 0)
   np.testing.assert_allclose(panel["dL_ds_n"], z * g * alpha_n, rtol=2e-5)
@@ -187,8 +182,8 @@ def test_committed_fig1_json_is_current_and_on_the_boundaries(fig1):
     pts = np.array(got["points"], np.float64)
     np.testing.assert_allclose(pts, np.array(want["points"], np.float64),
                                atol=1e-6)
-    residual = (cf.circle_residual if got["loss"] == "circle" else
-                cf.line_residual)(pts, got["margin"])
+    residual = (pair_plane.circle_residual if got["loss"] == "circle" else
+                pair_plane.line_residual)(pts, got["margin"])
     assert np.max(np.abs(residual)) < TOLERANCE, got["loss"]
 
 
@@ -205,93 +200,6 @@ def test_committed_fig2_json_is_current(fig2):
 # ----------------------------------------------------------------------------
 # Figure 5: pair similarity statistics.
 # ----------------------------------------------------------------------------
-
-
-def naive_pair_stats(x, labels, edges):
-  """Float64 loop over the pairs i < j (the reference)."""
-  x = np.asarray(x, np.float64)
-  pos, neg = [], []
-  for i in range(len(x)):
-    for j in range(i + 1, len(x)):
-      ni, nj = np.linalg.norm(x[i]), np.linalg.norm(x[j])
-      s = 0.0 if ni == 0 or nj == 0 else float(x[i] @ x[j]) / (ni * nj)
-      s = min(max(s, -1.0), 1.0)
-      (pos if labels[i] == labels[j] else neg).append(s)
-
-  def hist(values):
-    counts = [0] * (len(edges) - 1)
-    for v in values:
-      for k in range(len(edges) - 1):
-        last = k == len(edges) - 2
-        if edges[k] <= v < edges[k + 1] or (last and v == edges[k + 1]):
-          counts[k] += 1
-          break
-    return counts
-
-  above = sum(1.0 if n > p else 0.5 if n == p else 0.0
-              for p in pos for n in neg)
-  return {"pos": pos, "neg": neg, "pos_counts": hist(pos),
-          "neg_counts": hist(neg),
-          "neg_above_pos": above / (len(pos) * len(neg))}
-
-
-def _check_against_naive(got, want, edges):
-  assert got["pos_counts"] == want["pos_counts"]
-  assert got["neg_counts"] == want["neg_counts"]
-  assert got["num_pos"] == len(want["pos"]) and got["num_neg"] == len(
-      want["neg"])
-  for key, values in (("pos", want["pos"]), ("neg", want["neg"])):
-    assert got[f"mean_{key}"] == pytest.approx(np.mean(values), abs=1e-12)
-    assert got[f"std_{key}"] == pytest.approx(np.std(values), abs=1e-7)
-  p = np.array(want["pos_counts"]) / len(want["pos"])
-  n = np.array(want["neg_counts"]) / len(want["neg"])
-  assert got["histogram_overlap"] == pytest.approx(np.minimum(p, n).sum(),
-                                                   abs=1e-12)
-  assert got["neg_above_pos"] == pytest.approx(want["neg_above_pos"],
-                                               abs=1e-12)
-  assert got["bins"] == list(edges)
-
-
-def test_pair_similarity_stats_match_a_naive_float64_loop():
-  rng = np.random.default_rng(0)
-  x = rng.standard_normal((41, 6)).astype(np.float32)
-  labels = rng.integers(0, 5, size=41)
-  x[7] = 0.0                           # zero vector: ties at s = 0
-  x[12] = 3.0 * x[3]                   # same direction, same class
-  labels[12] = labels[3]
-  x[20] = x[21]                        # same vector, another class
-  labels[20] = (labels[21] + 1) % 5
-  edges = np.linspace(-1.0, 1.0, 41)
-  want = naive_pair_stats(x, labels, edges)
-  for block in (None, 5):
-    got = cf.pair_similarity_stats(x, labels, bins=edges, block_size=block)
-    _check_against_naive(got, want, edges)
-  # Each anchor's hardest pair, by a loop over all (anchor, other) pairs.
-  labels[40] = 99  # an anchor without positives
-  for block in (None, 4):
-    h_n, h_p = cf.hardest_pairs(x, labels, block_size=block)
-    xd = x.astype(np.float64)
-    norm = np.linalg.norm(xd, axis=1)
-    for i in range(len(x)):
-      sims = [(float(xd[i] @ xd[j]) / (norm[i] * norm[j])
-               if norm[i] and norm[j] else 0.0, labels[j] == labels[i])
-              for j in range(len(x)) if j != i]
-      neg = [min(max(s, -1.0), 1.0) for s, same in sims if not same]
-      pos = [min(max(s, -1.0), 1.0) for s, same in sims if same]
-      assert h_n[i] == pytest.approx(max(neg), abs=1e-12)
-      if pos:
-        assert h_p[i] == pytest.approx(min(pos), abs=1e-12)
-      else:
-        assert np.isnan(h_p[i]) and i == 40
-
-
-def test_pair_similarity_stats_of_one_class_has_no_negatives():
-  got = cf.pair_similarity_stats(np.eye(3), np.zeros(3, int))
-  assert got["num_pos"] == 3 and got["num_neg"] == 0
-  assert got["mean_neg"] is None and got["neg_above_pos"] is None
-  assert got["mean_pos"] == pytest.approx(0.0)
-  with pytest.raises(ValueError):
-    cf.pair_similarity_stats(np.eye(3), np.zeros(4, int))
 
 
 def test_parse_runs():
@@ -367,7 +275,7 @@ def test_fig5_pipeline_from_a_run_workdir(tiny_digits_run, tmp_path):
       pos.size * neg.size)
   assert panel["neg_above_pos"] == pytest.approx(1.0 - auc, abs=1e-9)
   assert saved["panels"]["same"]["pos_counts"] == panel["pos_counts"]
-  h_n, h_p = cf.hardest_pairs(emb, labels)
+  h_n, h_p = pairs.hardest_pairs(emb, labels)
   np.testing.assert_allclose(panel["anchor_hardest_s_n"], h_n, atol=1e-6)
   np.testing.assert_allclose(panel["anchor_hardest_s_p"], h_p, atol=1e-6)
   assert panel["anchors_separated"] == pytest.approx(np.mean(h_p > h_n))

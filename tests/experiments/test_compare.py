@@ -10,6 +10,7 @@ import textwrap
 import pytest
 
 from experiments import compare
+from experiments import compare_report
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DIGITS = str(REPO / "experiments" / "configs" / "digits.py")
@@ -55,91 +56,11 @@ def _run(root, loss, seed, overrides=()):
                      compare.resolve_config(flag_args))
 
 
-# ----------------------------------------------------------------------------
-# Aggregation and the table.
-# ----------------------------------------------------------------------------
-
-
-def test_aggregate_is_mean_and_sample_std():
-  s = compare.aggregate([0.5, 0.6, 0.7])
-  assert s.n == 3
-  assert s.mean == pytest.approx(0.6)
-  # ddof=1: sqrt((0.01 + 0 + 0.01) / 2) = 0.1 (ddof=0 would give 0.0816).
-  assert s.std == pytest.approx(0.1)
-  assert compare.aggregate([0.25]) == compare.Stat(0.25, None, 1)
-  assert compare.aggregate([]) is None
-
-
-def test_table_rows_mean_std_in_percent_and_best_mean_bold():
-  agg = compare.aggregate
-  summary = {
-      "a": {"recall@1": agg([0.5, 0.7]), "map@r": agg([0.30, 0.34]),
-            "train_seconds": agg([10.0, 20.0])},
-      "b": {"recall@1": agg([0.62]), "map@r": agg([0.2]),
-            "train_seconds": None},
-  }
-  table = compare.table_markdown(
-      summary, [("recall@1", "R@1"), ("map@r", "MAP@R")],
-      {"a": (2, 2), "b": (1, 2)})
-  # a: R@1 mean 60.0, std sqrt(2 * 10^2) = 14.14; MAP@R 32.0 +- 2.83;
-  # train s 15 +- 7.07. b: one seed (no std), 1 of 2 runs complete.
-  assert table.splitlines() == [
-      "| loss | runs | R@1 | MAP@R | train s |",
-      "| --- | ---: | ---: | ---: | ---: |",
-      "| `a` | 2 | 60.0 ± 14.1 | **32.0 ± 2.8** | 15 ± 7 |",
-      "| `b` | 1/2 | **62.0** | 20.0 | – |",
-  ]
-
-
-def test_table_bolds_every_loss_tied_at_the_shown_precision():
-  agg = compare.aggregate
-  summary = {"a": {"nmi": agg([0.41, 0.43])}, "b": {"nmi": agg([0.4201])},
-             "c": {"nmi": None}}
-  rows = compare.table_markdown(summary, [("nmi", "NMI")],
-                                {"a": (2, 2), "b": (1, 1), "c": (0, 1)}
-                                ).splitlines()[2:]
-  assert rows == ["| `a` | 2 | **42.0 ± 1.4** | – |",
-                  "| `b` | 1 | **42.0** | – |",
-                  "| `c` | 0/1 | – | – |"]
-
-
-def test_read_table_markdown_inverts_table_markdown_to_the_shown_digits():
-  agg = compare.aggregate
-  summary = {"a": {"recall@1": agg([0.5, 0.7]), "map@r": agg([0.30, 0.34])},
-             "b": {"recall@1": agg([0.62]), "map@r": None}}
-  table = compare.table_markdown(
-      summary, [("recall@1", "R@1"), ("map@r", "MAP@R")],
-      {"a": (2, 2), "b": (1, 2)})
-  got = compare.read_table_markdown("# title\n\n" + table + "\n\nmore text")
-  assert list(got) == ["a", "b"]
-  a, b = got["a"], got["b"]
-  assert list(a) == ["R@1", "MAP@R"]           # no loss/runs/train s columns
-  assert a["R@1"] == compare.Stat(pytest.approx(0.600), pytest.approx(0.141),
-                                  2)
-  assert a["MAP@R"].mean == pytest.approx(0.320)    # bold best mean
-  assert a["MAP@R"].std == pytest.approx(0.028)
-  assert b["R@1"] == compare.Stat(pytest.approx(0.62), None, 1)  # 1 of 2 runs
-  assert b["MAP@R"] is None
-  with pytest.raises(ValueError, match="no '| loss | runs"):
-    compare.read_table_markdown("| a | b |\n| --- | --- |")
-  with pytest.raises(ValueError, match="'6O.0 ± 14.1' is not"):
-    compare.read_table_markdown(table.replace("60.0", "6O.0"))
-
-
-def test_committed_results_tables_read_back():
-  for name, losses in (("digits", 17), ("omniglot_small", 17)):
-    text = (REPO / "experiments" / "results" / f"{name}.md").read_text()
-    rows = compare.read_table_markdown(text)
-    assert len(rows) == losses and all(
-        s is not None and s.n == 3 and s.std is not None
-        and 0 < s.mean < 1 for row in rows.values() for s in row.values())
-
-
 def test_metric_columns_follow_the_runs_recall_ks():
   run = compare.Run("circle", 0, "", [], {})
   run.metrics = {"result": {"test": {"recall@10": 0.5, "recall@1": 0.2,
                                      "recall@100": 0.9, "map@r": 0.1}}}
-  assert compare.metric_columns([run]) == [
+  assert compare_report.metric_columns([run]) == [
       ("precision@1", "P@1"), ("recall@1", "R@1"), ("recall@10", "R@10"),
       ("recall@100", "R@100"), ("map@r", "MAP@R"), ("nmi", "NMI")]
 
@@ -284,7 +205,7 @@ def test_report_from_fixture_runs(tmp_path):
     assert run.status == "reused"
     runs.append(run)
   out = str(tmp_path / "results" / "cmp")
-  md_path, png_path = compare.report(
+  md_path, png_path = compare_report.report(
       out, command="python -m experiments.compare --seeds 2",
       config_name="experiments/configs/digits.py",
       losses=["circle", "proxy_anchor"], seeds=[0, 1], runs=runs,
@@ -325,20 +246,6 @@ def test_report_from_fixture_runs(tmp_path):
   assert "Failed runs" not in md
   png = png_path.read_bytes()
   assert png[:8] == PNG_SIGNATURE and len(png) > 10_000
-
-
-def test_selection_on_validation_and_test_is_stated():
-  def run(selection):
-    r = compare.Run("circle", 0, "", [], {})
-    r.metrics = {"result": {"selection": selection, "metric": "recall@1",
-                            "test": {}}}
-    return r
-  cfg = {"eval_every_steps": 500}
-  assert compare._describe_selection(cfg, [run("validation")]).startswith(
-      "the step with the best validation recall@1 (held-out train classes)")
-  text = compare._describe_selection(cfg, [run("test")])
-  assert "best **test** recall@1" in text and "optimistic" in text
-  assert text.endswith("(evaluated every 500 steps and at the end)")
 
 
 # ----------------------------------------------------------------------------

@@ -1,29 +1,16 @@
-"""Specification of experiments/sweep.py: the vmapped hyperparameter grid."""
+"""Specification of experiments/sweep.py: the vmapped grid on digits, results."""
 
 import json
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from PIL import Image
 
-from circle_jax import losses as losses_lib
-from circle_jax import models as models_lib
-from circle_jax.train import state as state_lib
+from circle_jax import sweep as grid_lib
 from experiments import sweep
 from experiments.configs import digits
-
-# The losses of the committed sweeps, with a 2-point grid of two of their
-# hyperparameters and the learnable array they need (proxies) if any.
-LOSS_GRIDS = {
-    "circle": {"gamma": (16.0, 80.0), "margin": (0.1, 0.4)},
-    "multi_similarity": {"alpha": (1.0, 2.0), "beta": (20.0, 50.0)},
-    "ranked_proxy_anchor": {"alpha": (1.2, 1.4), "margin": (0.2, 0.4)},
-}
-
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
@@ -54,155 +41,13 @@ def tiny_config(data_dir):
 
 
 # ----------------------------------------------------------------------------
-# Grid.
+# The vmapped grid on digits (the package's parts: tests/test_sweep.py).
 # ----------------------------------------------------------------------------
-
-
-def test_grid_points_are_row_major_and_arrays_float32():
-  grid = sweep.parse_grid(["gamma=16,32,64", "margin=0.1,0.4"])
-  assert grid.names == ("gamma", "margin") and grid.shape == (3, 2)
-  assert grid.size == 6
-  points = grid.points()
-  assert points[0] == {"gamma": 16.0, "margin": 0.1}
-  assert points[1] == {"gamma": 16.0, "margin": 0.4}
-  assert points[5] == {"gamma": 64.0, "margin": 0.4}
-  arrays = grid.arrays()
-  assert arrays["gamma"].dtype == np.float32
-  np.testing.assert_array_equal(arrays["gamma"], [16, 16, 32, 32, 64, 64])
-
-
-@pytest.mark.parametrize("specs, match", [
-    ([], "one or two"),
-    (["a=1", "b=2", "c=3"], "one or two"),
-    (["gamma"], "NAME=V1"),
-    (["gamma=1,x"], "numbers"),
-    (["gamma=1", "gamma=2"], "twice"),
-    (["gamma=1,1"], "repeated"),
-])
-def test_parse_grid_rejects(specs, match):
-  with pytest.raises(ValueError, match=match):
-    sweep.parse_grid(specs)
-
-
-@pytest.mark.parametrize("name, spec, match", [
-    ("circle", "gama=1,2", "no hyperparameter 'gama'"),
-    ("multi_similarity", "mining=0,1", "only float"),
-    ("circle", "gamma=-1,2", "gamma"),
-    ("ranked_proxy_anchor", "margin=-0.1,0.2", "margin"),
-])
-def test_check_grid_rejects_what_the_loss_rejects(name, spec, match):
-  """Points the loss rejects are rejected before tracing.
-
-  The losses check ranges of Python numbers only; under vmap the values are
-  traced, so the sweep checks every point with Python floats first.
-  """
-  entry = losses_lib.get_loss(name)
-  with pytest.raises(ValueError, match=match):
-    sweep.check_grid(entry, sweep.parse_grid([spec]), dict(entry.defaults),
-                     embedding_dim=8, num_classes=3)
-
-
-# ----------------------------------------------------------------------------
-# The losses with traced hyperparameters.
-# ----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("name", sorted(LOSS_GRIDS))
-def test_traced_hyperparameters_give_the_constant_loss(name):
-  """jit(vmap) over hyperparameter arrays = the Python-constant calls.
-
-  Values and gradients: no Python branch or float() on a hyperparameter.
-  """
-  entry = losses_lib.get_loss(name)
-  rng = np.random.default_rng(0)
-  x = jnp.asarray(rng.standard_normal((24, 8)), jnp.float32)
-  y = jnp.asarray(np.repeat(np.arange(6), 4), jnp.int32)
-  p = None
-  if entry.param_name is not None:
-    p = entry.init_params(jax.random.PRNGKey(1), 6, 8)
-  grid = sweep.Grid(tuple(LOSS_GRIDS[name]),
-                    tuple(LOSS_GRIDS[name].values()))
-
-  def loss(hyper, x):
-    return entry.apply(x, y, p, **dict(hyper))
-
-  values, grads = jax.jit(jax.vmap(jax.value_and_grad(loss, argnums=1),
-                                   in_axes=(0, None)))(grid.arrays(), x)
-  constant_loss = jax.jit(jax.value_and_grad(loss, argnums=1),
-                          static_argnums=0)
-  for i, point in enumerate(grid.points()):
-    ref, ref_grad = constant_loss(tuple(point.items()), x)
-    np.testing.assert_allclose(values[i], ref, rtol=1e-5)
-    np.testing.assert_allclose(grads[i], ref_grad, rtol=1e-4, atol=1e-7)
-  assert len(set(np.asarray(values).tolist())) == grid.size
-
-
-# ----------------------------------------------------------------------------
-# Unrolled convolutions.
-# ----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("kwargs", [
-    dict(window_strides=(1, 1), padding=((1, 1), (1, 1))),
-    dict(window_strides=(2, 2), padding="SAME"),
-])
-@pytest.mark.parametrize("x_batched", [True, False])
-def test_unrolled_conv_equals_the_convolution_under_vmap(kwargs, x_batched):
-  kwargs = dict(kwargs, dimension_numbers=("NHWC", "HWIO", "NHWC"))
-  rng = np.random.default_rng(0)
-  x = jnp.asarray(rng.standard_normal((3, 2, 7, 7, 4)), jnp.float32)
-  w = jnp.asarray(rng.standard_normal((3, 3, 3, 4, 5)), jnp.float32)
-  if not x_batched:
-    x = x[0]
-
-  def loss(conv):
-    return lambda x, w: jnp.sum(jnp.tanh(conv(x, w, **kwargs)))
-
-  in_axes = (0 if x_batched else None, 0)
-  want = jax.vmap(jax.value_and_grad(loss(jax.lax.conv_general_dilated),
-                                     argnums=(0, 1)), in_axes=in_axes)(x, w)
-  got = jax.jit(jax.vmap(jax.value_and_grad(loss(sweep.unrolled_conv),
-                                            argnums=(0, 1)),
-                         in_axes=in_axes))(x, w)
-  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-
-
-def test_unrolled_interceptor_leaves_the_model_unchanged():
-  model = models_lib.get_model("conv4", embedding_dim=4, width=8, num_blocks=2)
-  x = jnp.asarray(np.random.default_rng(0).standard_normal((6, 12, 12, 1)),
-                  jnp.float32)
-  v = model.init(jax.random.PRNGKey(0), x, train=False)
-  stacked = jax.tree.map(lambda a: jnp.stack([a, 1.5 * a]), v)
-  want = jax.jit(jax.vmap(lambda v: model.apply(v, x, train=False)))(stacked)
-  got = sweep.make_sweep_embed(model.apply, conv="unrolled")(stacked, x)
-  assert got.shape == (6, 2, 4)
-  np.testing.assert_allclose(np.moveaxis(got, 1, 0), want, rtol=1e-5,
-                             atol=1e-5)
-
-
-# ----------------------------------------------------------------------------
-# Stacked training = one model at a time.
-# ----------------------------------------------------------------------------
-
-
-def test_stacked_state_copies_every_array():
-  model = models_lib.get_model("conv4", embedding_dim=4, width=8, num_blocks=2)
-  state = state_lib.create_train_state(
-      model, optax.adam(1e-3), jnp.zeros((1, 8, 8, 1)),
-      key=jax.random.PRNGKey(0))
-  stacked = sweep.stacked_state(state, 3)
-  assert stacked.step.shape == (3,)
-  for a, b in zip(jax.tree.leaves(state_lib.state_to_tree(state)),
-                  jax.tree.leaves(state_lib.state_to_tree(stacked))):
-    assert b.shape == (3,) + np.shape(a)
-    np.testing.assert_array_equal(b[2], a)
-  assert stacked.apply_fn is state.apply_fn and stacked.tx is state.tx
 
 
 @pytest.fixture(scope="module")
 def tiny_setup(data_dir):
-  grid = sweep.parse_grid(["gamma=16,64", "margin=0.25"])
+  grid = grid_lib.parse_grid(["gamma=16,64", "margin=0.25"])
   s = sweep.setup(tiny_config(data_dir), grid)
   return s, jax.device_put(sweep.read_batches(s, 3))
 
@@ -210,23 +55,23 @@ def tiny_setup(data_dir):
 @pytest.fixture(scope="module")
 def sequential_run(tiny_setup):
   s, batches = tiny_setup
-  return sweep.train_sequential(s, batches)
+  return grid_lib.train_sequential(s, batches)
 
 
-@pytest.mark.parametrize("conv", sweep.CONVS)
+@pytest.mark.parametrize("conv", grid_lib.CONVS)
 def test_vmapped_grid_equals_one_model_at_a_time(tiny_setup, sequential_run,
                                                  conv):
   s, batches = tiny_setup
-  states, history, timings = sweep.train_vmapped(s, batches, conv=conv)
+  states, history, timings = grid_lib.train_vmapped(s, batches, conv=conv)
   seq_states, seq_history, seq_timings = sequential_run
   assert set(timings) == {"compile_s", "train_s"}
   assert len(seq_timings["per_model"]) == 2
   assert history["loss"].shape == (3, 2) and history["finite"].all()
   np.testing.assert_array_equal(states.step, [3, 3])
   np.testing.assert_allclose(history["loss"], seq_history["loss"], rtol=1e-5)
-  diffs = sweep.leaf_differences(states.params, seq_states.params)
+  diffs = grid_lib.leaf_differences(states.params, seq_states.params)
   assert max(diffs.values()) < 2e-5, diffs
-  stats = sweep.leaf_differences(states.batch_stats, seq_states.batch_stats)
+  stats = grid_lib.leaf_differences(states.batch_stats, seq_states.batch_stats)
   assert max(stats.values()) < 2e-5, stats
   # The grid points really differ: another loss from the first step on, and
   # other parameters.
@@ -242,9 +87,9 @@ def test_first_step_loss_is_the_plain_loss_call(tiny_setup):
   the initial model's training-mode embeddings.
   """
   s, batches = tiny_setup
-  step = sweep.make_sweep_step(s.entry, s.fixed_hyper, base_key=s.base_key,
+  step = grid_lib.make_sweep_step(s.entry, s.fixed_hyper, base_key=s.base_key,
                                donate=False)
-  _, metrics = step(sweep.stacked_state(s.state, s.grid.size),
+  _, metrics = step(grid_lib.stacked_state(s.state, s.grid.size),
                     jax.device_put(s.grid.arrays()), batches[0])
   variables = {"params": s.state.params["model"],
                "batch_stats": s.state.batch_stats}
@@ -257,7 +102,7 @@ def test_first_step_loss_is_the_plain_loss_call(tiny_setup):
 
 
 def test_run_sweep_end_to_end_writes_results(data_dir, tmp_path):
-  grid = sweep.parse_grid(["gamma=16,64"])
+  grid = grid_lib.parse_grid(["gamma=16,64"])
   result = sweep.run_sweep(tiny_config(data_dir), grid, num_steps=2,
                            compare_sequential=True, conv="unrolled",
                            command="pytest", log=lambda *_: None)
@@ -314,7 +159,7 @@ def fake_result(grid, *, with_sequential=True):
 @pytest.mark.parametrize("specs", [["gamma=16,32,64", "margin=0.1,0.4"],
                                    ["gamma=16,32"]])
 def test_write_results_heatmaps_and_markdown(tmp_path, specs):
-  grid = sweep.parse_grid(specs)
+  grid = grid_lib.parse_grid(specs)
   result = fake_result(grid)
   sweep.write_results(str(tmp_path), result)
   for name in ("map_at_r.png", "recall_at_1.png"):
@@ -331,6 +176,6 @@ def test_write_results_heatmaps_and_markdown(tmp_path, specs):
 
 
 def test_markdown_without_sequential_run_says_so():
-  md = sweep.results_markdown(fake_result(sweep.parse_grid(["gamma=1,2"]),
+  md = sweep.results_markdown(fake_result(grid_lib.parse_grid(["gamma=1,2"]),
                                           with_sequential=False))
   assert "not run" in md and "Speed-up" not in md

@@ -1,8 +1,9 @@
-"""Specification of experiments/timing.py."""
+"""Specification of experiments/timing.py (the benchmarks' shared helper)."""
 
 import time
 
 import jax.numpy as jnp
+import pytest
 
 from experiments import timing
 
@@ -26,3 +27,46 @@ def test_call_times_stops_at_a_call_over_budget():
     return ()
   times = timing.call_times(slow_timed, 1, 5, budget_s=0.01)
   assert len(times) == 1 and times[0] >= 0.02
+
+
+def test_compiled_memory_counts_arguments_outputs_and_temporaries():
+  import jax  # pylint: disable=g-import-not-at-top
+  x = jnp.ones((256, 256), jnp.float32)
+  compiled = jax.jit(lambda a: (a @ a).sum()).lower(x).compile()
+  mem = timing.compiled_memory(compiled)
+  if mem is None:
+    return  # the backend gives no analysis
+  assert mem["peak"] >= 256 * 256 * 4 + 4  # the argument and the output
+  assert 0 <= mem["temp"] <= mem["peak"]
+
+
+def test_parser_has_the_common_flags(tmp_path):
+  p = timing.parser("Title line.\n\nMore.", repeats=7, out="results file",
+                    compilation_cache=True)
+  assert p.description == "Title line."
+  args = p.parse_args(["--output", str(tmp_path / "a.md")])
+  assert args.repeats == 7 and args.out == str(tmp_path / "a.md")
+  assert not args.no_hugepages and args.compilation_cache is None
+  args = p.parse_args(["--out", "b.md", "--repeats", "2", "--no-hugepages",
+                       "--compilation-cache", "/c"])
+  assert (args.out, args.repeats, args.no_hugepages,
+          args.compilation_cache) == ("b.md", 2, True, "/c")
+  bare = timing.parser("T.", hugepages=False)
+  assert not hasattr(bare.parse_args([]), "repeats")
+  with pytest.raises(SystemExit):
+    bare.parse_args(["--no-hugepages"])
+
+
+def test_write_table_prints_and_writes(tmp_path, capsys):
+  out = tmp_path / "sub" / "t.md"
+  timing.write_table("| a |\n", out)
+  assert out.read_text() == "| a |\n"
+  assert "| a |" in capsys.readouterr().out
+  timing.write_table("x\n", "")  # no file: printed only
+  assert capsys.readouterr().out == "x\n\n"
+
+
+def test_machine_line_is_the_hosts_description(monkeypatch):
+  from circle_jax import hostenv  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(hostenv, "describe", lambda: "2 CPUs (nproc), X")
+  assert timing.machine_line() == "Machine: 2 CPUs (nproc), X."

@@ -1,0 +1,227 @@
+"""The report of a loss comparison: ``OUT.md`` (tables) and ``OUT.png``.
+
+From the runs of ``experiments/compare.py`` (its ``Run`` objects: loss,
+seed, config, status, ``metrics.json``, wall time, machine), writes the
+protocol (``circle_jax.results.describe_*``), the results table
+(:func:`circle_jax.results.table_markdown`), the hyperparameters, every run,
+and the bar chart (``experiments/plots.py``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import pathlib
+import re
+import statistics
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from circle_jax import hostenv
+from circle_jax import results
+from circle_jax.results import Stat, aggregate, format_stat, table_markdown
+
+# (metrics.json key, column title) in table order; recall@K columns are
+# inserted after P@1 for every K the runs report.
+_HEAD_METRICS = (("precision@1", "P@1"),)
+_TAIL_METRICS = (("map@r", "MAP@R"), ("nmi", "NMI"))
+# The chart's panels.
+PLOT_METRICS = (("recall@1", "R@1"), ("map@r", "MAP@R"))
+
+
+# ----------------------------------------------------------------------------
+# Aggregation.
+# ----------------------------------------------------------------------------
+
+
+def metric_columns(runs: Sequence[Any]) -> List[Tuple[str, str]]:
+  """``(key, title)`` of the table: P@1, R@K for every K, MAP@R, NMI."""
+  keys = set()
+  for r in runs:
+    if r.metrics is not None:
+      keys.update(r.metrics["result"]["test"])
+  ks = sorted(int(k.split("@")[1]) for k in keys
+              if re.fullmatch(r"recall@\d+", k))
+  return (list(_HEAD_METRICS) + [(f"recall@{k}", f"R@{k}") for k in ks]
+          + list(_TAIL_METRICS))
+
+
+def summarize(runs: Sequence[Any], losses: Sequence[str],
+              keys: Sequence[str]) -> Dict[str, Dict[str, Optional[Stat]]]:
+  """``{loss: {metric: Stat over the loss's complete runs}}``.
+
+  Besides the metric keys, ``"train_seconds"`` (metrics.json) and
+  ``"wall_seconds"`` (the process) are aggregated too.
+  """
+  out = {}
+  for loss in losses:
+    done = [r for r in runs if r.loss == loss and r.metrics is not None]
+    row = {}
+    for key in keys:
+      row[key] = aggregate([r.metrics["result"]["test"][key] for r in done
+                            if r.metrics["result"]["test"].get(key)
+                            is not None])
+    row["train_seconds"] = aggregate(
+        [r.metrics["train_seconds"] for r in done
+         if r.metrics.get("train_seconds") is not None])
+    row["wall_seconds"] = aggregate(
+        [r.wall_seconds for r in done if r.wall_seconds is not None])
+    out[loss] = row
+  return out
+
+
+# ----------------------------------------------------------------------------
+# Report.
+# ----------------------------------------------------------------------------
+
+
+def plural(n: int, noun: str) -> str:
+  return f"{n} {noun}" + ("" if n == 1 else ("es" if noun.endswith("s")
+                                             else "s"))
+
+
+def _loss_config(loss: str, runs: Sequence[Any]) -> Dict[str, Any]:
+  """The config of ``loss``'s first complete run (as saved), else as built."""
+  mine = [r for r in runs if r.loss == loss]
+  done = [r for r in mine if r.metrics is not None]
+  return (done[0].metrics.get("config") or done[0].config) if done else (
+      mine[0].config)
+
+
+def _machine(runs: Sequence[Any]) -> str:
+  infos = [r.info for r in runs if r.info.get("cpu")]
+  cpus = sorted({hostenv.cpu_text(i) for i in infos})
+  if not cpus:
+    cpus = [hostenv.cpu_text(hostenv.machine_info())]
+  text = "; ".join(cpus)
+  gpus = sorted({i.get("accelerators") for i in infos if i.get("accelerators")})
+  if gpus:
+    text += f"; GPUs present: {'; '.join(gpus)}"
+  loads = [v for i in infos for v in i.get("load_average", [])]
+  if loads:
+    text += (f"; 1-min load average {min(loads):.1f}-{max(loads):.1f} at "
+             "the runs' start and end")
+  return text
+
+
+def _times(runs: Sequence[Any], elapsed: float) -> str:
+  walls = [r.wall_seconds for r in runs if r.wall_seconds is not None]
+  trains = [r.metrics["train_seconds"] for r in runs
+            if r.metrics is not None and r.metrics.get("train_seconds")
+            is not None]
+  now = sum(r.status == "done" for r in runs)
+  reused = sum(r.status == "reused" for r in runs)
+  text = (f"this invocation {elapsed:.0f} s ({now} runs trained, {reused} "
+          "reused)")
+  if walls:
+    text += (f"; all {len(walls)} timed runs {sum(walls):.0f} s, per run "
+             f"{statistics.fmean(walls):.0f} s wall (min {min(walls):.0f}, "
+             f"max {max(walls):.0f}; process start, compilation, data, "
+             "training, evaluations)")
+  if trains:
+    text += (f"; training loop {statistics.fmean(trains):.0f} s per run "
+             "(metrics.json train_seconds)")
+  return text
+
+
+def write_markdown(path: pathlib.Path, *, command: str, config_name: str,
+                   losses: Sequence[str], seeds: Sequence[int],
+                   runs: Sequence[Any], elapsed: float,
+                   plot_name: Optional[str] = None) -> str:
+  """Writes the comparison's Markdown file and returns its text."""
+  cfg = runs[0].config
+  done = [r.metrics for r in runs if r.metrics is not None]
+  columns = metric_columns(runs)
+  summary = summarize(runs, losses, [k for k, _ in columns])
+  counts = {loss: (sum(r.loss == loss and r.metrics is not None
+                       for r in runs),
+                   sum(r.loss == loss for r in runs)) for loss in losses}
+  every = (f"; evaluation every {cfg['eval_every_steps']} steps"
+           if cfg.get("eval_every_steps") else "")
+  lines = [
+      f"# Loss comparison: {cfg['dataset']['name']}, {cfg['model']['name']} "
+      f"{cfg['model']['embedding_dim']}-d, {plural(len(losses), 'loss')} x "
+      f"{plural(len(seeds), 'seed')}",
+      "",
+      "Regenerate (reuses the finished runs in the workdir, trains the "
+      "others):",
+      "",
+      "```bash",
+      command,
+      "```",
+      "",
+      "Protocol (Musgrave et al., \"A Metric Learning Reality Check\", ECCV "
+      "2020, where it fits): every run has the same trunk, embedding, batch, "
+      "optimiser, number of steps and evaluation; only the loss and its own "
+      "hyperparameters (its paper's defaults, listed below) change. Config "
+      f"`{config_name}`:",
+      "",
+      f"- data: {results.describe_data(cfg, done)}",
+      f"- model: {results.describe_model(cfg)}",
+      f"- batch: {results.describe_batch(cfg)}",
+      f"- optimiser: {results.describe_optim(cfg)}",
+      f"- steps: {cfg['num_train_steps']}{every}",
+      f"- seeds: {', '.join(map(str, seeds))} (model and loss-parameter "
+      "initialisation, batch order, augmentation)",
+      f"- reported step: {results.describe_selection(cfg, done)}",
+      "- values: test-split metrics in %, mean ± sample standard deviation "
+      "(ddof=1) over the seeds; the best mean of each column in bold; "
+      "`train s`: seconds in the training loop per run (including the "
+      "compilation of the step where the shared compilation cache did not "
+      "have it yet)",
+      f"- time: {_times(runs, elapsed)}",
+      f"- machine: {_machine(runs)}",
+      f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
+      "",
+      table_markdown(summary, columns, counts),
+      "",
+  ]
+  if plot_name:
+    lines += [f"![R@1 and MAP@R per loss]({plot_name})", ""]
+  lines += ["## Hyperparameters", "",
+            "From each loss's `metrics.json` config; the source is the "
+            "registry's reference (`circle_jax.losses.LOSSES`).", ""]
+  lines += results.hyperparameter_lines(
+      {loss: _loss_config(loss, runs) for loss in losses})
+  lines += ["", "## Runs", "",
+            "| loss | seed | step | R@1 | MAP@R | NMI | train s | wall s |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+  for r in runs:
+    if r.metrics is None:
+      lines.append(f"| `{r.loss}` | {r.seed} | failed |" + " – |" * 5)
+      continue
+    res = r.metrics["result"]
+    cells = [format_stat(aggregate([res["test"][k]])) if k in res["test"]
+             else "–" for k in ("recall@1", "map@r", "nmi")]
+    train = r.metrics.get("train_seconds")
+    lines.append(
+        f"| `{r.loss}` | {r.seed} | {res['step']} ({res['selection']}) | "
+        f"{' | '.join(cells)} | "
+        f"{'–' if train is None else f'{train:.0f}'} | "
+        f"{'–' if r.wall_seconds is None else f'{r.wall_seconds:.0f}'} |")
+  failed = [r for r in runs if r.status == "failed"]
+  if failed:
+    lines += ["", "## Failed runs", ""]
+    lines += [f"- `{r.loss}` seed {r.seed}: {r.error.splitlines()[0]}"
+              for r in failed]
+  text = "\n".join(lines) + "\n"
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(text)
+  return text
+
+
+def report(out: str, *, command: str, config_name: str,
+           losses: Sequence[str], seeds: Sequence[int], runs: Sequence[Any],
+           elapsed: float) -> Tuple[pathlib.Path, pathlib.Path]:
+  """Writes ``OUT.md`` and ``OUT.png``; returns their paths."""
+  md_path, png_path = pathlib.Path(out + ".md"), pathlib.Path(out + ".png")
+  write_markdown(md_path, command=command, config_name=config_name,
+                 losses=losses, seeds=seeds, runs=runs, elapsed=elapsed,
+                 plot_name=png_path.name)
+  from experiments import plots  # pylint: disable=g-import-not-at-top
+  cfg = runs[0].config
+  columns = metric_columns(runs)
+  summary = summarize(runs, losses, [k for k, _ in columns])
+  plots.write_bars(png_path, summary, PLOT_METRICS,
+             f"{cfg['dataset']['name']}, {cfg['model']['name']} "
+             f"{cfg['model']['embedding_dim']}-d, {cfg['num_train_steps']} "
+             f"steps, {plural(len(seeds), 'seed')} (only the loss changes)")
+  return md_path, png_path

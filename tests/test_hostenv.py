@@ -1,0 +1,64 @@
+"""Specification of circle_jax/hostenv.py: the machine and malloc setting."""
+
+import os
+import sys
+
+import pytest
+
+from circle_jax import hostenv
+
+
+def test_describe_names_cpus_model_jax_load_and_malloc(monkeypatch):
+  monkeypatch.setattr(hostenv, "cpu_model", lambda: "Test CPU 9000")
+  monkeypatch.setattr(hostenv, "num_cpus", lambda: 3)
+  monkeypatch.setattr(hostenv, "accelerators", lambda: "")
+  monkeypatch.setattr(hostenv, "load_average", lambda: 1.25)
+  monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+  import jax  # pylint: disable=g-import-not-at-top
+  assert hostenv.describe() == (
+      f"3 CPUs (nproc), Test CPU 9000; jax {jax.__version__}, "
+      f"{jax.devices()[0].device_kind} ({jax.default_backend()}); "
+      "1-min load average 1.2; malloc: default (4 KiB pages)")
+  monkeypatch.setattr(hostenv, "accelerators", lambda: "NVIDIA H100")
+  assert hostenv.describe(with_jax=False) == (
+      "3 CPUs (nproc), Test CPU 9000; GPUs: NVIDIA H100; 1-min load average "
+      "1.2; malloc: default (4 KiB pages)")
+
+
+def test_machine_info_is_what_nproc_and_cpuinfo_say():
+  info = hostenv.machine_info()
+  assert set(info) == {"nproc", "cpu", "accelerators"}
+  assert info["nproc"] == len(os.sched_getaffinity(0))
+  assert info["cpu"] and isinstance(info["cpu"], str)
+  assert hostenv.cpu_text(info) == f"{info['nproc']} CPUs (nproc), {info['cpu']}"
+
+
+def test_reexec_is_a_no_op_when_disabled_or_already_set(monkeypatch):
+  calls = []
+  monkeypatch.setattr(os, "execve", lambda *a: calls.append(a))
+  monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
+  hostenv.reexec_with_hugepage_malloc()
+  assert hostenv.hugepage_malloc_active()
+  assert "huge pages" in hostenv.malloc_setting()
+  monkeypatch.delenv("GLIBC_TUNABLES")
+  hostenv.reexec_with_hugepage_malloc(disabled=True)
+  monkeypatch.setenv("CIRCLE_JAX_NO_HUGEPAGES", "1")
+  hostenv.reexec_with_hugepage_malloc()
+  assert calls == []
+  assert hostenv.malloc_setting() == "malloc: default (4 KiB pages)"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux")
+                    or not hostenv._glibc_supports_hugetlb(),
+                    reason="needs glibc >= 2.35")
+def test_reexec_appends_the_tunable_and_keeps_the_command(monkeypatch):
+  calls = []
+  monkeypatch.setattr(os, "execve", lambda *a: calls.append(a))
+  monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
+  monkeypatch.delenv("CIRCLE_JAX_NO_HUGEPAGES", raising=False)
+  monkeypatch.setattr(hostenv, "hugepage_malloc_active", lambda: False)
+  hostenv.reexec_with_hugepage_malloc()
+  (exe, argv, env), = calls
+  assert exe == sys.executable and argv == sys.orig_argv
+  assert env["GLIBC_TUNABLES"] == (
+      "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1")
