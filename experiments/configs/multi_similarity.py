@@ -76,7 +76,7 @@ out for validation (``dataset.validation_fraction = 0.2``), and the test
 numbers of that step are the result.
 """
 
-from experiments.configs import base
+from circle_jax import config as config_lib
 from experiments.configs import recipes
 
 DATASETS = ("cub200", "cars196", "sop", "inshop")
@@ -111,5 +111,5 @@ def get_config(dataset: str = "cub200"):
   c = recipes.paper_base(dataset)
   recipes.ms_code(c, dataset, classes_per_batch=16, images_per_class=5)
   # alpha = 2, base = 0.5, epsilon = 0.1, mining: the registry defaults.
-  c.loss = base.loss_config("multi_similarity", beta=BETA)
+  c.loss = config_lib.loss_config("multi_similarity", beta=BETA)
   return c

@@ -36,7 +36,7 @@ in docs/data.md, the pretrained file is Cadene's ImageNet BN-Inception)::
       --config.model.pretrained=/path/to/bn_inception-52deb4733.pth
 """
 
-from experiments.configs import base
+from circle_jax import config as config_lib
 from experiments.configs import recipes
 
 DATASETS = ("cub200", "cars196")
@@ -58,5 +58,5 @@ def get_config(dataset: str = "cub200"):
   recipes.check_dataset("ranked_proxy_anchor.py", dataset, DATASETS)
   c = recipes.paper_base(dataset)
   recipes.proxy_anchor_code(c, dataset)
-  c.loss = base.loss_config("ranked_proxy_anchor")  # alpha 1.4, m 0.4, T 20.
+  c.loss = config_lib.loss_config("ranked_proxy_anchor")  # alpha 1.4, m 0.4, T 20.
   return c
