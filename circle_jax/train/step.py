@@ -121,7 +121,8 @@ def train_step(
   key = jax.random.fold_in(base_key, state.step)
 
   def objective(params):
-    variables = state_lib.model_variables(state.replace(params=params))
+    variables = state_lib.model_variables(
+        {"params": params, "batch_stats": state.batch_stats})
     if state.batch_stats:
       embeddings, updates = state.apply_fn(
           variables, batch["image"], train=True, mutable=["batch_stats"])
