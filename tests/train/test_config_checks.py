@@ -2,26 +2,17 @@
 
 import pytest
 
+from circle_jax import config as config_lib
 from circle_jax.train import config_checks
-from experiments.configs import base
-from experiments.configs import digits
+from tests.train import helpers
 
-
-def _config(**overrides):
-  c = digits.get_config()
-  for path, value in overrides.items():
-    node = c
-    *parents, leaf = path.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return c
+_config = helpers.digits_config
 
 
 def test_default_configs_pass():
-  config_checks.check_config(digits.get_config(), device_count=8,
+  config_checks.check_config(helpers.digits_config(), device_count=8,
                              process_count=1)
-  config_checks.check_config(digits.get_config(), device_count=1,
+  config_checks.check_config(helpers.digits_config(), device_count=1,
                              process_count=1)
 
 
@@ -53,7 +44,7 @@ def test_bad_values_name_the_field(overrides, field):
 
 def test_proxy_loss_needs_a_class_count():
   c = _config()
-  c.loss = base.loss_config("proxy_anchor")
+  c.loss = config_lib.loss_config("proxy_anchor")
   config_checks.check_config(c, device_count=8, process_count=1)
   c.dataset.num_classes = 0
   with pytest.raises(config_checks.ConfigError,
@@ -63,7 +54,7 @@ def test_proxy_loss_needs_a_class_count():
 
 def test_batch_must_split_over_processes():
   with pytest.raises(config_checks.ConfigError, match="3 processes"):
-    config_checks.check_config(digits.get_config(), device_count=1,
+    config_checks.check_config(helpers.digits_config(), device_count=1,
                                process_count=3)
 
 
@@ -72,8 +63,7 @@ def test_batch_must_split_over_processes():
 
 
 def test_omniglot_small_config_is_valid():
-  from experiments.configs import omniglot_small
-  c = omniglot_small.get_config()
+  c = helpers.omniglot_small_config()
   c.dataset.manual_dir = "/data"
   config_checks.check_config(c, device_count=8, process_count=1)
 

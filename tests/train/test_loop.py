@@ -17,8 +17,10 @@ from circle_jax.train import checkpoint as ckpt_lib
 from circle_jax.train import config_checks
 from circle_jax.train import console
 from circle_jax.train import loop
+from circle_jax.train import run as run_lib
+from circle_jax.train import state as state_lib
 from circle_jax.train import writers
-from experiments.configs import digits
+from tests.train import helpers
 
 
 @pytest.fixture(scope="session")
@@ -28,16 +30,9 @@ def data_dir(tmp_path_factory):
 
 
 def short_config(data_dir, **overrides):
-  c = digits.get_config()
-  c.dataset.data_dir = data_dir
-  c.dataset.num_threads = 2
-  for k, v in overrides.items():
-    node = c
-    *parents, leaf = k.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = v
-  return c
+  c = helpers.digits_config(**{"dataset.data_dir": data_dir,
+                               "dataset.num_threads": 2})
+  return helpers.override(c, **overrides)
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +94,7 @@ def test_omniglot_small_run_learns(data_dir, omniglot_dir, tmp_path):
   (On digits 5-9 it is not: raw pixels already reach R@1 0.99 and a random
   conv4 0.94, and training on digits 0-4 lowers it; see docs/training.md.)
   """
-  from experiments.configs import omniglot_small
-  c = omniglot_small.get_config()
+  c = helpers.omniglot_small_config()
   c.dataset.data_dir = data_dir
   c.dataset.manual_dir = str(omniglot_dir)
   c.dataset.num_threads = 2
@@ -149,7 +143,7 @@ def test_embed_tool_uses_best_checkpoint_and_eval_preprocessing(
   got = np.load(out)
   assert list(got["paths"]) == ["0.png", "1.png", "2.png", "sub/copy.png"]
   e = got["embeddings"]
-  assert e.shape == (4, digits.get_config().model.embedding_dim)
+  assert e.shape == (4, helpers.digits_config().model.embedding_dim)
   assert e.dtype == np.float32
   np.testing.assert_allclose(np.linalg.norm(e, axis=1), 1.0, rtol=1e-5)
   np.testing.assert_array_equal(e[0], e[3])
@@ -164,9 +158,8 @@ def test_embed_tool_uses_best_checkpoint_and_eval_preprocessing(
   tree, _, meta = ckpts.restore(which="best")
   ckpts.close()
   x = np.stack([pre((folder / f"{i}.png").read_bytes()) for i in picks])
-  variables = {"params": tree["params"]["model"],
-               "batch_stats": tree["batch_stats"]}
-  want = np.asarray(model.apply(variables, x, train=False))
+  want = np.asarray(model.apply(state_lib.model_variables(tree), x,
+                                train=False))
   np.testing.assert_allclose(e[:3], want, atol=1e-5)
 
 
@@ -307,7 +300,7 @@ def test_embed_tool_refuses_an_empty_folder_and_skips_corrupt_images(
   assert "b.png" in skipped[0][1]
   with pytest.raises(data_lib.ImageDecodeError, match="b.png"):
     embed.embed_folder(workdir, str(folder), strict=True)
-  with pytest.raises(embed.EmbedError, match="no latest checkpoint yet"):
+  with pytest.raises(run_lib.RunError, match="no latest checkpoint yet"):
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     (fresh / "config.json").write_text(
