@@ -19,6 +19,7 @@ them, in whatever order the flags come (:func:`switch_loss`).
 
 from __future__ import annotations
 
+import difflib
 import re
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -42,8 +43,50 @@ OPEN_SECTIONS = ("dataset.preprocess", "model.kwargs")
 PARALLELISM = parallel.MODES
 
 
+class ConfigFieldError(UserError, ValueError):
+  """A config file or override names a field the schema does not have."""
+
+
 class SavedConfigError(UserError):
   """A saved ``config.json`` does not fit this version's schema."""
+
+
+class Config(ml_collections.ConfigDict):
+  """A ConfigDict whose unknown-field errors are one line naming the field
+  (with its path) and the close matches."""
+
+  def __getattr__(self, name):
+    try:
+      return super().__getattr__(name)
+    except AttributeError:
+      if name.startswith("__"):
+        raise
+      raise AttributeError(self._unknown(name)) from None
+
+  def __setattr__(self, name, value):
+    try:
+      super().__setattr__(name, value)
+    except AttributeError:
+      if not self.is_locked or name in self._fields:
+        raise
+      raise AttributeError(self._unknown(name)) from None
+
+  def _unknown(self, name) -> str:
+    path = self.__dict__.get("_path", "config")
+    fields = sorted(self._fields)
+    close = difflib.get_close_matches(name, fields, n=3, cutoff=0.6)
+    hint = (f"did you mean {' or '.join(f'{path}.{c}' for c in close)}?"
+            if close else f"the fields are {', '.join(fields)}.")
+    return f"{path}.{name}: no such config field; {hint}"
+
+
+def _set_paths(config, path: str = "config"):
+  """Records each section's path for :class:`Config`'s error messages."""
+  object.__setattr__(config, "_path", path)
+  for key in config.keys():
+    value = config[key]
+    if isinstance(value, ml_collections.ConfigDict):
+      _set_paths(value, f"{path}.{key}")
 
 
 def loss_config(name: str = "circle", **hyper) -> ml_collections.ConfigDict:
@@ -69,26 +112,27 @@ def loss_config(name: str = "circle", **hyper) -> ml_collections.ConfigDict:
     raise ValueError(
         f"loss {name!r} has no hyperparameter(s) {unknown}; it accepts "
         f"{sorted(entry.defaults) + options}.")
-  c = ml_collections.ConfigDict()
+  c = Config()
   c.name = name
   for k, v in entry.defaults.items():
     c[k] = hyper.get(k, v)
   for o in options:
     c[o] = hyper.get(o, placeholder(int))
+  _set_paths(c, "config.loss")
   return c.lock()
 
 
 def base_config() -> ml_collections.ConfigDict:
   """Every field of a training config with its default (locked)."""
-  c = ml_collections.ConfigDict()
+  c = Config()
   c.seed = 0                       # init, batches and loss keys
 
-  c.dataset = ml_collections.ConfigDict()
+  c.dataset = Config()
   c.dataset.name = "digits"        # a circle_jax.data.DATASETS name
   c.dataset.data_dir = ""          # prepared ArrayRecords; "" -> $TFDS_DATA_DIR
   c.dataset.manual_dir = ""        # folder with the official archives
   c.dataset.num_classes = placeholder(int)  # loss parameter rows; None: dataset's
-  c.dataset.preprocess = ml_collections.ConfigDict()  # preset overrides
+  c.dataset.preprocess = Config()  # preset overrides
   c.dataset.num_workers = 0        # grain worker processes (0: in process)
   # Model selection: hold out this fraction of the *train* classes as a
   # class-disjoint validation split; `best_metric` then picks the step on it
@@ -98,7 +142,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.dataset.validation_seed = 0    # which classes are held out
   c.dataset.num_threads = 4        # decoding threads of the data pipeline
 
-  c.model = ml_collections.ConfigDict()
+  c.model = Config()
   c.model.name = "conv4"           # a circle_jax.models.MODELS name
   c.model.embedding_dim = 64       # D
   c.model.pooling = "avg"          # backbone pooling: "avg", "max", "avg+max"
@@ -106,22 +150,22 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.sync_bn = False          # BatchNorm statistics over the global batch
   c.model.dtype = "float32"        # or "bfloat16" (compute dtype)
   c.model.pretrained = ""          # .h5/.keras (resnet) or .pth/.npz (bn_inception)
-  c.model.kwargs = ml_collections.ConfigDict()  # more model arguments
+  c.model.kwargs = Config()  # more model arguments
 
   c.loss = loss_config("circle")   # name + every hyperparameter (see above)
 
-  c.batch = ml_collections.ConfigDict()
+  c.batch = Config()
   c.batch.sampler = "pk"           # "pk": P classes x K images; "random"
   c.batch.classes_per_batch = 8    # P (the global batch is P x K) ...
   c.batch.images_per_class = 4     # ... K
   c.batch.size = 0                 # global batch of the random sampler
   c.batch.eval_batch_size = 256    # global batch of the evaluation
 
-  c.optim = ml_collections.ConfigDict()  # see circle_jax.train.optim
+  c.optim = Config()  # see circle_jax.train.optim
   c.optim.name = "adam"            # adam, adamw, sgd, rmsprop
   c.optim.learning_rate = 1e-3     # base learning rate
   c.optim.weight_decay = 0.0       # L2 (sgd/adam/rmsprop) or decoupled (adamw)
-  c.optim.lr_multipliers = ml_collections.ConfigDict(  # per parameter group
+  c.optim.lr_multipliers = Config(  # per parameter group
       {"backbone": 1.0, "head": 1.0, "loss": 1.0})
   c.optim.freeze_backbone_steps = 0  # train only head and loss this long
   c.optim.schedule = "constant"    # constant, step, cosine
@@ -154,6 +198,7 @@ def base_config() -> ml_collections.ConfigDict:
 
 def lock(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Locks ``config`` except its :data:`OPEN_SECTIONS`; returns it."""
+  _set_paths(config)
   config.lock()
   for path in OPEN_SECTIONS:
     node = config
@@ -266,6 +311,43 @@ def switch_loss(config: ml_collections.ConfigDict, argv: Sequence[str],
   return config
 
 
+# pylint: disable=protected-access
+class _Flag(config_flags._ConfigFlag):
+  """Reports an unknown field (in the file or an override) in one line.
+
+  On the command line it is a flag error; in the default config file, parsed
+  when the flag is defined, it is raised as a :class:`ConfigFieldError` when
+  the value is read (a tool's main prints it as one line).
+  """
+
+  _error = None
+
+  def _parse(self, argument):
+    try:
+      return super()._parse(argument)
+    except AttributeError as e:
+      raise flags.IllegalFlagValueError(str(e).splitlines()[0]) from None
+
+  def _set_default(self, value):
+    try:
+      super()._set_default(value)
+    except flags.IllegalFlagValueError as e:
+      self._error = ConfigFieldError(str(e).splitlines()[0])
+      self.default = None
+      self.default_as_str = repr(value)
+
+  @property
+  def value(self):
+    if self._value is None and self._error is not None:
+      raise self._error
+    return self._value
+
+  @value.setter
+  def value(self, value):
+    self._value = value
+# pylint: enable=protected-access
+
+
 class _Parser(config_flags.ConfigFileFlagParser):
   """Loads the config file, then switches the loss section."""
 
@@ -301,11 +383,9 @@ def DEFINE_config_file(  # pylint: disable=invalid-name
     args = sys.argv if sys_argv is None else sys_argv
     return flags.FLAGS.read_flags_from_files(list(args), force_gnu=False)
 
-  # pylint: disable=protected-access
-  flag = config_flags._ConfigFlag(
+  flag = _Flag(
       parser=_Parser(name, argv), serializer=flags.ArgumentSerializer(),
       name=name, default=default,
       help_string=help_string or "Training config file (FILE or FILE:ARG).",
       flag_values=flag_values, sys_argv=sys_argv)
-  # pylint: enable=protected-access
   return flags.DEFINE_flag(flag, flag_values)
