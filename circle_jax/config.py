@@ -71,6 +71,11 @@ class Config(ml_collections.ConfigDict):
         raise
       raise AttributeError(self._unknown(name)) from None
 
+  def __setitem__(self, key, value):
+    if self.is_locked and key not in self._fields:
+      raise KeyError(self._unknown(key))
+    super().__setitem__(key, value)
+
   def _unknown(self, name) -> str:
     path = self.__dict__.get("_path", "config")
     fields = sorted(self._fields)
