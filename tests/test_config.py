@@ -32,12 +32,11 @@ def config_file(tmp_path):
   return str(path)
 
 
-def parse(config_file, *overrides):
-  """The config that the --config flag builds from these flags."""
+def parse(config_file, *overrides, define=config_lib.DEFINE_config_file):
+  """The config that the --config flag (``define``) builds from these flags."""
   argv = ["main", f"--config={config_file}", *overrides]
   fv = flags.FlagValues()
-  holder = config_lib.DEFINE_config_file("config", flag_values=fv,
-                                         sys_argv=argv)
+  holder = define("config", flag_values=fv, sys_argv=argv)
   fv(argv)
   return holder.value
 

@@ -163,8 +163,8 @@ def make_train_step(loss_fn: LossFn, *, base_key: jax.Array,
   Args:
     loss_fn: see :func:`make_loss_fn`.
     base_key: PRNG key of the loss (see :func:`train_step`).
-    placement: a :class:`circle_jax.parallel.Placement` or a mode name
-      (default ``shard_map``). The state must be ``placement.replicate``'d,
+    placement: a :class:`circle_jax.parallel.Placement` or a mode name. The
+      state must be ``placement.replicate``'d,
       the batch ``placement.shard_batch``'d.
     donate: donate the input state's buffers.
     mode: the old name of ``placement`` (a mode name).
@@ -172,7 +172,7 @@ def make_train_step(loss_fn: LossFn, *, base_key: jax.Array,
   Returns:
     ``step(state, batch) -> (state, metrics)``.
   """
-  placement = parallel.get_placement(placement or mode or "shard_map")
+  placement = parallel.get_placement(placement or mode)
   fn = functools.partial(train_step, loss_fn=loss_fn, base_key=base_key)
   return placement.wrap_step(fn, donate=donate)
 

@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 
-from absl import flags
 import pytest
 
 from circle_jax import config as config_lib
@@ -15,6 +14,7 @@ from circle_jax.train import workdir as workdir_lib
 from experiments import config_flag
 from experiments.configs import digits
 from experiments.configs import omniglot_small
+from tests import test_config
 from tests.train import helpers
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
@@ -24,12 +24,8 @@ DIGITS = "experiments/configs/digits.py"
 
 def parse(*overrides, config=DIGITS):
   """The config that `python -m experiments.main` builds from these flags."""
-  argv = ["main", f"--config={os.path.join(REPO, config)}", *overrides]
-  fv = flags.FlagValues()
-  holder = config_flag.DEFINE_config_file("config", flag_values=fv,
-                                          sys_argv=argv)
-  fv(argv)
-  return holder.value
+  return test_config.parse(os.path.join(REPO, config), *overrides,
+                           define=config_flag.DEFINE_config_file)
 
 
 def test_the_digits_config_is_the_trainer_tests_and_old_workdirs_config():
