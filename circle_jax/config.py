@@ -82,7 +82,7 @@ class Config(ml_collections.ConfigDict):
     close = difflib.get_close_matches(name, fields, n=3, cutoff=0.6)
     hint = (f"did you mean {' or '.join(f'{path}.{c}' for c in close)}?"
             if close else f"the fields are {', '.join(fields)}.")
-    return f"{path}.{name}: no such config field; {hint}"
+    return f"{path}.{name}: the config does not have this field; {hint}"
 
 
 def _set_paths(config, path: str = "config"):
@@ -136,7 +136,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.dataset.name = "digits"        # a circle_jax.data.DATASETS name
   c.dataset.data_dir = ""          # prepared ArrayRecords; "" -> $TFDS_DATA_DIR
   c.dataset.manual_dir = ""        # folder with the official archives
-  c.dataset.num_classes = placeholder(int)  # loss parameter rows; None: dataset's
+  c.dataset.num_classes = placeholder(int)  # loss param. rows; None: dataset's
   c.dataset.preprocess = Config()  # preset overrides
   c.dataset.num_workers = 0        # grain worker processes (0: in process)
   # Model selection: hold out this fraction of the *train* classes as a
@@ -154,7 +154,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.freeze_bn = False        # BatchNorm in inference mode while training
   c.model.sync_bn = False          # BatchNorm statistics over the global batch
   c.model.dtype = "float32"        # or "bfloat16" (compute dtype)
-  c.model.pretrained = ""          # .h5/.keras (resnet) or .pth/.npz (bn_inception)
+  c.model.pretrained = ""          # .h5/.keras (resnet), .pth/.npz (bn_inception)
   c.model.kwargs = Config()  # more model arguments
 
   c.loss = loss_config("circle")   # name + every hyperparameter (see above)
@@ -369,7 +369,7 @@ def DEFINE_config_file(  # pylint: disable=invalid-name
     name: str, default: Optional[str] = None, help_string: str = "",
     flag_values: flags.FlagValues = flags.FLAGS,
     sys_argv: Optional[Sequence[str]] = None) -> flags.FlagHolder:
-  """``config_flags.DEFINE_config_file`` with loss switching (:func:`switch_loss`).
+  """``config_flags.DEFINE_config_file`` with :func:`switch_loss`.
 
   ``--config=FILE`` or ``FILE:ARG``, then ``--config.a.b=value`` overrides.
 

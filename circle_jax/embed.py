@@ -17,7 +17,6 @@ a warning naming it (``--strict`` makes it an error instead).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Optional, Sequence

@@ -1,4 +1,4 @@
-"""The config schema: defaults, locking, loss sections and switching, saved configs."""
+"""The config schema: defaults, locking, loss sections, saved configs."""
 
 import json
 import os
@@ -59,8 +59,8 @@ def test_every_field_has_one_default_and_a_comment():
 
 def test_misspelt_fields_are_errors_naming_the_close_match(config_file):
   c = config_lib.base_config()
-  want = ("config.optim.learing_rate: no such config field; did you mean "
-          "config.optim.learning_rate?")
+  want = ("config.optim.learing_rate: the config does not have this field; "
+          "did you mean config.optim.learning_rate?")
   with pytest.raises(AttributeError) as err:
     c.optim.learing_rate = 1e-3
   assert str(err.value) == want
@@ -91,7 +91,7 @@ def test_loss_config_lists_every_hyperparameter_and_rejects_unknown_ones():
     if entry.execution_options:
       want["block_size"] = None
     assert dict(c) == want, name
-    with pytest.raises(AttributeError, match="no such config field"):
+    with pytest.raises(AttributeError, match="does not have this field"):
       c.not_a_hyperparameter = 1.0
   with pytest.raises(ValueError, match="has no hyperparameter"):
     config_lib.loss_config("circle", alpha=1.0)

@@ -98,8 +98,8 @@ def test_runs_as_a_script_from_anywhere(tmp_path):
                f"--workdir={tmp_path / 'w'}", "--config.optim.learing_rate=1",
                cwd=str(tmp_path), as_script=True, pythonpath=False)
   assert proc.returncode == 1
-  assert ("config.optim.learing_rate: no such config field; did you mean "
-          "config.optim.learning_rate?") in proc.stderr
+  assert ("config.optim.learing_rate: the config does not have this field; "
+          "did you mean config.optim.learning_rate?") in proc.stderr
 
 
 def test_user_errors_print_one_line_without_traceback(tmp_path):

@@ -46,8 +46,8 @@ def test_bad_values_name_the_field(overrides, field):
 ])
 def test_unknown_fields_are_refused_when_set(path, close):
   """The schema is locked: a misspelt field fails where it is set."""
-  with pytest.raises(AttributeError, match=f"config.{path}: no such config "
-                     f"field; .*{close}"):
+  with pytest.raises(AttributeError, match=f"config.{path}: the config does "
+                     f"not have this field; .*{close}"):
     section, leaf = path.rsplit(".", 1)
     node = _config()
     for part in section.split("."):

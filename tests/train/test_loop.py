@@ -306,3 +306,22 @@ def test_embed_tool_refuses_an_empty_folder_and_skips_corrupt_images(
     (fresh / "config.json").write_text(
         open(os.path.join(workdir, "config.json")).read())
     embed.embed_folder(str(fresh), str(folder))
+
+
+def test_every_placement_trains_and_evaluates_the_same_run(data_dir,
+                                                            tmp_path):
+  """shard_map, pmap and one device: the same steps and, each evaluating with
+  its own placement, the same metrics (up to float32 reduction order)."""
+  results = {}
+  for mode in ("shard_map", "pmap", "none"):
+    c = short_config(data_dir, num_train_steps=6, eval_every_steps=0,
+                     checkpoint_every_steps=0, eval_clustering=False,
+                     parallelism=mode)
+    results[mode] = loop.train_and_evaluate(c, str(tmp_path / mode))
+  ref = results["shard_map"]
+  assert ref["final"]["recall@1"] != ref["init"]["recall@1"]
+  for mode in ("pmap", "none"):
+    for when in ("init", "final"):
+      for k, v in ref[when].items():
+        assert results[mode][when][k] == pytest.approx(v, abs=2e-3), (
+            mode, when, k)
