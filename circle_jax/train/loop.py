@@ -28,6 +28,13 @@ with a config that trains something else is refused
 (:mod:`circle_jax.train.workdir`). Ctrl-C saves the last completed step
 before stopping (:class:`TrainingInterrupted`).
 
+Structure: :func:`train_and_evaluate` is four parts sharing a :class:`Job`:
+``_build`` (config check, data, model, state, resume), ``_evaluate_init``,
+``_train`` (the steps, logging, periodic evaluation and checkpoints, Ctrl-C)
+and ``_finish`` (final and best metrics, ``metrics.json``). Devices are
+:mod:`circle_jax.parallel`'s business, building and restoring
+:mod:`circle_jax.train.run`'s, evaluating :mod:`circle_jax.train.evaluate`'s.
+
 Multi-host: every process runs this function; process ``p`` reads its share
 of every global batch, checkpoints are written collectively by orbax, and
 only process 0 writes ``metrics.json``, ``config.json`` and the TensorBoard

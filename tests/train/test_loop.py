@@ -6,6 +6,7 @@ Kill-and-resume and multi-process runs are in ``test_resume_multihost.py``.
 import json
 import os
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -310,18 +311,31 @@ def test_embed_tool_refuses_an_empty_folder_and_skips_corrupt_images(
 
 def test_every_placement_trains_and_evaluates_the_same_run(data_dir,
                                                             tmp_path):
-  """shard_map, pmap and one device: the same steps and, each evaluating with
-  its own placement, the same metrics (up to float32 reduction order)."""
-  results = {}
+  """shard_map, pmap and one device reach the same parameters (to float32
+  reduction order) and, each evaluating with its own placement, the same
+  metrics at init. After these 6 large SGD steps the 4-d embedding has so
+  many near-ties that float32 rounding alone moves R@1 by a few percent
+  (measured: one tree evaluated on one device vs. sharded, 0.651 vs 0.622),
+  so the final metrics only agree loosely. SGD: Adam would scale the float
+  noise of the conv biases' zero gradients (BatchNorm follows) up to lr."""
+  results, trees = {}, {}
   for mode in ("shard_map", "pmap", "none"):
     c = short_config(data_dir, num_train_steps=6, eval_every_steps=0,
                      checkpoint_every_steps=0, eval_clustering=False,
-                     parallelism=mode)
+                     parallelism=mode, **{"optim.name": "sgd",
+                                          "optim.learning_rate": 0.05,
+                                          "optim.momentum": 0.9})
     results[mode] = loop.train_and_evaluate(c, str(tmp_path / mode))
+    ckpts = run_lib.open_checkpoints(c, str(tmp_path / mode))
+    trees[mode], _, _ = ckpts.restore()
+    ckpts.close()
   ref = results["shard_map"]
-  assert ref["final"]["recall@1"] != ref["init"]["recall@1"]
+  assert ref["final"]["map@r"] != ref["init"]["map@r"]  # it trained
   for mode in ("pmap", "none"):
-    for when in ("init", "final"):
-      for k, v in ref[when].items():
-        assert results[mode][when][k] == pytest.approx(v, abs=2e-3), (
-            mode, when, k)
+    chex.assert_trees_all_close(trees[mode]["params"],
+                                trees["shard_map"]["params"], atol=1e-4,
+                                rtol=1e-3)
+    for k, v in ref["init"].items():
+      assert results[mode]["init"][k] == pytest.approx(v, abs=1e-3), (mode, k)
+    for k, v in ref["final"].items():
+      assert results[mode]["final"][k] == pytest.approx(v, abs=0.05), (mode, k)
