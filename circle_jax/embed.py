@@ -2,8 +2,9 @@
 
   python -m circle_jax.embed --workdir DIR --images FOLDER --out FILE.npz
 
-Reads ``DIR/config.json`` (written by the main job), rebuilds the model,
-restores the best checkpoint (the latest one if the run kept no best), applies
+Restores the run (:func:`circle_jax.train.run.restore_run`: its
+``config.json``, the model, the best checkpoint or the latest one if the run
+kept no best), applies
 the run's *eval* preprocessing to every image file under ``FOLDER``
 (recursively; ``.png .jpg .jpeg .bmp .gif .webp .tif .tiff .pgm .ppm``,
 sorted by relative path) and saves ``paths`` (relative to ``FOLDER``, str),
@@ -16,7 +17,6 @@ a warning naming it (``--strict`` makes it an error instead).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Optional, Sequence
@@ -34,7 +34,11 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif",
 
 
 class EmbedError(UserError):
-  """Bad input of the embedding tool (folder, workdir)."""
+  """Bad input of the embedding tool (the image folder).
+
+  A bad workdir raises :class:`circle_jax.train.run.RunError` or
+  ``CheckpointError``.
+  """
 
 
 def list_images(folder: str) -> list:
@@ -51,13 +55,9 @@ def list_images(folder: str) -> list:
 
 
 def load_run_config(workdir: str) -> ml_collections.ConfigDict:
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
-    raise EmbedError(
-        f"{path} not found: --workdir must be the folder of a run of "
-        "experiments.main.")
-  with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+  """The config of a workdir's run (:func:`circle_jax.train.run.load_config`)."""
+  from circle_jax.train import run as run_lib  # pylint: disable=g-import-not-at-top
+  return run_lib.load_config(workdir)
 
 
 def embed_folder(workdir: str, images: str, *, batch_size: int = 64,
@@ -82,42 +82,23 @@ def embed_folder(workdir: str, images: str, *, batch_size: int = 64,
   """
   # Imported here: building the model needs the run's config first.
   from circle_jax import data as data_lib  # pylint: disable=g-import-not-at-top
-  from circle_jax.train import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-  from circle_jax.train import loop  # pylint: disable=g-import-not-at-top
-  from circle_jax.train import state as state_lib  # pylint: disable=g-import-not-at-top
-  from circle_jax.train import step as step_lib  # pylint: disable=g-import-not-at-top
+  from circle_jax import parallel  # pylint: disable=g-import-not-at-top
+  from circle_jax.train import run as run_lib  # pylint: disable=g-import-not-at-top
 
   paths = list_images(images)
   if not paths:
     raise EmbedError(
         f"--images: no image files under {images!r} (looked for "
         f"{' '.join(IMAGE_EXTENSIONS)}, recursively).")
-  config = load_run_config(workdir)
-  info = data_lib.get_dataset_info(config.dataset.name)
-  preprocess = loop.eval_preprocess(config, info)
-  model = loop.build_model(config, "none")
-  state, _, _, _ = loop.init_state(config, model, info, preprocess.output_shape)
-  template = step_lib.to_host(state_lib.state_to_tree(state), mode="none")
-  ckpts = ckpt_lib.Checkpoints(
-      os.path.join(workdir, "checkpoints"),
-      best_metric=config.get("best_metric") or None,
-      best_mode=config.get("best_mode", "max"))
-  if which is None:
-    which = "best" if ckpts.best_step() is not None else "latest"
-  step = ckpts.best_step() if which == "best" else ckpts.latest_step()
-  if step is None:
-    ckpts.close()
-    raise EmbedError(f"{workdir} has no {which} checkpoint yet; train it "
-                     "first with experiments.main.")
-  tree, _, meta = ckpts.restore(template, which=which)
-  ckpts.close()
-  loop.check_restored(tree, template, step, ckpts.directory)
-  logging.info("Embedding with the %s checkpoint (step %s).", which,
-               meta.get("step"))
-  variables = {"params": tree["params"]["model"]}
-  if tree["batch_stats"]:
-    variables["batch_stats"] = tree["batch_stats"]
-  embed = step_lib.embed_fn(model.apply)
+  # One device: the batches of a folder need not divide over the devices.
+  placement = parallel.SingleDevice()
+  run = run_lib.restore_run(workdir, which, placement=placement)
+  logging.info("Embedding with the %s checkpoint (step %s).", run.which,
+               run.step)
+  config = run.config
+  preprocess = run_lib.eval_preprocess(config, run.info)
+  embed = placement.embed_fn(run_lib.model_apply(run.model))
+  variables = placement.replicate(run.variables)
   decoded, kept, skipped = [], [], []
   for p in paths:
     try:

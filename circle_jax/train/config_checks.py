@@ -18,7 +18,7 @@ from circle_jax.errors import UserError
 from circle_jax import losses as losses_lib
 from circle_jax import models as models_lib
 from circle_jax.train import optim as optim_lib
-from circle_jax.train import step as step_lib
+from circle_jax import parallel
 
 RETRIEVAL_METRICS = ("precision@1", "r_precision", "map@r")
 CLUSTERING_METRICS = ("nmi", "ami")
@@ -35,11 +35,10 @@ def _fail(field: str, message: str):
 def num_classes(config, info) -> Optional[int]:
   """The class count for loss parameters: ``dataset.num_classes``, or the
   dataset's train classes minus those held out for validation."""
-  n = config.dataset.get("num_classes", None)
+  n = config.dataset.num_classes
   if n is None and info is not None:
     n = info.num_train_classes - data_lib.num_holdout_classes(
-        info.num_train_classes,
-        config.dataset.get("validation_fraction", 0.0) or 0.0)
+        info.num_train_classes, config.dataset.validation_fraction)
   return n
 
 
@@ -55,8 +54,8 @@ def loss_hyper(config) -> dict:
 
 def global_batch_size(config) -> int:
   """``P x K`` for the PK sampler, ``batch.size`` for the random sampler."""
-  if config.batch.get("sampler", "pk") == "random":
-    return config.batch.get("size", 0)
+  if config.batch.sampler == "random":
+    return config.batch.size
   return config.batch.classes_per_batch * config.batch.images_per_class
 
 
@@ -73,24 +72,24 @@ def check_config(config, *, device_count: Optional[int] = None,
 
   Args:
     config: the ``ml_collections.ConfigDict`` of a run.
-    device_count: devices the step runs on (default ``jax.device_count()``, or
-      1 for ``parallelism='none'``).
+    device_count: devices the step runs on (default: those of the config's
+      placement, :mod:`circle_jax.parallel`).
     process_count: processes (default ``jax.process_count()``).
   """
   for field in ("dataset", "model", "loss", "batch", "optim"):
     if field not in config:
       _fail(field, "missing section.")
   # Dataset.
-  name = config.dataset.get("name")
+  name = config.dataset.name
   if name not in data_lib.DATASETS:
     _fail("dataset.name", f"unknown dataset {name!r}; known datasets: "
           f"{', '.join(sorted(data_lib.DATASETS))}.")
   info = data_lib.get_dataset_info(name)
-  if info.needs_files and not (config.dataset.get("manual_dir")
-                               or config.dataset.get("data_dir")):
+  if info.needs_files and not (config.dataset.manual_dir
+                               or config.dataset.data_dir):
     _fail("dataset.manual_dir", f"dataset {name!r} is read from its official "
           "files; set --config.dataset.manual_dir to the folder holding them.")
-  fraction = config.dataset.get("validation_fraction", 0.0) or 0.0
+  fraction = config.dataset.validation_fraction
   if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
     _fail("dataset.validation_fraction", f"must be a number in [0, 1); got "
           f"{fraction!r}.")
@@ -100,17 +99,17 @@ def check_config(config, *, device_count: Optional[int] = None,
     _fail("dataset.validation_fraction", str(e))
   train_classes = info.num_train_classes - held_out
   # Model.
-  if config.model.get("name") not in models_lib.MODELS:
-    _fail("model.name", f"unknown model {config.model.get('name')!r}; known "
+  if config.model.name not in models_lib.MODELS:
+    _fail("model.name", f"unknown model {config.model.name!r}; known "
           f"models: {', '.join(sorted(models_lib.MODELS))}.")
-  dim = config.model.get("embedding_dim")
+  dim = config.model.embedding_dim
   if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
     _fail("model.embedding_dim", f"must be a positive int; got {dim!r}.")
-  if config.model.get("dtype", "float32") not in ("float32", "bfloat16"):
+  if config.model.dtype not in ("float32", "bfloat16"):
     _fail("model.dtype", "must be 'float32' or 'bfloat16'; got "
-          f"{config.model.get('dtype')!r}.")
+          f"{config.model.dtype!r}.")
   # Loss.
-  loss_name = config.loss.get("name")
+  loss_name = config.loss.name
   if loss_name not in losses_lib.LOSSES:
     _fail("loss.name", f"unknown loss {loss_name!r}; known losses: "
           f"{', '.join(sorted(losses_lib.LOSSES))}.")
@@ -132,21 +131,23 @@ def check_config(config, *, device_count: Optional[int] = None,
             f"one {entry.param_name} row per class and needs the number of "
             f"train classes; got {n!r}.")
   # Batch and devices.
-  mode = config.get("parallelism", "shard_map")
-  if mode not in step_lib.MODES:
-    _fail("parallelism", f"unknown mode {mode!r}; use one of {step_lib.MODES}.")
-  sampler = config.batch.get("sampler", "pk")
+  try:
+    placement = parallel.from_config(config)
+  except ValueError:
+    _fail("parallelism", f"unknown mode {config.parallelism!r}; use one of "
+          f"{parallel.MODES}.")
+  sampler = config.batch.sampler
   if sampler not in ("pk", "random"):
     _fail("batch.sampler", f"must be 'pk' or 'random'; got {sampler!r}.")
   if sampler == "random":
-    size = config.batch.get("size", 0)
+    size = config.batch.size
     if isinstance(size, bool) or not isinstance(size, int) or size < 2:
       _fail("batch.size", f"the random sampler needs a global batch size >= 2;"
             f" got {size!r}.")
     p, k = None, None
   else:
-    p = config.batch.get("classes_per_batch")
-    k = config.batch.get("images_per_class")
+    p = config.batch.classes_per_batch
+    k = config.batch.images_per_class
     for field, v in (("classes_per_batch", p), ("images_per_class", k)):
       if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         _fail(f"batch.{field}", f"must be a positive int; got {v!r}.")
@@ -158,7 +159,7 @@ def check_config(config, *, device_count: Optional[int] = None,
       _fail("batch.images_per_class", f"pair loss {loss_name!r} needs "
             f"positive pairs: use at least 2 images per class; got {k}.")
   if device_count is None:
-    device_count = 1 if mode == "none" else jax.device_count()
+    device_count = placement.num_devices
   if process_count is None:
     process_count = jax.process_count()
   batch = global_batch_size(config)
@@ -170,23 +171,23 @@ def check_config(config, *, device_count: Optional[int] = None,
   if batch % process_count:
     _fail("batch", f"the global batch {batch} is not divisible by the "
           f"{process_count} processes.")
-  eval_batch = config.batch.get("eval_batch_size", 256)
+  eval_batch = config.batch.eval_batch_size
   if (not isinstance(eval_batch, int) or eval_batch < 1
       or eval_batch % device_count or eval_batch % process_count):
     _fail("batch.eval_batch_size", f"must be a positive multiple of the "
           f"{device_count} devices; got {eval_batch!r}.")
   # Steps.
-  steps = config.get("num_train_steps")
+  steps = config.num_train_steps
   if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
     _fail("num_train_steps", f"must be a positive int; got {steps!r}.")
   for field in ("eval_every_steps", "checkpoint_every_steps", "log_every_steps"):
-    v = config.get(field, 0)
+    v = config[field]
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
       _fail(field, f"must be an int >= 0 (0 disables); got {v!r}.")
   # Metric.
-  ks = tuple(config.get("eval_ks", None) or info.ks)
-  names = metric_names(ks, config.get("eval_clustering", True))
-  best = config.get("best_metric", "recall@1")
+  ks = tuple(config.eval_ks or info.ks)
+  names = metric_names(ks, config.eval_clustering)
+  best = config.best_metric
   if best and best not in names:
     _fail("best_metric", f"{best!r} is not computed; choose one of {names}.")
   # Optimiser (builds it once to validate every field).

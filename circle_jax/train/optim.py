@@ -271,13 +271,12 @@ def optimizer_from_config(optim_config, *, num_train_steps: int,
 
 def learning_rates(optim_config, num_train_steps: int) -> Callable[[int], dict]:
   """``step -> {group: lr}`` for logging."""
+  c = optim_config
   base = make_schedule(
-      optim_config.learning_rate, schedule=optim_config.get("schedule", "constant"),
-      num_train_steps=num_train_steps,
-      lr_warmup_steps=optim_config.get("lr_warmup_steps", 0),
-      decay_every_steps=optim_config.get("decay_every_steps", 0),
-      decay_factor=optim_config.get("decay_factor", 0.1),
-      cosine_final_fraction=optim_config.get("cosine_final_fraction", 0.0))
-  mult = dict(optim_config.get("lr_multipliers") or {})
+      c.learning_rate, schedule=c.schedule, num_train_steps=num_train_steps,
+      lr_warmup_steps=c.lr_warmup_steps, decay_every_steps=c.decay_every_steps,
+      decay_factor=c.decay_factor,
+      cosine_final_fraction=c.cosine_final_fraction)
+  mult = dict(c.lr_multipliers)
   return lambda step: {g: float(base(step)) * float(mult.get(g, 1.0))
                        for g in GROUPS}

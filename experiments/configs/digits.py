@@ -18,18 +18,18 @@ demonstration that the whole job learns.
 
 Override any field on the command line, e.g. ``--config.loss.gamma=64
 --config.num_train_steps=500`` (loss hyperparameters live in ``config.loss``
-next to its name; see experiments/configs/base.py for every field).
+next to its name; see circle_jax/config.py for every field).
 """
 
-from experiments.configs import base
+from circle_jax import config as config_lib
 
 
 def get_config():
-  c = base.base_config()
+  c = config_lib.base_config()
   c.model.embedding_dim = 4      # see the docstring
   c.model.sync_bn = True           # same result on any number of devices
   c.model.kwargs.width = 32
-  c.loss = base.loss_config("circle", gamma=80.0, margin=0.4)
+  c.loss = config_lib.loss_config("circle", gamma=80.0, margin=0.4)
   c.batch.classes_per_batch = 5    # every train class (digits 0-4)
   c.batch.images_per_class = 8
   c.optim.learning_rate = 1e-3

@@ -61,8 +61,8 @@ Loss: alpha = 2 (``SCALE_POS``), lambda = ``base`` = 0.5 (``thresh``),
 epsilon = 0.1 (``margin``), mining on, and **beta = 40**: the code's
 ``SCALE_NEG`` default, which its only shipped config (CUB,
 ``configs/example.yaml``, the run of the README's 65.7) does not change.
-The registry default of ``multi_similarity`` is beta = 50 (issue #12's
-value); the code has no per-dataset configs, so we use the code's 40 on every
+The registry default of ``multi_similarity`` is beta = 50 (the value this
+project was specified with, not the code's); the code has no per-dataset configs, so we use the code's 40 on every
 dataset (our choice; ``--config.loss.beta=50`` restores the other).
 
 Recipe: the MS code's (experiments/configs/recipes.py ``ms_code``): global
@@ -76,7 +76,7 @@ out for validation (``dataset.validation_fraction = 0.2``), and the test
 numbers of that step are the result.
 """
 
-from experiments.configs import base
+from circle_jax import config as config_lib
 from experiments.configs import recipes
 
 DATASETS = ("cub200", "cars196", "sop", "inshop")
@@ -111,5 +111,5 @@ def get_config(dataset: str = "cub200"):
   c = recipes.paper_base(dataset)
   recipes.ms_code(c, dataset, classes_per_batch=16, images_per_class=5)
   # alpha = 2, base = 0.5, epsilon = 0.1, mining: the registry defaults.
-  c.loss = base.loss_config("multi_similarity", beta=BETA)
+  c.loss = config_lib.loss_config("multi_similarity", beta=BETA)
   return c

@@ -10,16 +10,16 @@ Train on the alphabets of the train split, retrieve characters of the unseen
 alphabets of the test split (splits: circle_jax.data, docs/data.md).
 """
 
-from experiments.configs import base
+from circle_jax import config as config_lib
 
 
 def get_config():
-  c = base.base_config()
+  c = config_lib.base_config()
   c.dataset.name = "omniglot_small"
   c.model.name = "conv4"
   c.model.embedding_dim = 64
   c.model.sync_bn = True
-  c.loss = base.loss_config("circle", gamma=80.0, margin=0.4)
+  c.loss = config_lib.loss_config("circle", gamma=80.0, margin=0.4)
   c.batch.classes_per_batch = 16
   c.batch.images_per_class = 4
   c.optim.name = "adam"

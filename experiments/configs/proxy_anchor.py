@@ -73,7 +73,7 @@ of the train classes held out for validation
 class), and the test numbers of that step are the result.
 """
 
-from experiments.configs import base
+from circle_jax import config as config_lib
 from experiments.configs import recipes
 
 DATASETS = ("cub200", "cars196", "sop", "inshop")
@@ -104,5 +104,5 @@ def get_config(dataset: str = "cub200"):
   recipes.check_dataset("proxy_anchor.py", dataset, DATASETS)
   c = recipes.paper_base(dataset)
   recipes.proxy_anchor_code(c, dataset)
-  c.loss = base.loss_config("proxy_anchor")  # alpha = 32, delta = 0.1.
+  c.loss = config_lib.loss_config("proxy_anchor")  # alpha = 32, delta = 0.1.
   return c

@@ -48,7 +48,7 @@ held out for validation (``dataset.validation_fraction = 0.2``), and the test
 numbers of that step are the result.
 """
 
-from experiments.configs import base
+from circle_jax import config as config_lib
 from experiments.configs import recipes
 
 DATASETS = ("cub200", "cars196")
@@ -75,5 +75,5 @@ def get_config(dataset: str = "cub200"):
   recipes.check_dataset("ranked_list.py", dataset, DATASETS)
   c = recipes.paper_base(dataset)
   recipes.ranked_list_code(c, dataset)
-  c.loss = base.loss_config("ranked_list")  # alpha 1.2, m 0.4, T_n 10.
+  c.loss = config_lib.loss_config("ranked_list")  # alpha 1.2, m 0.4, T_n 10.
   return c

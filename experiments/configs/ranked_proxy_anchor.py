@@ -1,20 +1,26 @@
 """Ranked Proxy-Anchor loss (RPAL): ``ranked_proxy_anchor.py:DATASET``.
 
-RPAL has no published paper that we know of: circle_jax.losses registers it
-as "Ranked Proxy-Anchor (seed 002)", a reconstruction that combines
-Proxy-Anchor's structure (Kim et al., CVPR 2020) with Ranked List loss's
-boundaries and weighting (Wang et al., CVPR 2019); docs/losses_rll_proxy.md
-explains the reconstruction. There are therefore **no published numbers** to
-compare with; experiments/results/paper_tables.md leaves that column empty.
+Source: Zhang Bing, Chen Haiyan, Hou Xiaye, Yuan Ligang and Liu Zhenya
+(Nanjing University of Aeronautics and Astronautics), the Ranked
+Proxy-Anchor loss, a Chinese-language journal paper. Its formula images are
+missing from the text available to us, so ``circle_jax.losses``'
+``ranked_proxy_anchor`` is a reconstruction from the paper's prose and from
+the two losses it builds on: Proxy-Anchor's structure (S. Kim, D. Kim,
+M. Cho, S. Kwak, "Proxy Anchor Loss for Deep Metric Learning", CVPR 2020)
+with Ranked List loss's boundaries and weighting (X. Wang, Y. Hua,
+E. Kodirov, G. Hu, R. Garnier, N. M. Robertson, "Ranked List Loss for Deep
+Metric Learning", CVPR 2019); docs/losses_rll_proxy.md explains the
+reconstruction. We have no published numbers of it to compare with;
+experiments/results/paper_tables.md leaves that column empty.
 
-Setting (from the seed, as issue #12 states it): alpha = 1.4, m = 0.4,
+Setting (the paper's, as its prose states it): alpha = 1.4, m = 0.4,
 T_n = 20 (the ``ranked_proxy_anchor`` defaults, Euclidean distance between
 normalised vectors), AdamW lr 1e-4, weight decay 1e-4, 60 epochs, batches of
 180, on CUB-200-2011 and Cars196. Everything else is the Proxy-Anchor code's
 recipe (experiments/configs/recipes.py ``proxy_anchor_code``: BN-Inception,
 512-d, GAP + GMP, frozen BN, proxies at 100 x lr, one warm-up epoch, lr x0.5
 every 10 epochs, gradient values clipped at 10, 224 crops): our choice, as
-the seed gives no more. Epochs become steps with the train-split sizes (CUB
+the paper gives no more. Epochs become steps with the train-split sizes (CUB
 32, Cars 44 steps per epoch). Model selection (ours): the step is selected
 on 20 % of the train classes held out for validation
 (``dataset.validation_fraction = 0.2``), and the test numbers of that step
@@ -36,12 +42,12 @@ in docs/data.md, the pretrained file is Cadene's ImageNet BN-Inception)::
       --config.model.pretrained=/path/to/bn_inception-52deb4733.pth
 """
 
-from experiments.configs import base
+from circle_jax import config as config_lib
 from experiments.configs import recipes
 
 DATASETS = ("cub200", "cars196")
 
-# No published paper, hence no published numbers (see the module docstring).
+# No published numbers to compare with (see the module docstring).
 PUBLISHED = {}
 
 
@@ -58,5 +64,5 @@ def get_config(dataset: str = "cub200"):
   recipes.check_dataset("ranked_proxy_anchor.py", dataset, DATASETS)
   c = recipes.paper_base(dataset)
   recipes.proxy_anchor_code(c, dataset)
-  c.loss = base.loss_config("ranked_proxy_anchor")  # alpha 1.4, m 0.4, T 20.
+  c.loss = config_lib.loss_config("ranked_proxy_anchor")  # alpha 1.4, m 0.4, T 20.
   return c

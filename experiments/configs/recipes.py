@@ -30,7 +30,7 @@ from typing import Sequence
 import ml_collections
 
 from circle_jax import data as data_lib
-from experiments.configs import base
+from circle_jax import config as config_lib
 
 VALIDATION_FRACTION = 0.2
 EMBEDDING_DIM = 512
@@ -82,7 +82,7 @@ def launch_command(config_file: str, dataset: str) -> str:
 
 def paper_base(dataset: str) -> ml_collections.ConfigDict:
   """:func:`base.base_config` with what every paper config shares."""
-  c = base.base_config()
+  c = config_lib.base_config()
   c.dataset.name = dataset
   c.dataset.num_workers = 8
   c.dataset.validation_fraction = VALIDATION_FRACTION

@@ -1,16 +1,21 @@
 """The main job from the command line: loss switching, every loss, errors."""
 
+import json
 import os
 import subprocess
 import sys
 
-from absl import flags
 import pytest
 
+from circle_jax import config as config_lib
 from circle_jax import losses
 from circle_jax.train import loop
+from circle_jax.train import workdir as workdir_lib
 from experiments import config_flag
-from experiments.configs import base
+from experiments.configs import digits
+from experiments.configs import omniglot_small
+from tests import test_config
+from tests.train import helpers
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))
@@ -19,63 +24,28 @@ DIGITS = "experiments/configs/digits.py"
 
 def parse(*overrides, config=DIGITS):
   """The config that `python -m experiments.main` builds from these flags."""
-  argv = ["main", f"--config={os.path.join(REPO, config)}", *overrides]
-  fv = flags.FlagValues()
-  holder = config_flag.DEFINE_config_file("config", flag_values=fv,
-                                          sys_argv=argv)
-  fv(argv)
-  return holder.value
+  return test_config.parse(os.path.join(REPO, config), *overrides,
+                           define=config_flag.DEFINE_config_file)
 
 
-def test_loss_name_swaps_in_that_losses_own_defaults():
-  c = parse("--config.loss.name=multi_similarity")
-  assert dict(c.loss) == {"name": "multi_similarity", "alpha": 2.0,
-                          "beta": 50.0, "base": 0.5, "epsilon": 0.1,
-                          "mining": True, "block_size": None}
-  # Circle's class-level variant gets its own gamma/m, not Circle's.
-  c = parse("--config.loss.name=circle_class_level")
-  assert (c.loss.gamma, c.loss.margin) == (256.0, 0.25)
+def test_the_digits_config_is_the_trainer_tests_and_old_workdirs_config():
+  """tests/train builds digits' config from the package schema; the two must
+  not drift apart, and a workdir of the code before the schema moved into the
+  package (its config.json) resumes with digits.py."""
+  assert digits.get_config().to_dict() == helpers.digits_config().to_dict()
+  assert omniglot_small.get_config().to_dict() == (
+      helpers.omniglot_small_config().to_dict())
+  with open(os.path.join(REPO, "tests", "train", "data",
+                         "digits_config_2c032ff.json")) as f:
+    old = json.load(f)
+  assert workdir_lib.config_diff(
+      old, workdir_lib.config_to_dict(parse())) == []
 
 
-@pytest.mark.parametrize("order", [0, 1])
-def test_hyperparameter_overrides_apply_in_any_order(order):
-  flags_ = ["--config.loss.name=multi_similarity", "--config.loss.beta=40",
-            "--config.loss.mining=false"]
-  if order:
-    flags_ = flags_[::-1]
-  c = parse(*flags_)
-  assert (c.loss.name, c.loss.beta, c.loss.mining, c.loss.alpha) == (
-      "multi_similarity", 40.0, False, 2.0)
-
-
-def test_the_files_loss_values_stay_without_a_name_change():
-  c = parse("--config.loss.gamma=64", "--config.loss.name=circle")
-  assert (c.loss.gamma, c.loss.margin) == (64.0, 0.4)
-  c = parse("--config.loss.block_size=512")
-  assert c.loss.block_size == 512 and c.loss.gamma == 80.0
-
-
-def test_unknown_loss_or_hyperparameter_names_what_is_accepted():
-  with pytest.raises(flags.IllegalFlagValueError,
-                     match=r"config\.loss\.gamma: loss 'multi_similarity' has "
-                           r"no hyperparameter 'gamma'; it accepts \['alpha'"):
-    parse("--config.loss.name=multi_similarity", "--config.loss.gamma=3")
-  with pytest.raises(flags.IllegalFlagValueError,
-                     match="unknown loss 'circel'; known losses: arcface"):
-    parse("--config.loss.name=circel")
-  with pytest.raises(flags.IllegalFlagValueError, match="block_size"):
-    parse("--config.loss.name=proxy_anchor", "--config.loss.block_size=64")
-
-
-def test_loss_config_lists_every_hyperparameter_and_rejects_unknown_ones():
-  for name, entry in losses.LOSSES.items():
-    c = base.loss_config(name)
-    want = dict(entry.defaults, name=name)
-    if entry.execution_options:
-      want["block_size"] = None
-    assert dict(c) == want, name
-  with pytest.raises(ValueError, match="has no hyperparameter"):
-    base.loss_config("circle", alpha=1.0)
+def test_the_command_line_switches_losses_with_their_defaults():
+  c = parse("--config.loss.name=multi_similarity", "--config.loss.beta=40")
+  assert (c.loss.name, c.loss.beta, c.loss.alpha) == ("multi_similarity",
+                                                      40.0, 2.0)
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +62,7 @@ def test_every_registered_loss_trains_two_steps_from_the_command_line(
             "--config.dataset.num_threads=2")
   result = loop.train_and_evaluate(c, str(tmp_path))
   assert result["config"]["loss"] == dict(
-      base.loss_config(name).to_dict(), name=name)
+      config_lib.loss_config(name).to_dict(), name=name)
   assert 0.0 <= result["final"]["recall@1"] <= 1.0
 
 
@@ -104,12 +74,32 @@ def test_blockwise_loss_from_the_command_line(data_dir, tmp_path):
   assert result["config"]["loss"]["block_size"] == 16
 
 
-def _main(*args, cwd=REPO):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="",
-             PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  return subprocess.run([sys.executable, "-m", "experiments.main", *args],
+def _main(*args, cwd=REPO, as_script=False, pythonpath=True):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  env.pop("PYTHONPATH", None)
+  if pythonpath:
+    env["PYTHONPATH"] = (REPO + os.pathsep
+                         + os.environ.get("PYTHONPATH", "")).rstrip(os.pathsep)
+  how = ([os.path.join(REPO, "experiments", "main.py")] if as_script
+         else ["-m", "experiments.main"])
+  return subprocess.run([sys.executable, *how, *args],
                         cwd=cwd, env=env, capture_output=True, text=True,
                         timeout=300)
+
+
+def test_runs_as_a_script_from_anywhere(tmp_path):
+  """``python experiments/main.py`` finds the repository without PYTHONPATH."""
+  proc = _main("--helpfull", cwd=str(tmp_path), as_script=True,
+               pythonpath=False)
+  assert "ModuleNotFoundError" not in proc.stderr, proc.stderr[-2000:]
+  assert "--workdir: Output folder." in proc.stdout, proc.stderr[-2000:]
+  # The package the script imports is this checkout's.
+  proc = _main(f"--config={os.path.join(REPO, DIGITS)}",
+               f"--workdir={tmp_path / 'w'}", "--config.optim.learing_rate=1",
+               cwd=str(tmp_path), as_script=True, pythonpath=False)
+  assert proc.returncode == 1
+  assert ("config.optim.learing_rate: the config does not have this field; "
+          "did you mean config.optim.learning_rate?") in proc.stderr
 
 
 def test_user_errors_print_one_line_without_traceback(tmp_path):

@@ -184,7 +184,7 @@ def test_docstring_and_results_table_give_the_command_and_numbers(
           if f"`{command}`" in line]
   assert len(rows) == 1, (config_file, dataset)
   published = module.PUBLISHED.get(dataset)
-  if published is None:  # RPAL: no paper, no published column.
+  if published is None:  # RPAL: no published numbers, no published column.
     assert "no published paper" in rows[0]
   else:
     cells = " / ".join(f"{v:.1f}" for v in published.values())

@@ -1,9 +1,11 @@
-"""Small models and losses shared by the trainer tests.
+"""Small models, losses and configs shared by the trainer tests.
 
 The trainer is generic in the model and the loss; these tiny ones keep the
 compilations fast. Each test that needs the project's real registries
 (``circle_jax.losses.get_loss``, ``circle_jax.models.get_model``) uses them
-directly.
+directly. The configs are built from the package's schema
+(:mod:`circle_jax.config`) with the settings of the experiments' digits and
+omniglot_small jobs (``tests/experiments/test_main.py`` checks they agree).
 """
 
 import dataclasses
@@ -13,7 +15,46 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from circle_jax import config as config_lib
 from circle_jax.losses import _common
+
+
+def digits_config(**overrides):
+  """The digits job's config (experiments/configs/digits.py), with
+  ``overrides`` as ``{'a.b': value}``."""
+  c = config_lib.base_config()
+  c.model.embedding_dim = 4
+  c.model.sync_bn = True
+  c.model.kwargs.width = 32
+  c.loss = config_lib.loss_config("circle", gamma=80.0, margin=0.4)
+  c.batch.classes_per_batch = 5
+  c.batch.images_per_class = 8
+  c.num_train_steps = 150
+  c.eval_every_steps = 75
+  c.checkpoint_every_steps = 75
+  return override(c, **overrides)
+
+
+def omniglot_small_config(**overrides):
+  """The omniglot_small job's config (experiments/configs/omniglot_small.py)."""
+  c = config_lib.base_config()
+  c.dataset.name = "omniglot_small"
+  c.model.sync_bn = True
+  c.loss = config_lib.loss_config("circle", gamma=80.0, margin=0.4)
+  c.batch.classes_per_batch = 16
+  c.num_train_steps = 2000
+  return override(c, **overrides)
+
+
+def override(c, **overrides):
+  """Sets ``c['a']['b'] = v`` for each ``a.b=v``; returns ``c``."""
+  for path, value in overrides.items():
+    node = c
+    *parents, leaf = path.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return c
 
 
 class TinyNet(nn.Module):

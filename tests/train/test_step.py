@@ -2,12 +2,14 @@
 
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
+from circle_jax import parallel
 from circle_jax.train import optim, state as state_lib, step as step_lib
 from tests.train import helpers
 
@@ -33,25 +35,25 @@ def _run(mode, entry, model, tx, psum_grads=None):
   state = _initial_state(entry, model, tx)
   loss_fn = step_lib.make_loss_fn(entry)
   key = jax.random.PRNGKey(3)
+  placement = parallel.get_placement(mode)
   if psum_grads is None:
-    step = step_lib.make_train_step(loss_fn, mode=mode, base_key=key)
+    step = step_lib.make_train_step(loss_fn, placement=placement, base_key=key)
   else:  # deliberately wrong reduction, to show the comparison can fail.
     from jax.sharding import PartitionSpec as P
     fn = functools.partial(step_lib.train_step, loss_fn=loss_fn, base_key=key,
-                           axis_name=step_lib.AXIS, psum_grads=psum_grads)
-    step = jax.jit(jax.shard_map(fn, mesh=step_lib.make_mesh(),
-                                 in_specs=(P(), P(step_lib.AXIS)),
+                           axis_name=parallel.AXIS, psum_grads=psum_grads)
+    step = jax.jit(jax.shard_map(fn, mesh=placement.mesh,
+                                 in_specs=(P(), P(parallel.AXIS)),
                                  out_specs=(P(), P())))
-  host = step_lib.to_host(state_lib.state_to_tree(state), mode="none")
-  state = state_lib.state_from_tree(
-      state, step_lib.replicate(host, mode=mode))
+  host = parallel.SingleDevice().to_host(state_lib.state_to_tree(state))
+  state = state_lib.state_from_tree(state, placement.replicate(host))
   losses = []
   for batch in _batches():
-    state, metrics = step(state, step_lib.shard_batch(batch, mode=mode))
-    metrics = jax.device_get(step_lib.first_replica(metrics, mode=mode))
+    state, metrics = step(state, placement.shard_batch(batch))
+    metrics = jax.device_get(placement.first_replica(metrics))
     assert bool(metrics["finite"])
     losses.append(float(metrics["loss"]))
-  return step_lib.to_host(state_lib.state_to_tree(state), mode=mode), losses
+  return placement.to_host(state_lib.state_to_tree(state)), losses
 
 
 SGD = optim.make_optimizer(name="sgd", learning_rate=0.5, momentum=0.9,
@@ -72,8 +74,8 @@ def test_parallel_step_equals_single_device(frozen_bn_runs, mode):
   got, losses = frozen_bn_runs[mode]
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
   assert int(got["step"]) == NUM_STEPS
-  for a, b in zip(jax.tree.leaves(got["params"]), jax.tree.leaves(ref["params"])):
-    np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
+  chex.assert_trees_all_close(got["params"], ref["params"], atol=2e-5,
+                              rtol=1e-4)
   # The parameters did move (otherwise the comparison above proves nothing).
   init = _initial_state(helpers.PROXY, helpers.TinyNet(freeze_bn=True), SGD)
   moved = [np.abs(np.asarray(a) - np.asarray(b)).max() for a, b in zip(
@@ -98,8 +100,7 @@ def test_pair_loss_adam_bn_train_mode_shard_map_equals_pmap():
   a, la = _run("shard_map", helpers.PAIR, model, tx)
   b, lb = _run("pmap", helpers.PAIR, model, tx)
   np.testing.assert_allclose(la, lb, rtol=1e-5)
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    np.testing.assert_allclose(x, y, atol=2e-5, rtol=1e-4)
+  chex.assert_trees_all_close(a, b, atol=2e-5, rtol=1e-4)
   init = _initial_state(helpers.PAIR, model, tx)
   mean_a = a["batch_stats"]["backbone"]["BatchNorm_0"]["mean"]
   assert np.abs(mean_a - init.batch_stats["backbone"]["BatchNorm_0"]["mean"]).max() > 1e-3
@@ -111,12 +112,13 @@ def test_nonfinite_loss_is_flagged():
   entry = helpers.Entry("nan", lambda e, l, p=None, axis_name=None:
                         jnp.sum(e) * jnp.nan)
   state = _initial_state(entry, model, tx)
-  step = step_lib.make_train_step(step_lib.make_loss_fn(entry), mode="none",
+  one = parallel.SingleDevice()
+  step = step_lib.make_train_step(step_lib.make_loss_fn(entry), placement=one,
                                   base_key=jax.random.PRNGKey(0), donate=False)
   _, metrics = step(state, helpers.fake_batch(jax.random.PRNGKey(0)))
   assert not bool(metrics["finite"])
   good = step_lib.make_train_step(step_lib.make_loss_fn(helpers.PAIR),
-                                  mode="none", base_key=jax.random.PRNGKey(0),
+                                  placement=one, base_key=jax.random.PRNGKey(0),
                                   donate=False)
   _, metrics = good(state, helpers.fake_batch(jax.random.PRNGKey(0)))
   assert bool(metrics["finite"])
@@ -124,5 +126,22 @@ def test_nonfinite_loss_is_flagged():
 
 def test_unknown_mode_is_an_error():
   with pytest.raises(ValueError, match="parallelism"):
-    step_lib.make_train_step(step_lib.make_loss_fn(helpers.PAIR), mode="dp",
-                             base_key=jax.random.PRNGKey(0))
+    step_lib.make_train_step(step_lib.make_loss_fn(helpers.PAIR),
+                             placement="dp", base_key=jax.random.PRNGKey(0))
+
+
+@pytest.mark.parametrize("batch, match", [
+    ({"image": np.zeros((8, 6, 6)), "label": np.zeros(8, np.int32)},
+     r"trailing channel axis"),
+    ({"image": np.zeros((8, 6, 6, 1)), "label": np.zeros(6, np.int32)},
+     r"\(8, 6, 6, 1\) and \(6,\)"),
+    ({"image": np.zeros((8, 6, 6, 1))}, r"'label' \[b\]"),
+])
+def test_bad_batch_shapes_fail_at_trace_time_naming_the_fix(batch, match):
+  state = _initial_state(helpers.PAIR, helpers.TinyNet(use_bn=False),
+                         optax.sgd(0.1))
+  step = step_lib.make_train_step(step_lib.make_loss_fn(helpers.PAIR),
+                                  placement=parallel.SingleDevice(),
+                                  base_key=jax.random.PRNGKey(0), donate=False)
+  with pytest.raises(ValueError, match=match):
+    step(state, batch)

@@ -1,0 +1,112 @@
+"""Evaluation of a run: the metrics of a state on the test or validation split,
+and the run's final table."""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import jax
+
+from circle_jax import evaluation as eval_lib
+from circle_jax import parallel
+from circle_jax.train import console as console_lib
+from circle_jax.train import run as run_lib
+from circle_jax.train import state as state_lib
+
+
+class Evaluator:
+  """Embeds an evaluation split and computes the metrics of the config.
+
+  ``evaluator.test(tree)`` evaluates the dataset's test split(s) (In-Shop:
+  queries against the gallery; otherwise each image against the others),
+  ``evaluator.validation(tree)`` the held-out train classes. ``tree`` is a
+  host state tree (``state_to_tree`` then ``to_host``, or a checkpoint).
+
+  Args:
+    config: the run's config.
+    info: the dataset's spec.
+    model: the model (:func:`circle_jax.train.run.build_model`).
+    placement: the run's :class:`circle_jax.parallel.Placement` (or mode).
+    validation_source: the held-out train classes, or None.
+  """
+
+  def __init__(self, config, info, model, placement, validation_source=None):
+    self.config, self.info = config, info
+    self.placement = parallel.get_placement(placement)
+    self.apply_fn = run_lib.model_apply(model)
+    self.preprocess = run_lib.eval_preprocess(config, info)
+    self.sources = {split: run_lib.load_split(config, info, split)
+                    for split in info.eval_splits}
+    self.validation_source = validation_source
+    self.ks = tuple(config.eval_ks or info.ks)
+
+  def _embed(self, host_tree, source):
+    return run_lib.embed_split(
+        state_lib.model_variables(host_tree), self.apply_fn, source,
+        self.preprocess, placement=self.placement,
+        batch_size=self.config.batch.eval_batch_size,
+        num_threads=self.config.dataset.num_threads)
+
+  def _metrics(self, emb, lab, gallery=()):
+    out = dict(eval_lib.retrieval_metrics(emb, lab, *gallery, ks=self.ks))
+    if self.config.eval_clustering:
+      out.update(eval_lib.clustering_metrics(
+          emb, lab, key=jax.random.PRNGKey(self.config.seed)))
+    return {k: float(v) for k, v in out.items()}
+
+  def test(self, host_tree) -> Dict[str, float]:
+    embedded = {s: self._embed(host_tree, src)
+                for s, src in self.sources.items()}
+    if "query" in embedded:
+      (q, ql), gallery = embedded["query"], embedded["gallery"]
+      return self._metrics(q, ql, gallery)
+    return self._metrics(*embedded[self.info.eval_splits[0]])
+
+  def validation(self, host_tree) -> Dict[str, float]:
+    if self.validation_source is None:
+      raise ValueError("This config has no validation split "
+                       "(dataset.validation_fraction = 0).")
+    return self._metrics(*self._embed(host_tree, self.validation_source))
+
+  __call__ = test
+
+
+_SHOWN = ("recall@1", "map@r", "nmi")
+_ORDER = ("precision@1", "r_precision", "map@r", "nmi", "ami")
+
+
+def summary(metrics: Dict[str, float]) -> str:
+  """``recall@1 0.6100, map@r 0.2700, nmi 0.5000`` (the metrics shown)."""
+  return ", ".join(f"{k} {metrics[k]:.4f}" for k in _SHOWN if k in metrics)
+
+
+def result_table(result: Dict[str, Any]) -> str:
+  """The final table of a run (test-split metrics), with how the step was chosen."""
+  cols = {}
+  if result.get("init"):
+    cols["init"] = result["init"]
+  cols[f"final@{result['step']}"] = result["final"]
+  best, res = result.get("best"), result["result"]
+  if res["selection"] == "validation":
+    cols[f"selected@{res['step']}"] = res["test"]
+  elif res["selection"] == "test":
+    cols[f"best@{res['step']} (test-selected)"] = res["test"]
+  cfg = result.get("config", {})
+  lines = [f"{cfg.get('dataset', {}).get('name')} / "
+           f"{cfg.get('model', {}).get('name')} / "
+           f"{cfg.get('loss', {}).get('name')}: test-split metrics",
+           console_lib.metrics_table(cols, order=_ORDER)]
+  if res["selection"] == "validation":
+    val = best["validation"]
+    lines.append(
+        f"selected@{res['step']}: the step with the best validation "
+        f"{res['metric']} ({val[res['metric']]:.4f}) on "
+        f"{result['validation']['num_classes']} held-out train classes; its "
+        "test numbers are the result.")
+  elif res["selection"] == "test":
+    lines.append(
+        f"note: best@{res['step']} was selected on the TEST split (no "
+        "validation split), so it is optimistic; report final, or set "
+        "--config.dataset.validation_fraction to select on held-out train "
+        "classes.")
+  return "\n".join(lines)

@@ -1,0 +1,166 @@
+"""The config schema: defaults, locking, loss sections, saved configs."""
+
+import json
+import os
+
+from absl import flags
+import ml_collections
+import pytest
+
+from circle_jax import config as config_lib
+from circle_jax import losses
+from circle_jax.train import workdir as workdir_lib
+from tests.train import helpers
+
+# config.json as the code before the schema moved into the package wrote it
+# (the digits job of commit 2c032ff).
+OLD_DIGITS = os.path.join(os.path.dirname(__file__), "train", "data",
+                          "digits_config_2c032ff.json")
+
+
+@pytest.fixture
+def config_file(tmp_path):
+  """A config file built on the schema (a digits run)."""
+  path = tmp_path / "tiny_config.py"
+  path.write_text(
+      "from circle_jax import config as config_lib\n\n"
+      "def get_config():\n"
+      "  c = config_lib.base_config()\n"
+      "  c.loss = config_lib.loss_config('circle', gamma=80.0, margin=0.4)\n"
+      "  c.batch.classes_per_batch = 5\n"
+      "  return c\n")
+  return str(path)
+
+
+def parse(config_file, *overrides, define=config_lib.DEFINE_config_file):
+  """The config that the --config flag (``define``) builds from these flags."""
+  argv = ["main", f"--config={config_file}", *overrides]
+  fv = flags.FlagValues()
+  holder = define("config", flag_values=fv, sys_argv=argv)
+  fv(argv)
+  return holder.value
+
+
+def test_every_field_has_one_default_and_a_comment():
+  c = config_lib.base_config()
+  assert c.dataset.num_threads == 4
+  assert c.eval_every_steps == c.checkpoint_every_steps == 500
+  assert c.parallelism == "shard_map" and config_lib.PARALLELISM == (
+      "shard_map", "pmap", "none")
+  source = open(config_lib.__file__).read()
+  body = source[source.index("def base_config"):source.index("def lock(")]
+  for line in body.splitlines():
+    if (line.lstrip().startswith("c.") and " = " in line
+        and not line.rstrip().endswith("= Config()")):
+      field = line.split("=")[0].strip()
+      preceding = body[:body.index(line)].splitlines()[-1].strip()
+      assert "#" in line or preceding.startswith("#"), field
+
+
+def test_misspelt_fields_are_errors_naming_the_close_match(config_file):
+  c = config_lib.base_config()
+  want = ("config.optim.learing_rate: the config does not have this field; "
+          "did you mean config.optim.learning_rate?")
+  with pytest.raises(AttributeError) as err:
+    c.optim.learing_rate = 1e-3
+  assert str(err.value) == want
+  with pytest.raises(AttributeError, match="config.loss.gama: .* config.loss"
+                     ".gamma"):
+    print(c.loss.gama)
+  with pytest.raises(flags.IllegalFlagValueError) as err:
+    parse(config_file, "--config.optim.learing_rate=1e-3")
+  assert str(err.value) == want
+  with open(config_file, "a") as f:
+    f.write("\ndef get_config():  # noqa\n"
+            "  c = config_lib.base_config()\n"
+            "  c.optim.learing_rate = 1e-3\n"
+            "  return c\n")
+  with pytest.raises(flags.IllegalFlagValueError) as err:
+    parse(config_file)
+  assert str(err.value) == want
+  # The free-form sections take new keys in config files.
+  c.model.kwargs.width = 32
+  c.dataset.preprocess.image_size = 224
+  assert c.model.kwargs.width == 32
+
+
+def test_loss_config_lists_every_hyperparameter_and_rejects_unknown_ones():
+  for name, entry in losses.LOSSES.items():
+    c = config_lib.loss_config(name)
+    want = dict(entry.defaults, name=name)
+    if entry.execution_options:
+      want["block_size"] = None
+    assert dict(c) == want, name
+    with pytest.raises(AttributeError, match="does not have this field"):
+      c.not_a_hyperparameter = 1.0
+  with pytest.raises(ValueError, match="has no hyperparameter"):
+    config_lib.loss_config("circle", alpha=1.0)
+
+
+def test_loss_name_swaps_in_that_losses_own_defaults(config_file):
+  c = parse(config_file, "--config.loss.name=multi_similarity")
+  assert dict(c.loss) == {"name": "multi_similarity", "alpha": 2.0,
+                          "beta": 50.0, "base": 0.5, "epsilon": 0.1,
+                          "mining": True, "block_size": None}
+  # Circle's class-level variant gets its own gamma/m, not Circle's.
+  c = parse(config_file, "--config.loss.name=circle_class_level")
+  assert (c.loss.gamma, c.loss.margin) == (256.0, 0.25)
+
+
+@pytest.mark.parametrize("order", [0, 1])
+def test_hyperparameter_overrides_apply_in_any_order(config_file, order):
+  flags_ = ["--config.loss.name=multi_similarity", "--config.loss.beta=40",
+            "--config.loss.mining=false"]
+  if order:
+    flags_ = flags_[::-1]
+  c = parse(config_file, *flags_)
+  assert (c.loss.name, c.loss.beta, c.loss.mining, c.loss.alpha) == (
+      "multi_similarity", 40.0, False, 2.0)
+
+
+def test_the_files_loss_values_stay_without_a_name_change(config_file):
+  c = parse(config_file, "--config.loss.gamma=64", "--config.loss.name=circle")
+  assert (c.loss.gamma, c.loss.margin) == (64.0, 0.4)
+  c = parse(config_file, "--config.loss.block_size=512")
+  assert c.loss.block_size == 512 and c.loss.gamma == 80.0
+
+
+def test_unknown_loss_or_hyperparameter_names_what_is_accepted(config_file):
+  with pytest.raises(flags.IllegalFlagValueError,
+                     match=r"config\.loss\.gamma: loss 'multi_similarity' has "
+                           r"no hyperparameter 'gamma'; it accepts \['alpha'"):
+    parse(config_file, "--config.loss.name=multi_similarity",
+          "--config.loss.gamma=3")
+  with pytest.raises(flags.IllegalFlagValueError,
+                     match="unknown loss 'circel'; known losses: arcface"):
+    parse(config_file, "--config.loss.name=circel")
+  with pytest.raises(flags.IllegalFlagValueError, match="block_size"):
+    parse(config_file, "--config.loss.name=proxy_anchor",
+          "--config.loss.block_size=64")
+
+
+def test_a_config_json_of_the_code_before_the_schema_moved_still_loads():
+  with open(OLD_DIGITS) as f:
+    old = json.load(f)
+  c = config_lib.from_dict(old)
+  assert isinstance(c, ml_collections.ConfigDict) and c.is_locked
+  assert workdir_lib.config_to_dict(c) == old
+  # ... and is the run the digits config trains: its workdirs resume.
+  assert workdir_lib.config_diff(
+      old, workdir_lib.config_to_dict(helpers.digits_config())) == []
+
+
+def test_a_saved_config_with_unknown_fields_is_refused_in_one_line():
+  with open(OLD_DIGITS) as f:
+    old = json.load(f)
+  old["optim"]["lr_decay"] = 0.5
+  with pytest.raises(config_lib.SavedConfigError) as err:
+    config_lib.from_dict(old, source="/w/config.json")
+  (line,) = str(err.value).splitlines()
+  assert line.startswith("/w/config.json does not fit this version's config "
+                         "fields (")
+  assert "lr_decay" in line and line.endswith("another --workdir.")
+  old["optim"].pop("lr_decay")
+  old["loss"]["gama"] = 80.0
+  with pytest.raises(config_lib.SavedConfigError, match="gama"):
+    config_lib.from_dict(old)
