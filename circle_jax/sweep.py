@@ -48,16 +48,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from circle_jax import evaluation as eval_lib
+from circle_jax import parallel
 from circle_jax.train import state as state_lib
 from circle_jax.train import step as step_lib
 
 PyTree = Any
 CONVS = ("native", "unrolled")
-# The grid's parallelism: one device, the models vmapped (not sharded). The
-# one place a sweep picks a mode; experiments/sweep.py builds its model and
-# evaluation mesh from it.
-# lead: switch to the placement module (circle_jax/parallel.py) after merge.
-PARALLELISM = "none"
+# The grid's placement: one device, the models vmapped (not sharded).
+# experiments/sweep.py builds its model and embeds with it too.
+PLACEMENT = parallel.SingleDevice()
 
 
 # ----------------------------------------------------------------------------
@@ -377,13 +376,14 @@ def make_sequential_step(entry, fixed_hyper: Mapping[str, Any],
   Its hyperparameters are Python constants, compiled into the program.
   """
   loss_fn = step_lib.make_loss_fn(entry, {**fixed_hyper, **point})
-  return step_lib.make_train_step(loss_fn, mode=PARALLELISM, base_key=base_key)
+  return step_lib.make_train_step(loss_fn, placement=PLACEMENT,
+                                 base_key=base_key)
 
 
 def make_sweep_embed(apply_fn, *, conv: str = "native"):
   """Jitted ``(stacked variables, images [b, ...]) -> [b, M, D]`` (eval mode).
 
-  The model axis comes second so that ``circle_jax.train.loop.embed_source``
+  The model axis comes second so that ``circle_jax.train.run.embed_split``
   (which masks and orders along the first axis) can embed a split with it.
   ``conv``: see :func:`make_sweep_step`.
   """

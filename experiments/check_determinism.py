@@ -54,12 +54,13 @@ def short_run_command(workdir, data_dir, steps, extra=()):
 
 def _final_leaves(workdir):
   """The leaves of a run's latest checkpoint (the whole saved train state)."""
-  # lead: switch to the training room's one restore path after the merge.
   import jax  # pylint: disable=import-outside-toplevel
-  from circle_jax.train import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
-  ckpts = ckpt_lib.Checkpoints(os.path.join(workdir, "checkpoints"))
-  tree, _, _ = ckpts.restore()
-  ckpts.close()
+  from circle_jax.train import run as run_lib  # pylint: disable=import-outside-toplevel
+  ckpts = run_lib.open_checkpoints(run_lib.load_config(workdir), workdir)
+  try:
+    tree, _, _ = run_lib.restore_checkpoint(ckpts, which="latest")
+  finally:
+    ckpts.close()
   return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 

@@ -60,7 +60,6 @@ if __package__ in (None, ""):  # run as a file: python experiments/X.py
   sys.path.insert(0, _REPO)
 
 # pylint: disable=g-import-not-at-top
-import jax
 from circle_jax.analysis.pair_plane import (GAMMA, NUM_RAYS,
                                             hyper_text, pair_gradients,
                                             pair_loss, trace_boundary,
@@ -197,53 +196,15 @@ def fig2_data(margin: float = FIG2_MARGIN, *, gamma: float = GAMMA,
 
 def _restore_and_embed(workdir: str, which: Optional[str],
                        split: Optional[str]):
-  """Restores a run's checkpoint and embeds a split: the one call site.
+  """Restores a run's checkpoint and embeds a split (the package's one path).
 
   Returns ``(embeddings, labels, config, dataset info, split, which, step)``.
   """
-  # lead: switch to circle_jax.train.run after the merge:
-  #   run = run_lib.restore_run(workdir, which=which)
-  #   embeddings, labels = run.embed_split(split)
-  # (config, info, which, step: run.config, run.info, run.which, run.step).
-  # pylint: disable=g-import-not-at-top
-  from circle_jax import data as data_lib
-  from circle_jax import embed as embed_lib
-  from circle_jax.train import checkpoint as ckpt_lib
-  from circle_jax.train import loop
-  from circle_jax.train import step as step_lib
-  # pylint: enable=g-import-not-at-top
-  config = embed_lib.load_run_config(workdir)
-  info = data_lib.get_dataset_info(config.dataset.name)
-  model = loop.build_model(config, "none")
-  ckpts = ckpt_lib.Checkpoints(
-      os.path.join(workdir, "checkpoints"),
-      best_metric=config.get("best_metric") or None,
-      best_mode=config.get("best_mode", "max"))
-  try:
-    if which is None:
-      which = "best" if ckpts.best_step() is not None else "latest"
-    tree, _, meta = ckpts.restore(which=which)
-  finally:
-    ckpts.close()
-  variables = {"params": tree["params"]["model"]}
-  if tree["batch_stats"]:
-    variables["batch_stats"] = tree["batch_stats"]
-  # The evaluator's mesh: one device for parallelism 'none', else all.
-  devices = jax.local_devices()
-  if config.get("parallelism", "shard_map") == "none":
-    devices = devices[:1]
-  mesh = step_lib.make_mesh(devices)
-  variables = step_lib.replicate(variables, mode="shard_map", mesh=mesh)
-  split = split or info.eval_splits[0]
-  source = data_lib.load_split(
-      info.name, split,
-      data_dir=config.dataset.get("data_dir") or loop.default_data_dir(),
-      manual_dir=config.dataset.get("manual_dir"))
-  embeddings, labels = loop.embed_source(
-      variables, step_lib.embed_fn(model.apply, mesh=mesh), source,
-      loop.eval_preprocess(config, info),
-      batch_size=config.batch.get("eval_batch_size", 256), mesh=mesh)
-  return embeddings, labels, config, info, split, which, meta.get("step")
+  from circle_jax.train import run as run_lib  # pylint: disable=g-import-not-at-top
+  run = run_lib.restore_run(workdir, which=which)
+  split = split or run.info.eval_splits[0]
+  embeddings, labels = run.embed_split(split)
+  return embeddings, labels, run.config, run.info, split, run.which, run.step
 
 
 def embed_run(workdir: str, *, which: Optional[str] = None,

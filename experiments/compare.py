@@ -6,7 +6,7 @@ seeds, and writes a Markdown table and a bar chart. This is the protocol of
 Musgrave et al., "A Metric Learning Reality Check" (ECCV 2020) where it fits
 this codebase: only the loss and its own hyperparameters change, and those
 are its paper's defaults (``--config.loss.name=NAME`` swaps in the whole
-``config.loss`` section of ``NAME``; ``experiments/config_flag.py``).
+``config.loss`` section of ``NAME``; ``circle_jax.config.switch_loss``).
 
 Each run is the real main job in its own process::
 
@@ -79,7 +79,7 @@ from circle_jax import hostenv  # noqa: E402
 from circle_jax import losses as losses_lib  # noqa: E402
 from circle_jax.train import workdir as workdir_lib  # noqa: E402
 from experiments import compare_report  # noqa: E402
-from experiments import config_flag  # noqa: E402
+from circle_jax import config as config_lib  # noqa: E402
 
 METRICS_FILE = "metrics.json"
 RUN_FILE = "compare_run.json"      # written by this script next to the run
@@ -198,7 +198,7 @@ def resolve_config(flag_args: Sequence[str]) -> Dict[str, Any]:
   """
   argv = ["experiments.main", *flag_args]
   values = flags.FlagValues()
-  holder = config_flag.DEFINE_config_file("config", None, flag_values=values,
+  holder = config_lib.DEFINE_config_file("config", None, flag_values=values,
                                           sys_argv=argv)
   try:
     values(argv, known_only=True)
@@ -206,7 +206,7 @@ def resolve_config(flag_args: Sequence[str]) -> Dict[str, Any]:
     raise ValueError(str(e)) from None
   except (AttributeError, KeyError) as e:  # ml_collections: unknown field
     raise ValueError(f"a --config.* override names a field that the config "
-                     f"does not have ({e}); see experiments/configs/base.py."
+                     f"does not have ({e}); see circle_jax/config.py."
                      ) from None
   return json.loads(holder.value.to_json_best_effort(sort_keys=True))
 

@@ -57,14 +57,14 @@ if __package__ in (None, ""):  # run as a file: python experiments/X.py
 import jax
 import numpy as np
 
+from circle_jax import config as config_lib
 from circle_jax import data as data_lib
 from circle_jax import hostenv
 from circle_jax import sweep as grid_lib
 from circle_jax.sweep import CONVS, Grid, parse_grid  # noqa: F401  (the CLI's)
 from circle_jax.train import config_checks
-from circle_jax.train import loop
+from circle_jax.train import run as run_lib
 from circle_jax.train import state as state_lib
-from circle_jax.train import step as step_lib
 # pylint: enable=g-import-not-at-top
 
 # Metrics of the heatmaps: (key of retrieval_metrics, file name, title).
@@ -83,7 +83,7 @@ class Setup(grid_lib.GridProblem):
 
   Besides :class:`circle_jax.sweep.GridProblem`'s fields (the grid, the
   loss, the fixed hyperparameters, the initial state from
-  ``loop.init_state`` and the loss key):
+  ``run.init_state`` and the loss key):
 
   Attributes:
     config: the run's config.
@@ -109,7 +109,7 @@ def setup(config, grid: Grid) -> Setup:
       (:func:`circle_jax.sweep.check_grid`).
   """
   config_checks.check_config(config, device_count=1, process_count=1)
-  if config.dataset.get("validation_fraction", 0.0):
+  if config.dataset.validation_fraction:
     raise ValueError("The sweep reports the test metrics of the last step and "
                      "trains on all train classes; set "
                      "--config.dataset.validation_fraction=0.")
@@ -117,16 +117,12 @@ def setup(config, grid: Grid) -> Setup:
   if len(info.eval_splits) != 1:
     raise ValueError(f"The sweep evaluates one test split; {info.name} has "
                      f"{info.eval_splits}.")
-  data_dir = config.dataset.get("data_dir") or loop.default_data_dir()
-  manual_dir = config.dataset.get("manual_dir") or None
-  train_source = data_lib.load_split(info.name, info.train_split,
-                                     data_dir=data_dir, manual_dir=manual_dir)
-  test_source = data_lib.load_split(info.name, info.eval_splits[0],
-                                    data_dir=data_dir, manual_dir=manual_dir)
-  model = loop.build_model(config, grid_lib.PARALLELISM)
-  train_pre = loop.train_preprocess(config, info)
-  state, entry, hyper, base_key = loop.init_state(config, model, info,
-                                                  train_pre.output_shape)
+  train_source = run_lib.load_split(config, info, info.train_split)
+  test_source = run_lib.load_split(config, info, info.eval_splits[0])
+  model = run_lib.build_model(config, grid_lib.PLACEMENT)
+  train_pre = run_lib.train_preprocess(config, info)
+  state, entry, hyper, base_key = run_lib.init_state(config, model, info,
+                                                     train_pre.output_shape)
   grid_lib.check_grid(entry, grid, hyper,
                       embedding_dim=config.model.embedding_dim,
                       num_classes=config_checks.num_classes(config, info))
@@ -136,26 +132,14 @@ def setup(config, grid: Grid) -> Setup:
                test_source=test_source)
 
 
-def _train_sampler(config, source):
-  """The config's batch sampler over ``source`` (P x K or random batches)."""
-  # lead: switch to the training room's sampler-from-config after the merge.
-  if config.batch.get("sampler", "pk") == "random":
-    return data_lib.RandomSampler(len(source), batch_size=config.batch.size,
-                                  seed=config.seed)
-  return data_lib.PKSampler(
-      data_lib.split_labels(source),
-      classes_per_batch=config.batch.classes_per_batch,
-      images_per_class=config.batch.images_per_class, seed=config.seed)
-
-
 def read_batches(s: Setup, num_steps: int) -> List[dict]:
   """The batches of steps ``0 .. num_steps - 1`` (numpy), from one pipeline."""
   config = s.config
   it = data_lib.train_iterator(
-      s.train_source, sampler=_train_sampler(config, s.train_source),
-      preprocess=loop.train_preprocess(config, s.info),
-      num_workers=config.dataset.get("num_workers", 0),
-      num_threads=config.dataset.get("num_threads", 4))
+      s.train_source, sampler=run_lib.make_sampler(config, s.train_source),
+      preprocess=run_lib.train_preprocess(config, s.info),
+      num_workers=config.dataset.num_workers,
+      num_threads=config.dataset.num_threads)
   try:
     return [{"image": b["image"], "label": b["label"]}
             for b in (next(it) for _ in range(num_steps))]
@@ -166,14 +150,12 @@ def read_batches(s: Setup, num_steps: int) -> List[dict]:
 def embed_test_split(s: Setup, states: state_lib.TrainState, *,
                      conv: str = "native"):
   """``(embeddings [N, M, D], labels [N])`` of the test split for all models."""
-  # lead: switch to the training room's one embedding path (and its mesh
-  # from the placement module) after the merge; one device, as PARALLELISM.
-  mesh = step_lib.make_mesh(jax.devices()[:1])
-  return loop.embed_source(
+  return run_lib.embed_split(
       state_lib.model_variables(states),
       grid_lib.make_sweep_embed(s.model.apply, conv=conv), s.test_source,
-      loop.eval_preprocess(s.config, s.info),
-      batch_size=s.config.batch.get("eval_batch_size", 256), mesh=mesh)
+      run_lib.eval_preprocess(s.config, s.info), placement=grid_lib.PLACEMENT,
+      batch_size=s.config.batch.eval_batch_size,
+      num_threads=s.config.dataset.num_threads)
 
 
 def evaluate(s: Setup, states: state_lib.TrainState, *,
@@ -185,7 +167,7 @@ def evaluate(s: Setup, states: state_lib.TrainState, *,
   """
   t0 = time.perf_counter()
   emb, labels = embed_test_split(s, states, conv=conv)
-  ks = tuple(s.config.get("eval_ks", None) or s.info.ks)
+  ks = tuple(s.config.eval_ks or s.info.ks)
   metrics = grid_lib.retrieval_per_model(emb, labels, ks)
   return metrics, emb, time.perf_counter() - t0
 
@@ -340,7 +322,7 @@ def run_sweep(config, grid: Grid, *, num_steps: Optional[int] = None,
   """The whole job: reads the data, trains (and times) the grid, evaluates.
 
   Args:
-    config: the training config (``experiments/configs/base.py``).
+    config: the training config (``circle_jax.config.base_config()``).
     grid: the hyperparameter grid.
     num_steps: training steps (default ``config.num_train_steps``).
     compare_sequential: also train the grid one model at a time, time it and
@@ -443,8 +425,7 @@ def main(argv):
 
 def _define_flags():
   from absl import flags  # pylint: disable=g-import-not-at-top
-  from experiments import config_flag  # pylint: disable=g-import-not-at-top
-  config_flag.DEFINE_config_file(
+  config_lib.DEFINE_config_file(
       "config", "experiments/configs/omniglot_small.py", "Training config.")
   flags.DEFINE_multi_string(
       "grid", None, "NAME=V1,V2,...: one axis of the grid (one or two).",

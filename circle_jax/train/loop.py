@@ -69,20 +69,6 @@ from circle_jax.train import step as step_lib
 from circle_jax.train import workdir as workdir_lib
 from circle_jax.train import writers as writers_lib
 
-# The building blocks live in circle_jax.train.run / .evaluate; these names
-# are kept for the scripts that import them from here.
-CheckpointError = run_lib.CheckpointError
-Evaluator = evaluate_lib.Evaluator
-result_table = evaluate_lib.result_table
-check_restored = run_lib.check_restored
-default_data_dir = run_lib.default_data_dir
-eval_preprocess = run_lib.eval_preprocess
-train_preprocess = run_lib.train_preprocess
-build_model = run_lib.build_model
-init_state = run_lib.init_state
-load_sources = run_lib.load_sources
-
-
 class NonFiniteError(UserError, FloatingPointError):
   """The loss or a gradient became NaN/inf; the message names the step."""
 
@@ -99,17 +85,6 @@ class TrainingInterrupted(KeyboardInterrupt):
     super().__init__(saved_step, directory)
     self.saved_step = saved_step
     self.directory = directory
-
-
-def embed_source(variables, embed, source, preprocess, *, batch_size, mesh,
-                 num_threads=8):
-  """Old name of :func:`circle_jax.train.run.embed_split` (``embed`` jitted
-  for ``mesh``); kept until experiments/sweep.py and circle_figures.py
-  switch."""
-  return run_lib.embed_split(
-      variables, embed, source, preprocess,
-      placement=parallel.ShardMap(mesh.devices.flat), batch_size=batch_size,
-      num_threads=num_threads)
 
 
 # ----------------------------------------------------------------------------
@@ -207,7 +182,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   _evaluate_init(job)
   _train(job)
   result = _finish(job)
-  reporter.result(result_table(result))
+  reporter.result(evaluate_lib.result_table(result))
   job.close()
   return result
 
@@ -259,8 +234,8 @@ def _build(config, workdir, reporter, force_resume) -> Job:
   job.train_step = step_lib.make_train_step(
       step_lib.make_loss_fn(job.entry, hyper), placement=job.placement,
       base_key=step_key)
-  job.evaluator = Evaluator(config, job.info, model, job.placement,
-                            job.val_source)
+  job.evaluator = evaluate_lib.Evaluator(config, job.info, model,
+                                         job.placement, job.val_source)
   job.init_metrics = job.meta.get("init_metrics")
   job.init_val = job.meta.get("init_validation_metrics")
   job.train_seconds = float(job.meta.get("train_seconds", 0.0))

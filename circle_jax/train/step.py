@@ -156,8 +156,7 @@ def train_step(
 
 
 def make_train_step(loss_fn: LossFn, *, base_key: jax.Array,
-                    placement: Any = None, donate: bool = True,
-                    mode: Optional[str] = None):
+                    placement: Any, donate: bool = True):
   """:func:`train_step` compiled for a placement.
 
   Args:
@@ -167,36 +166,10 @@ def make_train_step(loss_fn: LossFn, *, base_key: jax.Array,
       state must be ``placement.replicate``'d,
       the batch ``placement.shard_batch``'d.
     donate: donate the input state's buffers.
-    mode: the old name of ``placement`` (a mode name).
 
   Returns:
     ``step(state, batch) -> (state, metrics)``.
   """
-  placement = parallel.get_placement(placement or mode)
+  placement = parallel.get_placement(placement)
   fn = functools.partial(train_step, loss_fn=loss_fn, base_key=base_key)
   return placement.wrap_step(fn, donate=donate)
-
-
-# ----------------------------------------------------------------------------
-# Old names, kept until experiments/sweep.py and circle_figures.py use
-# circle_jax.parallel and circle_jax.train.run (then delete them).
-# ----------------------------------------------------------------------------
-
-
-def make_mesh(devices=None):
-  """The 1-D ``'data'`` mesh over ``devices`` (all by default)."""
-  return parallel.ShardMap(devices).mesh
-
-
-def replicate(tree: PyTree, *, mode: str, mesh=None):
-  """``get_placement(mode).replicate(tree)`` (``mesh``: its devices)."""
-  if mesh is not None:
-    return parallel.ShardMap(mesh.devices.flat).replicate(tree)
-  return parallel.get_placement(mode).replicate(tree)
-
-
-def embed_fn(apply_fn, *, mesh=None):
-  """Jitted eval-mode ``(variables, images) -> embeddings`` (float32)."""
-  placement = (parallel.SingleDevice() if mesh is None
-               else parallel.ShardMap(mesh.devices.flat))
-  return placement.embed_fn(functools.partial(apply_fn, train=False))

@@ -11,7 +11,6 @@ from circle_jax import config as config_lib
 from circle_jax import losses
 from circle_jax.train import loop
 from circle_jax.train import workdir as workdir_lib
-from experiments import config_flag
 from experiments.configs import digits
 from experiments.configs import omniglot_small
 from tests import test_config
@@ -25,7 +24,7 @@ DIGITS = "experiments/configs/digits.py"
 def parse(*overrides, config=DIGITS):
   """The config that `python -m experiments.main` builds from these flags."""
   return test_config.parse(os.path.join(REPO, config), *overrides,
-                           define=config_flag.DEFINE_config_file)
+                           define=config_lib.DEFINE_config_file)
 
 
 def test_the_digits_config_is_the_trainer_tests_and_old_workdirs_config():

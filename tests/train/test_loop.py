@@ -14,9 +14,11 @@ from PIL import Image
 
 from circle_jax import data as data_lib
 from circle_jax import embed
+from circle_jax import parallel
 from circle_jax.train import checkpoint as ckpt_lib
 from circle_jax.train import config_checks
 from circle_jax.train import console
+from circle_jax.train import evaluate as evaluate_lib
 from circle_jax.train import loop
 from circle_jax.train import run as run_lib
 from circle_jax.train import state as state_lib
@@ -152,8 +154,8 @@ def test_embed_tool_uses_best_checkpoint_and_eval_preprocessing(
   config = embed.load_run_config(workdir)
   from circle_jax import data as data_lib
   info = data_lib.get_dataset_info("digits")
-  pre = loop.eval_preprocess(config, info)
-  model = loop.build_model(config)
+  pre = run_lib.eval_preprocess(config, info)
+  model = run_lib.build_model(config)
   ckpts = ckpt_lib.Checkpoints(os.path.join(workdir, "checkpoints"),
                                best_metric="recall@1")
   tree, _, meta = ckpts.restore(which="best")
@@ -267,8 +269,9 @@ def test_validation_split_selects_the_step_and_reports_its_test_numbers(
   ckpts.close()
   assert meta["step"] == best["step"]
   assert meta["metrics"]["recall@1"] == best["validation"]["recall@1"]
-  mode = c.parallelism
-  evaluator = loop.Evaluator(c, info, loop.build_model(c, mode), mode)
+  placement = parallel.from_config(c)
+  evaluator = evaluate_lib.Evaluator(c, info, run_lib.build_model(c, placement),
+                                     placement)
   assert evaluator.test(tree) == best["test"]
   # Periodic evaluations ran on the validation classes, the test split only
   # at init, at the end and for the selected step.
@@ -277,7 +280,7 @@ def test_validation_split_selects_the_step_and_reports_its_test_numbers(
   assert sorted({s for s, t, _ in scalars if t == "val/recall@1"}) == [0, 10,
                                                                       20]
   assert sorted({s for s, t, _ in scalars if t == "eval/recall@1"}) == [0]
-  table = loop.result_table(result)
+  table = evaluate_lib.result_table(result)
   assert f"selected@{best['step']}" in table
   assert "best validation recall@1" in table and "TEST" not in table
 
