@@ -1,7 +1,7 @@
 """Baseline pair-based losses: contrastive, triplet, lifted structure, N-pair,
 margin.
 
-Every loss here has three layers, as the seed losses do:
+Every loss here has three layers:
 
 * a private core on an ``[M, N]`` distance (or similarity) block with boolean
   ``pos`` / ``neg`` masks, which also performs the (possibly global) reduction;

@@ -3,7 +3,7 @@
 One function, :func:`train_step`, is written for one device holding a slice of
 the global batch. The loss receives ``axis_name`` and returns the loss of the
 *global* batch on every device, with exact gradients w.r.t. the local
-embeddings (``circle_jax.losses._common.global_sum``). What differs between
+embeddings (``circle_jax.ops.global_sum``). What differs between
 the wrappers is how gradients w.r.t. the replicated parameters come out:
 
 * ``jax.shard_map`` (the default) tracks which values vary across devices.
@@ -35,7 +35,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from circle_jax.losses import _common
+from circle_jax import ops
 from circle_jax.train.state import TrainState
 
 PyTree = Any
@@ -69,7 +69,7 @@ def make_loss_fn(entry, hyper: Optional[dict] = None) -> LossFn:
       return entry.apply(embeddings, labels, params, key=key,
                          axis_name=axis_name, **hyper)
     local = entry.apply(embeddings, labels, params, key=key, **hyper)
-    return _common.global_sum(local, axis_name) / jax.lax.psum(1, axis_name)
+    return ops.global_sum(local, axis_name) / jax.lax.psum(1, axis_name)
 
   return loss_fn
 
