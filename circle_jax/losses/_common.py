@@ -60,11 +60,11 @@ def _require(assertion, error, message: str) -> None:
     raise error(f"{message} ({e})") from None
 
 
-def _check_rank(x, rank: int, message: str) -> None:
+def check_rank(x, rank: int, message: str) -> None:
   _require(lambda: chex.assert_rank(x, rank), ValueError, message)
 
 
-def _check_floating(x, message: str) -> None:
+def check_floating(x, message: str) -> None:
   _require(lambda: chex.assert_type(x, float), TypeError, message)
 
 
@@ -77,24 +77,35 @@ def _check_dim(x, axis: int, size: int, message: str) -> None:
            message)
 
 
+def check_matrix(matrix, name: str, what: str, fix: str = "") -> Array:
+  """Checks a rank-2 float matrix and returns it as float32.
+
+  Args:
+    matrix: the array.
+    name: its argument name.
+    what: its axes in words, e.g. ``"[batch, dim]"``.
+    fix: an extra hint for a wrong rank.
+  """
+  matrix = jnp.asarray(matrix)
+  check_rank(matrix, 2, f"`{name}` must have rank 2 ({what}); got shape "
+                        f"{matrix.shape}.{fix}")
+  check_floating(matrix, f"`{name}` must be a floating array (float32 or "
+                         f"bfloat16); got dtype {matrix.dtype}. Cast it with "
+                         "`.astype(jnp.float32)`.")
+  return matrix.astype(jnp.float32)
+
+
 def check_embeddings(embeddings, name: str = "embeddings") -> Array:
   """Checks a ``[B, D]`` float array and returns it cast to float32."""
-  embeddings = jnp.asarray(embeddings)
-  _check_rank(embeddings, 2,
-              f"`{name}` must have rank 2 ([batch, dim]); got shape "
-              f"{embeddings.shape}. Reshape it to [batch, dim].")
-  _check_floating(embeddings,
-                  f"`{name}` must be a floating array (float32 or bfloat16); "
-                  f"got dtype {embeddings.dtype}. Cast it with "
-                  "`.astype(jnp.float32)`.")
-  return embeddings.astype(jnp.float32)
+  return check_matrix(embeddings, name, "[batch, dim]",
+                      " Reshape it to [batch, dim].")
 
 
 def check_labels(labels, batch_size: int, name: str = "labels") -> Array:
   """Checks an integer ``[batch_size]`` label vector and returns it as int32."""
   labels = jnp.asarray(labels)
-  _check_rank(labels, 1, f"`{name}` must have rank 1 ([batch]); got shape "
-                         f"{labels.shape}.")
+  check_rank(labels, 1, f"`{name}` must have rank 1 ([batch]); got shape "
+                        f"{labels.shape}.")
   _check_integer(labels,
                  f"`{name}` must be an integer array of class ids; got dtype "
                  f"{labels.dtype}. Cast it with `.astype(jnp.int32)`.")
@@ -106,27 +117,11 @@ def check_labels(labels, batch_size: int, name: str = "labels") -> Array:
 
 def check_class_vectors(vectors, dim: int, name: str = "proxies") -> Array:
   """Checks a ``[C, D]`` float array of proxies / class weights / centers."""
-  vectors = jnp.asarray(vectors)
-  _check_rank(vectors, 2, f"`{name}` must have rank 2 ([num_classes, dim]); "
-                          f"got shape {vectors.shape}.")
-  _check_floating(vectors, f"`{name}` must be a floating array; got "
-                           f"{vectors.dtype}. Cast it with "
-                           "`.astype(jnp.float32)`.")
+  vectors = check_matrix(vectors, name, "[num_classes, dim]")
   _check_dim(vectors, 1, dim,
              f"`{name}` has dimension {vectors.shape[1]} but the embeddings "
              f"have dimension {dim}; they must match.")
-  return vectors.astype(jnp.float32)
-
-
-def check_matrix(matrix, name: str, what: str):
-  """Checks a rank-2 float matrix and returns it as float32."""
-  matrix = jnp.asarray(matrix)
-  _check_rank(matrix, 2, f"`{name}` must have rank 2 ({what}); got shape "
-                         f"{matrix.shape}.")
-  _check_floating(matrix, f"`{name}` must be a floating array; got "
-                          f"{matrix.dtype}. Cast it with "
-                          "`.astype(jnp.float32)`.")
-  return matrix.astype(jnp.float32)
+  return vectors
 
 
 def check_similarity(similarity, labels, name: str = "similarity"):
@@ -139,14 +134,20 @@ def check_similarity(similarity, labels, name: str = "similarity"):
   return similarity, labels
 
 
+def check_shape(x, shape, message: str):
+  """Checks that ``x`` has ``shape`` (ValueError ``message`` otherwise)."""
+  x = jnp.asarray(x)
+  _require(lambda: chex.assert_shape(x, tuple(shape)), ValueError, message)
+  return x
+
+
 def check_mask(mask, shape, name: str):
   """Checks an optional ``[M, N]`` pair mask and returns it as bool (or None)."""
   if mask is None:
     return None
-  mask = jnp.asarray(mask)
-  _require(lambda: chex.assert_shape(mask, tuple(shape)), ValueError,
-           f"`{name}` must have the shape of the similarity matrix "
-           f"{tuple(shape)}; got {mask.shape}.")
+  mask = check_shape(mask, shape,
+                     f"`{name}` must have the shape of the similarity matrix "
+                     f"{tuple(shape)}; got {jnp.shape(mask)}.")
   return mask.astype(bool)
 
 

@@ -1,7 +1,8 @@
 """Circle loss and the unified loss of pair similarity (Sun et al., CVPR 2020).
 
-Both losses are written as functions of a similarity block ``[M, N]`` (a
-private per-anchor core), exposed as a square similarity-matrix form
+Both losses are rules on a similarity block ``[M, N]`` (:class:`Circle`,
+:class:`Unified`, run by the dense and blockwise engines of
+:mod:`circle_jax.losses.engines`), exposed as a square similarity-matrix form
 (``*_from_similarity``, used by :func:`circle_jax.losses.pair_weights`) and as
 thin embedding wrappers that build the cosine-similarity block, including the
 global batch across devices (``axis_name``). The class-level variants compare

@@ -498,14 +498,12 @@ def n_pair_loss(
 
 def _beta_rows(beta, labels):
   beta = jnp.asarray(beta)
-  if not jnp.issubdtype(beta.dtype, jnp.floating):
-    raise TypeError(f"`beta` must be a floating array; got {beta.dtype}.")
+  _common.check_floating(beta, f"`beta` must be a floating array; got "
+                               f"{beta.dtype}.")
   if beta.ndim == 0:
     return jnp.broadcast_to(beta.astype(jnp.float32), labels.shape)
-  if beta.ndim != 1:
-    raise ValueError(
-        f"`beta` must be a scalar or a [num_classes] vector; got shape "
-        f"{beta.shape}.")
+  _common.check_rank(beta, 1, f"`beta` must be a scalar or a [num_classes] "
+                              f"vector; got shape {beta.shape}.")
   return beta.astype(jnp.float32)[labels]
 
 
@@ -523,11 +521,10 @@ def _margin_core(dist, pos_w, neg_w, beta_rows, *, margin, nu, axis_name):
 def _margin_weights(pos, neg, pair_weights):
   if pair_weights is None:
     return pos.astype(jnp.float32), neg.astype(jnp.float32)
-  pair_weights = jnp.asarray(pair_weights)
-  if pair_weights.shape != pos.shape:
-    raise ValueError(
-        f"`pair_weights` must have the shape of the distance block "
-        f"{pos.shape}; got {pair_weights.shape}.")
+  pair_weights = _common.check_shape(
+      pair_weights, pos.shape,
+      f"`pair_weights` must have the shape of the distance block "
+      f"{pos.shape}; got {jnp.shape(pair_weights)}.")
   w = pair_weights.astype(jnp.float32)
   return jnp.where(pos, w, 0.0), jnp.where(neg, w, 0.0)
 

@@ -50,16 +50,10 @@ _DISTANCES = ("euclidean", "cosine")
 
 def _check_sample_to_proxy(matrix, labels, name: str):
   """Checks a ``[B, C]`` sample-to-proxy block and its ``[B]`` labels."""
-  matrix = jnp.asarray(matrix)
-  if matrix.ndim != 2:
-    raise ValueError(
-        f"`{name}` must have rank 2 ([batch, num_classes]: samples against "
-        f"proxies); got shape {matrix.shape}."
-    )
-  if not jnp.issubdtype(matrix.dtype, jnp.floating):
-    raise TypeError(f"`{name}` must be a floating array; got {matrix.dtype}.")
+  matrix = _common.check_matrix(
+      matrix, name, "[batch, num_classes]: samples against proxies")
   labels = _common.check_labels(labels, matrix.shape[0])
-  return matrix.astype(jnp.float32), labels
+  return matrix, labels
 
 
 def _proxy_masks(labels: Array, num_classes: int):
