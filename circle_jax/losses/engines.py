@@ -25,17 +25,21 @@ are elementwise in the block (the engines rely on it to tile it):
   to the rule as ``[R, 1]`` arrays ``pre``;
 * ``select(x, pos, neg, pre)``: the pairs the loss uses (mining, non-trivial
   pairs), decisions without gradient;
-* ``statistic``: ``"lse"``, the set statistic is ``logsumexp(logit)``; or
+* ``statistic``: ``"lse"``, the set statistic is ``logsumexp(logit)``;
   ``"mean"``, the ``exp(logit)``-weighted mean of ``values(x)``, the weights
-  constant in backprop;
-* ``logits(x) -> (logit_p, logit_n)`` and, for ``"mean"``, ``values(x) ->
-  (v_p, v_n)``;
+  constant in backprop; or ``"sum"``, the pair ``(sum of values(x), number
+  of pairs)`` of the set (the count without gradient);
+* ``logits(x) -> (logit_p, logit_n)`` (not for ``"sum"``) and, for
+  ``"mean"`` and ``"sum"``, ``values(x) -> (v_p, v_n)``;
 * ``shift(pre)``: optionally the row maxima of the logits when the pre-pass
   already gives them (saves the dense engine two max passes), else ``None``;
 * ``combine(stat_p, stat_n) -> (per_anchor, valid)``, rowwise; an empty set's
-  statistic is ``-inf`` (``"lse"``) or ``0`` (``"mean"``);
+  statistic is ``-inf`` (``"lse"``) or ``0`` (``"mean"``, ``"sum"``);
+  ``per_anchor`` is ``[R]`` or a tuple of ``[R]`` terms;
 * ``reduction``: ``"valid_mean"`` (mean over valid anchors of the global
-  batch) or ``"batch_mean"`` (sum over anchors / global batch size).
+  batch), ``"batch_mean"`` (sum over anchors / global batch size), or the
+  rule's own ``reduce(per_anchor, valid, axis_name)`` (e.g. contrastive's
+  ratios of global sums and pair counts).
 
 The blockwise backward pass needs ``dL/ds`` of a tile, and derives it from the
 rule instead of asking for a hand-written gradient: for a pair ``j`` of set
@@ -43,7 +47,8 @@ rule instead of asking for a hand-written gradient: for a pair ``j`` of set
 
   dL/ds_ij = d combine/d stat_P (i) * softmax_P(logit)_ij * d f_ij / d s_ij,
 
-with ``f = logits`` for ``"lse"`` and ``f = values`` for ``"mean"``; the first
+with ``f = logits`` for ``"lse"`` and ``f = values`` for ``"mean"`` (for
+``"sum"`` the softmax factor is 1 on the set); the first
 factor is a ``jax.vjp`` of ``combine`` and the last an elementwise
 ``jax.jvp`` of ``prepare`` and ``f`` (which honours the rule's
 ``stop_gradient`` constants), so dense (autodiff) and blockwise share one
@@ -105,6 +110,11 @@ class PairRule:
 
   def values(self, x):
     raise NotImplementedError(f"{type(self).__name__} has no values.")
+
+  def logits(self, x):
+    # "sum" rules weigh every pair of a set by exp(0) = 1.
+    zero = jnp.zeros_like(x)
+    return zero, zero
 
   def shift(self, pre):
     del pre
@@ -214,7 +224,7 @@ def stats_update(rule, stats, s, pos, neg, pre):
   """Folds a ``[R, C]`` tile into the online set statistics."""
   x, pos, neg, logit_p, logit_n = _set_terms(rule, s, pos, neg, pre)
   v_p = v_n = None
-  if rule.statistic == "mean":
+  if rule.statistic != "lse":
     v_p, v_n = rule.values(x)
   return (_online(stats[:3], logit_p, v_p, pos)
           + _online(stats[3:], logit_n, v_n, neg))
@@ -233,6 +243,8 @@ def stats_finish(rule, stats):
   m_p, z_p, a_p, m_n, z_n, a_n = stats
   if rule.statistic == "lse":
     return _lse(m_p, z_p), _lse(m_n, z_n)
+  if rule.statistic == "sum":  # z counts the pairs (all weights are 1)
+    return (a_p, z_p), (a_n, z_n)
 
   def mean(z, a):
     return jnp.where(z > 0, a / jnp.where(z > 0, z, 1.0), 0.0)
@@ -256,21 +268,27 @@ def tile_cotangent(rule, s, pos, neg, pre, stats, ct):
     pre: the rows' pre-pass statistics, each ``[R, 1]``.
     stats: the rows' finished online statistics (:func:`stats_update` over
       all columns).
-    ct: ``[R]`` cotangent of the rows' per-anchor losses.
+    ct: ``[R]`` cotangent of the rows' per-anchor losses (a tuple like
+      ``combine``'s when it returns several terms).
   """
   stat_p, stat_n = stats_finish(rule, stats)
   _, combine_vjp = jax.vjp(lambda a, b: rule.combine(a, b)[0], stat_p, stat_n)
   c_p, c_n = combine_vjp(ct)
+  if rule.statistic == "sum":  # the counts carry no gradient
+    c_p, c_n = c_p[0], c_n[0]
   _, pos, neg, logit_p, logit_n = _set_terms(rule, s, pos, neg, pre)
 
   def head(s):
     x = rule.prepare(s)
-    return rule.values(x) if rule.statistic == "mean" else rule.logits(x)
+    return rule.logits(x) if rule.statistic == "lse" else rule.values(x)
 
   _, (df_p, df_n) = jax.jvp(head, (s,), (jnp.ones_like(s),))
   m_p, z_p, _, m_n, z_n, _ = stats
-  w_p = _softmax_weights(logit_p, _lse(m_p, z_p), pos)
-  w_n = _softmax_weights(logit_n, _lse(m_n, z_n), neg)
+  if rule.statistic == "sum":  # a plain sum: every pair has weight 1
+    w_p = w_n = 1.0
+  else:
+    w_p = _softmax_weights(logit_p, _lse(m_p, z_p), pos)
+    w_n = _softmax_weights(logit_n, _lse(m_n, z_n), neg)
   return (jnp.where(pos, c_p[:, None] * w_p * df_p, 0.0)
           + jnp.where(neg, c_n[:, None] * w_n * df_n, 0.0))
 
@@ -312,6 +330,14 @@ def dense_per_anchor(rule, similarity: Array, pos: Array,
   x = rule.prepare(similarity)
   pre = prepass_update(rule, None, similarity, pos, neg, keepdims=True)
   pos, neg = rule.select(jax.lax.stop_gradient(x), pos, neg, pre)
+  if rule.statistic == "sum":
+    v_p, v_n = rule.values(x)
+
+    def total(mask, v):
+      count = jnp.sum(mask.astype(_F32), axis=-1)
+      return jnp.sum(jnp.where(mask, v, 0.0), axis=-1), count
+
+    return rule.combine(total(pos, v_p), total(neg, v_n))
   logit_p, logit_n = rule.logits(x)
   e, m_p, m_n = _common.two_set_exp(logit_p, logit_n, pos, neg,
                                     rule.shift(pre))
@@ -449,7 +475,7 @@ def _blockwise_impl(plan, rule, rows, cols, pos_mask, neg_mask):
   pre, stats = _forward(plan, rule, rows_t, cols_t)
   loss, valid = jax.vmap(
       lambda st: rule.combine(*stats_finish(rule, st)))(stats)
-  out = (loss.reshape(-1)[: plan.rows], valid.reshape(-1)[: plan.rows])
+  out = jax.tree.map(lambda a: a.reshape(-1)[: plan.rows], (loss, valid))
   return out, (pre, stats)
 
 
@@ -466,10 +492,12 @@ def _blockwise_fwd(plan, rule, rows, cols, pos_mask, neg_mask):
 
 def _blockwise_bwd(plan, res, cts):
   rule, rows, cols, pos_mask, neg_mask, pre, stats = res
-  ct_loss = cts[0].astype(_F32)  # the validity output carries no gradient
+  # The validity output carries no gradient.
+  ct_loss = jax.tree.map(
+      lambda c: _blocks(c.astype(_F32), plan.num_row_blocks, plan.row_block),
+      cts[0])
   rows_t, cols_t = _prepare(plan, rows, cols, pos_mask, neg_mask)
-  rows_t = dict(rows_t, pre=pre, stats=stats,
-                ct=_blocks(ct_loss, plan.num_row_blocks, plan.row_block))
+  rows_t = dict(rows_t, pre=pre, stats=stats, ct=ct_loss)
   hi = jax.lax.Precision.HIGHEST
 
   def row_fn(dz_cols, rows_b):
@@ -557,7 +585,9 @@ def blockwise_per_anchor(rule, rows: PairSide, cols: PairSide, *,
 
 def reduce_per_anchor(rule, per_anchor: Array, valid: Array, axis_name=None):
   """The rule's reduction of the per-anchor losses, as a float32 scalar."""
-  if rule.reduction == "valid_mean":
+  if hasattr(rule, "reduce"):
+    loss = rule.reduce(per_anchor, valid, axis_name)
+  elif rule.reduction == "valid_mean":
     loss = _common.mean_over_valid(per_anchor, valid, axis_name)
   else:
     loss = _common.sum_over_batch(per_anchor, axis_name)

@@ -24,6 +24,7 @@ from circle_jax.losses import _common
 from circle_jax.losses import engines
 from circle_jax.losses.circle import Circle, Unified
 from circle_jax.losses.multi_similarity import MultiSimilarity
+from circle_jax.losses.pair_baselines import Contrastive
 from circle_jax.losses.ranked_list import RankedList
 
 # Label 9 is a singleton (no positives); 16 samples, 8 devices x 2.
@@ -38,6 +39,7 @@ RULES = {
     "ms_no_mining": MultiSimilarity(mining=False, beta=20.0),
     "rll": RankedList(),
     "rll_t_pos": RankedList(t_pos=3.0, t_neg=4.0, imbalance=0.3),
+    "contrastive": Contrastive(pos_margin=0.3, neg_margin=1.2),
 }
 
 # The public embedding form of each rule (all take block_size).
@@ -51,6 +53,8 @@ PUBLIC = {
     "rll": (losses.ranked_list_loss, {}),
     "rll_t_pos": (losses.ranked_list_loss,
                   dict(t_pos=3.0, t_neg=4.0, imbalance=0.3)),
+    "contrastive": (losses.contrastive_loss,
+                    dict(pos_margin=0.3, neg_margin=1.2)),
 }
 
 
@@ -88,9 +92,14 @@ def test_derived_tile_cotangent_is_the_dense_gradient(name, masked):
     pos, neg = pos & pm, neg & nm
   ct = jnp.asarray(np.random.default_rng(1).uniform(0.5, 2.0, B), jnp.float32)
 
+  # One cotangent per anchor for each term of the rule's per-anchor output.
+  ct = jax.tree.map(lambda _: ct,
+                    engines.dense_per_anchor(rule, s, pos, neg)[0])
+
   def dense(s):
     per_anchor, _ = engines.dense_per_anchor(rule, s, pos, neg)
-    return jnp.sum(per_anchor * ct)
+    return sum(jax.tree.leaves(jax.tree.map(lambda t, c: jnp.sum(t * c),
+                                            per_anchor, ct)))
 
   want = jax.grad(dense)(s)
   pre = engines.prepass_update(rule, None, s, pos, neg)
@@ -293,6 +302,8 @@ def test_tile_pieces_make_another_engine_without_touching_a_loss(name):
     (RankedList, [losses.ranked_list_loss,
                   losses.ranked_list_loss_from_similarity,
                   losses.ranked_list_loss_from_distance]),
+    (Contrastive, [losses.contrastive_loss,
+                   losses.contrastive_loss_from_distance]),
 ])
 def test_every_form_takes_its_defaults_from_the_rule(rule, fns):
   fields = {f.name: f.default for f in
