@@ -155,6 +155,15 @@ def _global_sum_bwd(axis_name, varying_axes, _, ct):
 _global_sum.defvjp(_global_sum_fwd, _global_sum_bwd)
 
 
+def _varying_axes_of(x) -> frozenset:
+  """The mapped axes over which ``x``'s type says it varies (shard_map)."""
+  aval = jax.typeof(x)
+  manual = getattr(aval, "manual_axis_type", None)  # jax >= 0.10
+  if manual is not None:
+    return manual.varying
+  return getattr(aval, "vma", frozenset())  # earlier jax
+
+
 def global_sum(x: Array, axis_name) -> Array:
   """``psum`` over ``axis_name`` whose backward pass is the identity.
 
@@ -178,7 +187,7 @@ def global_sum(x: Array, axis_name) -> Array:
   Returns:
     The sum over the axis, identical on every device.
   """
-  varying = jax.typeof(x).manual_axis_type.varying
+  varying = _varying_axes_of(x)
   varying_axes = tuple(a for a in _axes(axis_name) if a in varying)
   return _global_sum(x, axis_name, varying_axes)
 
