@@ -2,8 +2,9 @@
 
 A pair loss is split in two:
 
-* its **rule** (in the loss's own module: ``circle.py``, ``multi_similarity.py``,
-  ``ranked_list.py``) says what the loss computes from a block of
+* its **rule** (in the loss's own module: ``circle.py`` (Circle, unified),
+  ``multi_similarity.py``, ``ranked_list.py``, ``pair_baselines.py``
+  (contrastive)) says what the loss computes from a block of
   similarities ``s`` ``[R, C]`` (rows: anchors, columns: candidates) and the
   anchors' positive / negative pair masks: which pairs it keeps, the
   per-anchor statistic of each set and how the two statistics combine into the
@@ -68,7 +69,9 @@ for the pre-pass, :func:`stats_init` / :func:`stats_update` /
 :func:`stats_finish` for the online set statistics of each tile it sees,
 ``rule.combine`` for the per-anchor loss, and :func:`tile_cotangent` for the
 ``dL/ds`` of a tile in its backward pass. :func:`reduce_per_anchor` gives the
-rule's (global-batch) reduction.
+rule's (global-batch) reduction. Every embedding form of a rule-based loss
+goes through :func:`embedding_loss`, which picks the engine (today from
+``block_size``), so the new engine is selected there, once for all losses.
 """
 
 from __future__ import annotations
