@@ -50,6 +50,8 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.special import gammaln
 
+from circle_jax import ops
+
 Array = jax.Array
 
 __all__ = [
@@ -83,11 +85,6 @@ class KMeansResult(NamedTuple):
 # ----------------------------------------------------------------------------
 # k-means in JAX.
 # ----------------------------------------------------------------------------
-
-
-def _l2_normalize(x: Array) -> Array:
-  sq = jnp.sum(x * x, axis=-1, keepdims=True)
-  return x * jax.lax.rsqrt(jnp.maximum(sq, 1e-24))
 
 
 def _sq_dist_to(x: Array, x_sq: Array, c: Array) -> Array:
@@ -153,7 +150,7 @@ def _kmeans_impl(x, key, max_iterations, *, num_clusters, chunk_rows,
                  normalize, num_local_trials):
   x = x.astype(jnp.float32)
   if normalize:
-    x = _l2_normalize(x)
+    x = ops.l2_normalize(x)
   n, dim = x.shape
   x_sq = jnp.sum(x * x, axis=-1)
   # The seeding sees exactly the N points (independent of the chunking).

@@ -3,7 +3,9 @@
 Every loss is a pure function of embeddings (or of a similarity/distance
 matrix) and integer labels: jit- and vmap-able, float32 compute, a float32
 scalar out. Pair-based losses take ``axis_name`` to see the global batch
-across devices. See ``_common`` for the shared conventions.
+across devices. See ``_common`` for the shared conventions, ``engines`` for
+how the pair losses' rules are run (dense or blockwise) and
+:mod:`circle_jax.ops` for the public numerical building blocks.
 """
 
 from circle_jax.losses.circle import (

@@ -21,103 +21,133 @@ Conventions used by every loss in :mod:`circle_jax.losses`:
 
 from __future__ import annotations
 
-import functools
 from typing import Optional, Tuple
 
+import chex
 import jax
 import jax.numpy as jnp
 
+# The public building blocks live in circle_jax.ops; the losses use them
+# through this module's namespace.
+from circle_jax.ops import (  # noqa: F401  (re-exported for the losses)
+    cosine_similarity,
+    euclidean_from_cosine,
+    gather_global,
+    global_sum,
+    l2_normalize,
+    log1p_sum_exp,
+    log_of_shifted_sum,
+    masked_logsumexp,
+    masked_mean,
+    maybe_global_sum,
+    safe_sqrt,
+)
+
 Array = jax.Array
 
-# Euclidean distances below sqrt(_SQRT_EPS) are reported as 0 with a zero
-# gradient, instead of the infinite derivative of sqrt at 0.
-_SQRT_EPS = 1e-12
-_NORM_EPS = 1e-12
-
 
 # ----------------------------------------------------------------------------
-# Trace-time input checks.
+# Trace-time input checks (chex assertions, re-raised as the ValueError /
+# TypeError that names the fix).
 # ----------------------------------------------------------------------------
+
+
+def _require(assertion, error, message: str) -> None:
+  """Runs a chex ``assertion``; raises ``error(message)`` if it fails."""
+  try:
+    assertion()
+  except AssertionError as e:
+    raise error(f"{message} ({e})") from None
+
+
+def check_rank(x, rank: int, message: str) -> None:
+  _require(lambda: chex.assert_rank(x, rank), ValueError, message)
+
+
+def check_floating(x, message: str) -> None:
+  _require(lambda: chex.assert_type(x, float), TypeError, message)
+
+
+def _check_integer(x, message: str) -> None:
+  _require(lambda: chex.assert_type(x, int), TypeError, message)
+
+
+def _check_dim(x, axis: int, size: int, message: str) -> None:
+  _require(lambda: chex.assert_axis_dimension(x, axis, size), ValueError,
+           message)
+
+
+def check_matrix(matrix, name: str, what: str, fix: str = "") -> Array:
+  """Checks a rank-2 float matrix and returns it as float32.
+
+  Args:
+    matrix: the array.
+    name: its argument name.
+    what: its axes in words, e.g. ``"[batch, dim]"``.
+    fix: an extra hint for a wrong rank.
+  """
+  matrix = jnp.asarray(matrix)
+  check_rank(matrix, 2, f"`{name}` must have rank 2 ({what}); got shape "
+                        f"{matrix.shape}.{fix}")
+  check_floating(matrix, f"`{name}` must be a floating array (float32 or "
+                         f"bfloat16); got dtype {matrix.dtype}. Cast it with "
+                         "`.astype(jnp.float32)`.")
+  return matrix.astype(jnp.float32)
 
 
 def check_embeddings(embeddings, name: str = "embeddings") -> Array:
   """Checks a ``[B, D]`` float array and returns it cast to float32."""
-  embeddings = jnp.asarray(embeddings)
-  if embeddings.ndim != 2:
-    raise ValueError(
-        f"`{name}` must have rank 2 ([batch, dim]); got shape "
-        f"{embeddings.shape}. Reshape it to [batch, dim]."
-    )
-  if not jnp.issubdtype(embeddings.dtype, jnp.floating):
-    raise TypeError(
-        f"`{name}` must be a floating array (float32 or bfloat16); got dtype "
-        f"{embeddings.dtype}. Cast it with `.astype(jnp.float32)`."
-    )
-  return embeddings.astype(jnp.float32)
+  return check_matrix(embeddings, name, "[batch, dim]",
+                      " Reshape it to [batch, dim].")
 
 
 def check_labels(labels, batch_size: int, name: str = "labels") -> Array:
   """Checks an integer ``[batch_size]`` label vector and returns it as int32."""
   labels = jnp.asarray(labels)
-  if labels.ndim != 1:
-    raise ValueError(
-        f"`{name}` must have rank 1 ([batch]); got shape {labels.shape}."
-    )
-  if not jnp.issubdtype(labels.dtype, jnp.integer):
-    raise TypeError(
-        f"`{name}` must be an integer array of class ids; got dtype "
-        f"{labels.dtype}. Cast it with `.astype(jnp.int32)`."
-    )
-  if labels.shape[0] != batch_size:
-    raise ValueError(
-        f"`{name}` has length {labels.shape[0]} but the batch has "
-        f"{batch_size} embeddings; they must match."
-    )
+  check_rank(labels, 1, f"`{name}` must have rank 1 ([batch]); got shape "
+                        f"{labels.shape}.")
+  _check_integer(labels,
+                 f"`{name}` must be an integer array of class ids; got dtype "
+                 f"{labels.dtype}. Cast it with `.astype(jnp.int32)`.")
+  _check_dim(labels, 0, batch_size,
+             f"`{name}` has length {labels.shape[0]} but the batch has "
+             f"{batch_size} embeddings; they must match.")
   return labels.astype(jnp.int32)
 
 
 def check_class_vectors(vectors, dim: int, name: str = "proxies") -> Array:
   """Checks a ``[C, D]`` float array of proxies / class weights / centers."""
-  vectors = jnp.asarray(vectors)
-  if vectors.ndim != 2:
-    raise ValueError(
-        f"`{name}` must have rank 2 ([num_classes, dim]); got shape "
-        f"{vectors.shape}."
-    )
-  if not jnp.issubdtype(vectors.dtype, jnp.floating):
-    raise TypeError(f"`{name}` must be a floating array; got {vectors.dtype}.")
-  if vectors.shape[1] != dim:
-    raise ValueError(
-        f"`{name}` has dimension {vectors.shape[1]} but the embeddings have "
-        f"dimension {dim}; they must match."
-    )
-  return vectors.astype(jnp.float32)
+  vectors = check_matrix(vectors, name, "[num_classes, dim]")
+  _check_dim(vectors, 1, dim,
+             f"`{name}` has dimension {vectors.shape[1]} but the embeddings "
+             f"have dimension {dim}; they must match.")
+  return vectors
 
 
 def check_similarity(similarity, labels, name: str = "similarity"):
   """Checks a square ``[B, B]`` similarity matrix and its ``[B]`` labels."""
-  similarity = jnp.asarray(similarity)
-  if similarity.ndim != 2 or similarity.shape[0] != similarity.shape[1]:
-    raise ValueError(
-        f"`{name}` must be a square [batch, batch] matrix; got shape "
-        f"{similarity.shape}."
-    )
-  if not jnp.issubdtype(similarity.dtype, jnp.floating):
-    raise TypeError(f"`{name}` must be a floating array; got {similarity.dtype}.")
+  similarity = check_matrix(similarity, name, "[batch, batch]")
+  _check_dim(similarity, 1, similarity.shape[0],
+             f"`{name}` must be a square [batch, batch] matrix; got shape "
+             f"{similarity.shape}.")
   labels = check_labels(labels, similarity.shape[0])
-  return similarity.astype(jnp.float32), labels
+  return similarity, labels
+
+
+def check_shape(x, shape, message: str):
+  """Checks that ``x`` has ``shape`` (ValueError ``message`` otherwise)."""
+  x = jnp.asarray(x)
+  _require(lambda: chex.assert_shape(x, tuple(shape)), ValueError, message)
+  return x
 
 
 def check_mask(mask, shape, name: str):
   """Checks an optional ``[M, N]`` pair mask and returns it as bool (or None)."""
   if mask is None:
     return None
-  mask = jnp.asarray(mask)
-  if mask.shape != tuple(shape):
-    raise ValueError(
-        f"`{name}` must have the shape of the similarity matrix {tuple(shape)};"
-        f" got {mask.shape}."
-    )
+  mask = check_shape(mask, shape,
+                     f"`{name}` must have the shape of the similarity matrix "
+                     f"{tuple(shape)}; got {jnp.shape(mask)}.")
   return mask.astype(bool)
 
 
@@ -127,45 +157,10 @@ def check_positive(value, name: str):
     raise ValueError(f"`{name}` must be > 0; got {value}.")
 
 
-# ----------------------------------------------------------------------------
-# Similarities and distances.
-# ----------------------------------------------------------------------------
-
-
-def l2_normalize(x: Array, axis: int = -1) -> Array:
-  """L2-normalises along ``axis`` in float32; zero vectors stay zero (finite grad).
-
-  The vector is first divided by its largest absolute entry (a constant for
-  differentiation: the result does not depend on it), so huge norms whose
-  square would overflow float32 keep their direction.
-  """
-  x = x.astype(jnp.float32)
-  scale = jnp.max(jnp.abs(x), axis=axis, keepdims=True)
-  scale = jax.lax.stop_gradient(jnp.where(scale > 0, scale, 1.0))
-  # Two steps: XLA may rewrite x / scale as x * (1 / scale), and 1 / scale is
-  # flushed to zero for scale above ~8.5e37; 1 / sqrt(scale) never is.
-  root = jnp.sqrt(scale)
-  x = x / root / root
-  sq = jnp.sum(x * x, axis=axis, keepdims=True)
-  return x * jax.lax.rsqrt(jnp.maximum(sq, _NORM_EPS**2))
-
-
-def cosine_similarity(a: Array, b: Array) -> Array:
-  """``[M, D] x [N, D] -> [M, N]`` cosine similarities, float32."""
-  return jnp.matmul(
-      l2_normalize(a), l2_normalize(b).T, precision=jax.lax.Precision.HIGHEST
-  )
-
-
-def safe_sqrt(x: Array) -> Array:
-  """sqrt with value 0 and gradient 0 at (numerically) zero arguments."""
-  positive = x > _SQRT_EPS
-  return jnp.where(positive, jnp.sqrt(jnp.where(positive, x, 1.0)), 0.0)
-
-
-def euclidean_from_cosine(similarity: Array) -> Array:
-  """Euclidean distance between unit vectors: ``sqrt(2 - 2 cos)``."""
-  return safe_sqrt(jnp.maximum(2.0 - 2.0 * similarity, 0.0))
+def check_nonnegative(value, name: str, why: str = ""):
+  """Checks (when concrete) that a hyperparameter is >= 0."""
+  if isinstance(value, (int, float)) and not value >= 0:
+    raise ValueError(f"`{name}` must be >= 0{why}; got {value}.")
 
 
 # ----------------------------------------------------------------------------
@@ -217,21 +212,6 @@ def pair_masks(
 # ----------------------------------------------------------------------------
 
 
-def masked_logsumexp(x: Array, mask: Array, axis: int = -1) -> Array:
-  """``log(sum(mask * exp(x)))`` along ``axis``; ``-inf`` (zero grad) if empty.
-
-  Max-shifted, and never evaluates ``exp`` of a masked-out entry, so masked
-  entries may hold any value (even inf or NaN-free huge numbers) without
-  affecting the value or the gradient.
-  """
-  x = x.astype(jnp.float32)
-  m = jnp.max(jnp.where(mask, x, -jnp.inf), axis=axis, keepdims=True)
-  m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
-  shifted = jnp.where(mask, x - m, -jnp.inf)
-  s = jnp.sum(jnp.exp(shifted), axis=axis, keepdims=True)
-  return jnp.squeeze(log_of_shifted_sum(s, m), axis=axis)
-
-
 def two_set_exp(
     logit_p: Array,
     logit_n: Array,
@@ -278,19 +258,6 @@ def two_set_exp(
   return e, m_p, m_n
 
 
-def log_of_shifted_sum(s: Array, m: Array) -> Array:
-  """``log(s) + m``; ``-inf`` (zero grad) for an empty set (``s == 0``).
-
-  A non-empty set has ``s`` of about 1 or more: its maximum contributes
-  ``exp(0)``, or slightly less when XLA recomputes that logit with other
-  rounding (visible at large temperatures), so emptiness is tested as
-  ``s == 0``, not against 1. A NaN sum stays NaN, so non-finite inputs are
-  never mistaken for an empty set.
-  """
-  empty = s == 0
-  return jnp.where(empty, -jnp.inf, jnp.log(jnp.where(empty, 1.0, s)) + m)
-
-
 def two_set_logsumexp(
     logit_p: Array,
     logit_n: Array,
@@ -314,64 +281,9 @@ def two_set_logsumexp(
           jnp.squeeze(log_of_shifted_sum(s_n, m_n), -1))
 
 
-def log1p_sum_exp(x: Array, mask: Array, axis: int = -1) -> Array:
-  """``log(1 + sum(mask * exp(x)))``: 0 with zero gradient when empty."""
-  return jnp.logaddexp(0.0, masked_logsumexp(x, mask, axis=axis))
-
-
-def masked_mean(x: Array, mask: Array, axis: int = -1) -> Array:
-  """Mean of the masked entries along ``axis``; 0 (zero grad) when empty."""
-  mask = mask.astype(jnp.float32)
-  total = jnp.sum(jnp.where(mask > 0, x, 0.0) * mask, axis=axis)
-  count = jnp.sum(mask, axis=axis)
-  return total / jnp.maximum(count, 1.0)
-
-
 # ----------------------------------------------------------------------------
 # Global batch across devices.
 # ----------------------------------------------------------------------------
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def global_sum(x: Array, axis_name) -> Array:
-  """``psum`` over ``axis_name`` whose backward pass is the identity.
-
-  The loss of the global batch is ``sum_d l_d`` over devices. Its gradient with
-  respect to ``l_d`` is 1 on every device; a plain ``psum`` transposes to
-  another ``psum`` under ``jax.pmap`` (scaling gradients by the device count),
-  while this one gives exact gradients under both ``pmap`` and ``shard_map``.
-  """
-  return jax.lax.psum(x, axis_name)
-
-
-def _global_sum_fwd(x, axis_name):
-  return jax.lax.psum(x, axis_name), None
-
-
-def _global_sum_bwd(axis_name, _, ct):
-  try:
-    ct = jax.lax.pcast(ct, axis_name, to="varying")
-  except (ValueError, TypeError, NotImplementedError):  # pmap: already varying
-    pass
-  return (ct,)
-
-
-global_sum.defvjp(_global_sum_fwd, _global_sum_bwd)
-
-
-def maybe_global_sum(x: Array, axis_name) -> Array:
-  return x if axis_name is None else global_sum(x, axis_name)
-
-
-def gather_global(x: Array, axis_name) -> Array:
-  """All-gathers ``x`` along its leading axis (no-op without ``axis_name``).
-
-  The gradient flows back to every device's shard (all_gather transposes to
-  a reduce-scatter), so the global loss is differentiated exactly.
-  """
-  if axis_name is None:
-    return x
-  return jax.lax.all_gather(x, axis_name, axis=0, tiled=True)
 
 
 def local_row_offset(local_batch: int, axis_name):

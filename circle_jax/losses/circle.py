@@ -1,7 +1,8 @@
 """Circle loss and the unified loss of pair similarity (Sun et al., CVPR 2020).
 
-Both losses are written as functions of a similarity block ``[M, N]`` (a
-private per-anchor core), exposed as a square similarity-matrix form
+Both losses are rules on a similarity block ``[M, N]`` (:class:`Circle`,
+:class:`Unified`, run by the dense and blockwise engines of
+:mod:`circle_jax.losses.engines`), exposed as a square similarity-matrix form
 (``*_from_similarity``, used by :func:`circle_jax.losses.pair_weights`) and as
 thin embedding wrappers that build the cosine-similarity block, including the
 global batch across devices (``axis_name``). The class-level variants compare
@@ -23,118 +24,91 @@ References:
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
 from circle_jax.losses import _common
-from circle_jax.losses import blockwise
+from circle_jax.losses import engines
 
 Array = jax.Array
 
 
 # ----------------------------------------------------------------------------
-# Per-anchor cores on an [M, N] similarity block.
+# Rules (run by circle_jax.losses.engines).
 # ----------------------------------------------------------------------------
 
 
-def _circle_per_anchor(
-    similarity: Array,
-    pos: Array,
-    neg: Array,
-    *,
-    margin,
-    gamma,
-) -> Tuple[Array, Array]:
-  """Per-anchor Circle loss of an ``[M, N]`` block.
-
-  Args:
-    similarity: ``[M, N]`` float32 similarities of ``M`` anchors to ``N``
-      candidates.
-    pos: ``[M, N]`` bool, the positive pairs of each anchor.
-    neg: ``[M, N]`` bool, the negative pairs of each anchor.
-    margin: relaxation ``m``.
-    gamma: scale ``gamma``.
-
-  Returns:
-    ``(per_anchor, valid)``, both ``[M]``: the loss of each anchor (0 where
-    not valid) and whether the anchor has at least one positive and one
-    negative.
-  """
-  s = similarity
-  # Optimum O_p = 1 + m, O_n = -m; margins Delta_p = 1 - m, Delta_n = m. The
-  # weights alpha are constants in backprop (the paper scales the gradient by
-  # them; it does not differentiate them).
-  alpha_p = jax.lax.stop_gradient(jax.nn.relu(1.0 + margin - s))
-  alpha_n = jax.lax.stop_gradient(jax.nn.relu(s + margin))
-  logit_p = -gamma * alpha_p * (s - (1.0 - margin))
-  logit_n = gamma * alpha_n * (s - margin)
-  return _softplus_of_lse_sum(logit_p, logit_n, pos, neg)
+def _check_gamma(gamma):
+  _common.check_positive(gamma, "gamma")
 
 
-def _unified_per_anchor(
-    similarity: Array,
-    pos: Array,
-    neg: Array,
-    *,
-    gamma,
-    margin,
-) -> Tuple[Array, Array]:
-  """Per-anchor unified loss (eq. 1) of an ``[M, N]`` block; see above."""
-  s = similarity
-  return _softplus_of_lse_sum(-gamma * s, gamma * (s + margin), pos, neg)
-
-
-def _softplus_of_lse_sum(logit_p, logit_n, pos, neg):
-  """``log(1 + sum_n exp(logit_n) * sum_p exp(logit_p))`` per row, masked.
-
-  Written as ``softplus(lse_n + lse_p)`` with masked, max-shifted logsumexps,
-  so it is finite for any scale. Rows with an empty positive or negative set
-  give 0 with a zero gradient.
-  """
-  lse_p, lse_n = _common.two_set_logsumexp(logit_p, logit_n, pos, neg)
-  # A set is empty exactly when its logsumexp is -inf (NaN stays NaN).
-  valid = (lse_p != -jnp.inf) & (lse_n != -jnp.inf)
+def _softplus_of_sum(lse_p, lse_n):
+  """``log(1 + sum_n exp(logit_n) * sum_p exp(logit_p))`` from the two
+  logsumexps: ``softplus(lse_p + lse_n)``, finite for any scale. An anchor
+  with an empty set (``lse = -inf``) gives 0 with a zero gradient."""
+  valid = engines.both_sets_nonempty(lse_p, lse_n)
   x = jnp.where(valid, lse_p + lse_n, 0.0)
   return jnp.where(valid, jax.nn.softplus(x), 0.0), valid
 
 
-# ----------------------------------------------------------------------------
-# Shared plumbing.
-# ----------------------------------------------------------------------------
+@engines.rule_dataclass
+class Circle(engines.PairRule):
+  """Circle loss rule (eq. 6 with ``O_p = 1 + m``, ``O_n = -m``,
+  ``Delta_p = 1 - m``, ``Delta_n = m``); its fields are the pair-wise forms'
+  defaults.
+
+  Attributes:
+    margin: relaxation ``m``.
+    gamma: scale ``gamma`` (> 0).
+  """
+
+  margin: float = 0.4
+  gamma: float = 80.0
+
+  def __post_init__(self):
+    _check_gamma(self.gamma)
+
+  def logits(self, s):
+    # The weights alpha are constants in backprop (the paper scales the
+    # gradient by them; it does not differentiate them).
+    alpha_p = jax.lax.stop_gradient(jax.nn.relu(1.0 + self.margin - s))
+    alpha_n = jax.lax.stop_gradient(jax.nn.relu(s + self.margin))
+    logit_p = -self.gamma * alpha_p * (s - (1.0 - self.margin))
+    logit_n = self.gamma * alpha_n * (s - self.margin)
+    return logit_p, logit_n
+
+  def combine(self, lse_p, lse_n):
+    return _softplus_of_sum(lse_p, lse_n)
 
 
-def _check_hyper(gamma):
-  _common.check_positive(gamma, "gamma")
+@engines.rule_dataclass
+class Unified(engines.PairRule):
+  """Unified loss rule (eq. 1): ``softplus(LSE_N gamma (s_n + m) + LSE_P
+  -gamma s_p)``; its fields are the pair-wise forms' defaults.
+
+  Attributes:
+    gamma: scale ``gamma`` (> 0).
+    margin: margin ``m``.
+  """
+
+  gamma: float = 80.0
+  margin: float = 0.4
+
+  def __post_init__(self):
+    _check_gamma(self.gamma)
+
+  def logits(self, s):
+    return -self.gamma * s, self.gamma * (s + self.margin)
+
+  def combine(self, lse_p, lse_n):
+    return _softplus_of_sum(lse_p, lse_n)
 
 
-def _from_similarity(core, similarity, labels, pos_mask, neg_mask, **hyper):
-  similarity, labels = _common.check_similarity(similarity, labels)
-  pos, neg = _common.pair_masks(labels, labels, 0, pos_mask, neg_mask)
-  per_anchor, valid = core(similarity, pos, neg, **hyper)
-  return _common.to_float32_scalar(_common.mean_over_valid(per_anchor, valid))
-
-
-def _from_embeddings(core, embeddings, labels, axis_name, pos_mask, neg_mask,
-                     **hyper):
-  similarity, pos, neg, _ = _common.pair_block(
-      embeddings, labels, axis_name, pos_mask, neg_mask)
-  per_anchor, valid = core(similarity, pos, neg, **hyper)
-  return _common.to_float32_scalar(
-      _common.mean_over_valid(per_anchor, valid, axis_name))
-
-
-def _class_level(core, embeddings, labels, class_weights, **hyper):
-  embeddings = _common.check_embeddings(embeddings)
-  labels = _common.check_labels(labels, embeddings.shape[0])
-  class_weights = _common.check_class_vectors(
-      class_weights, embeddings.shape[1], name="class_weights")
-  similarity = _common.cosine_similarity(embeddings, class_weights)
-  classes = jnp.arange(class_weights.shape[0], dtype=labels.dtype)
-  pos = labels[:, None] == classes[None, :]
-  per_sample, _ = core(similarity, pos, ~pos, **hyper)
-  return _common.to_float32_scalar(jnp.mean(per_sample))
+# Class-level defaults (face recognition settings of the paper).
+_CIRCLE_CLASS_LEVEL = Circle(margin=0.25, gamma=256.0)
+_UNIFIED_CLASS_LEVEL = Unified(gamma=64.0, margin=0.35)
 
 
 # ----------------------------------------------------------------------------
@@ -146,8 +120,8 @@ def circle_loss_from_similarity(
     similarity: Array,
     labels: Array,
     *,
-    margin: float = 0.4,
-    gamma: float = 80.0,
+    margin: float = Circle.margin,
+    gamma: float = Circle.gamma,
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
 ) -> Array:
@@ -189,17 +163,16 @@ def circle_loss_from_similarity(
     Sun et al., "Circle Loss: A Unified Perspective of Pair Similarity
     Optimization", CVPR 2020, eqs. (6), (9), (10).
   """
-  _check_hyper(gamma)
-  return _from_similarity(_circle_per_anchor, similarity, labels, pos_mask,
-                          neg_mask, margin=margin, gamma=gamma)
+  return engines.matrix_loss(Circle(margin=margin, gamma=gamma), similarity,
+                             labels, pos_mask=pos_mask, neg_mask=neg_mask)
 
 
 def circle_loss(
     embeddings: Array,
     labels: Array,
     *,
-    margin: float = 0.4,
-    gamma: float = 80.0,
+    margin: float = Circle.margin,
+    gamma: float = Circle.gamma,
     axis_name=None,
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
@@ -236,7 +209,7 @@ def circle_loss(
       ``custom_vjp`` that recomputes blocks in the backward pass), so memory
       is ``O(block_size^2 + B * D)`` instead of ``O(B^2)``; values and gradients
       equal the dense ones to float32 rounding. See
-      :mod:`circle_jax.losses.blockwise`.
+      :mod:`circle_jax.losses.engines`.
 
   Returns:
     float32 scalar: the mean over anchors that have at least one positive and
@@ -246,14 +219,10 @@ def circle_loss(
     Sun et al., "Circle Loss: A Unified Perspective of Pair Similarity
     Optimization", CVPR 2020, eq. (6).
   """
-  if block_size is not None:
-    return blockwise.circle_loss_blockwise(
-        embeddings, labels, block_size=block_size, margin=margin,
-        gamma=gamma, axis_name=axis_name, pos_mask=pos_mask,
-        neg_mask=neg_mask)
-  _check_hyper(gamma)
-  return _from_embeddings(_circle_per_anchor, embeddings, labels, axis_name,
-                          pos_mask, neg_mask, margin=margin, gamma=gamma)
+  return engines.embedding_loss(
+      Circle(margin=margin, gamma=gamma), embeddings, labels,
+      axis_name=axis_name, pos_mask=pos_mask, neg_mask=neg_mask,
+      block_size=block_size)
 
 
 def circle_loss_class_level(
@@ -261,8 +230,8 @@ def circle_loss_class_level(
     labels: Array,
     class_weights: Array,
     *,
-    margin: float = 0.25,
-    gamma: float = 256.0,
+    margin: float = _CIRCLE_CLASS_LEVEL.margin,
+    gamma: float = _CIRCLE_CLASS_LEVEL.gamma,
 ) -> Array:
   r"""Circle loss with class-level labels (face recognition / re-ID form).
 
@@ -296,9 +265,8 @@ def circle_loss_class_level(
     Sun et al., "Circle Loss: A Unified Perspective of Pair Similarity
     Optimization", CVPR 2020, eq. (6) with class-level labels.
   """
-  _check_hyper(gamma)
-  return _class_level(_circle_per_anchor, embeddings, labels, class_weights,
-                      margin=margin, gamma=gamma)
+  return engines.class_level_loss(Circle(margin=margin, gamma=gamma),
+                                  embeddings, labels, class_weights)
 
 
 # ----------------------------------------------------------------------------
@@ -310,8 +278,8 @@ def unified_loss_from_similarity(
     similarity: Array,
     labels: Array,
     *,
-    gamma: float = 80.0,
-    margin: float = 0.4,
+    gamma: float = Unified.gamma,
+    margin: float = Unified.margin,
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
 ) -> Array:
@@ -344,20 +312,20 @@ def unified_loss_from_similarity(
     Sun et al., "Circle Loss: A Unified Perspective of Pair Similarity
     Optimization", CVPR 2020, eqs. (1) and (3).
   """
-  _check_hyper(gamma)
-  return _from_similarity(_unified_per_anchor, similarity, labels, pos_mask,
-                          neg_mask, gamma=gamma, margin=margin)
+  return engines.matrix_loss(Unified(gamma=gamma, margin=margin), similarity,
+                             labels, pos_mask=pos_mask, neg_mask=neg_mask)
 
 
 def unified_loss(
     embeddings: Array,
     labels: Array,
     *,
-    gamma: float = 80.0,
-    margin: float = 0.4,
+    gamma: float = Unified.gamma,
+    margin: float = Unified.margin,
     axis_name=None,
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
+    block_size: Optional[int] = None,
 ) -> Array:
   r"""Unified loss of pair similarity (eq. 1) with pair-wise labels.
 
@@ -379,6 +347,8 @@ def unified_loss(
       :func:`circle_loss`).
     pos_mask: optional ``[B, B_global]`` bool mask of usable positive pairs.
     neg_mask: optional ``[B, B_global]`` bool mask of usable negative pairs.
+    block_size: ``None`` (dense) or the block size of the blockwise engine
+      (see :func:`circle_loss`).
 
   Returns:
     float32 scalar: the mean over valid anchors (0 when there is none).
@@ -387,9 +357,10 @@ def unified_loss(
     Sun et al., "Circle Loss: A Unified Perspective of Pair Similarity
     Optimization", CVPR 2020, eq. (1).
   """
-  _check_hyper(gamma)
-  return _from_embeddings(_unified_per_anchor, embeddings, labels, axis_name,
-                          pos_mask, neg_mask, gamma=gamma, margin=margin)
+  return engines.embedding_loss(
+      Unified(gamma=gamma, margin=margin), embeddings, labels,
+      axis_name=axis_name, pos_mask=pos_mask, neg_mask=neg_mask,
+      block_size=block_size)
 
 
 def unified_loss_class_level(
@@ -397,8 +368,8 @@ def unified_loss_class_level(
     labels: Array,
     class_weights: Array,
     *,
-    gamma: float = 64.0,
-    margin: float = 0.35,
+    gamma: float = _UNIFIED_CLASS_LEVEL.gamma,
+    margin: float = _UNIFIED_CLASS_LEVEL.margin,
 ) -> Array:
   r"""Unified loss (eq. 1) with class-level labels: AM-Softmax (eq. 2).
 
@@ -431,6 +402,5 @@ def unified_loss_class_level(
     Optimization", CVPR 2020, eqs. (1)-(2). Wang et al., "Additive Margin
     Softmax for Face Verification", IEEE SPL 2018.
   """
-  _check_hyper(gamma)
-  return _class_level(_unified_per_anchor, embeddings, labels, class_weights,
-                      gamma=gamma, margin=margin)
+  return engines.class_level_loss(Unified(gamma=gamma, margin=margin),
+                                  embeddings, labels, class_weights)

@@ -68,11 +68,9 @@ def softmax_loss(
   x, labels, w = _inputs(embeddings, labels, class_weights)
   logits = jnp.matmul(x, w.T, precision=jax.lax.Precision.HIGHEST)
   if bias is not None:
-    bias = jnp.asarray(bias)
-    if bias.shape != (w.shape[0],):
-      raise ValueError(
-          f"`bias` must have shape [num_classes] = ({w.shape[0]},); got "
-          f"{bias.shape}.")
+    bias = _common.check_shape(
+        bias, (w.shape[0],), f"`bias` must have shape [num_classes] = "
+        f"({w.shape[0]},); got {jnp.shape(bias)}.")
     logits = logits + bias.astype(jnp.float32)
   onehot = jax.nn.one_hot(labels, w.shape[0], dtype=bool)
   return _cross_entropy(logits, onehot, axis_name)

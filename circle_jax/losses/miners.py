@@ -31,6 +31,8 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax.losses import _common
+from circle_jax.losses import engines
+from circle_jax.losses.multi_similarity import MultiSimilarity
 
 Array = jax.Array
 
@@ -42,11 +44,6 @@ def _block(embeddings, labels, axis_name):
   """Stop-gradient cosine block ``[M, N]`` and its label masks."""
   sim, pos, neg, offset = _common.pair_block(embeddings, labels, axis_name)
   return jax.lax.stop_gradient(sim), pos, neg, offset
-
-
-def _check_nonnegative(value, name):
-  if isinstance(value, (int, float)) and value < 0:
-    raise ValueError(f"`{name}` must be >= 0; got {value}.")
 
 
 def sort_masked_rows(values: Array, mask: Array):
@@ -83,15 +80,6 @@ def take_rows(x: Array, idx: Array) -> Array:
 # ----------------------------------------------------------------------------
 # Mask cores on an [M, N] block (shared with the losses).
 # ----------------------------------------------------------------------------
-
-
-def multi_similarity_masks(sim, pos, neg, *, epsilon):
-  """MS mining on a similarity block; see :func:`multi_similarity_miner`."""
-  min_pos = jnp.min(jnp.where(pos, sim, jnp.inf), axis=1, keepdims=True)
-  max_neg = jnp.max(jnp.where(neg, sim, -jnp.inf), axis=1, keepdims=True)
-  keep_neg = neg & (sim + epsilon > min_pos)
-  keep_pos = pos & (sim - epsilon < max_neg)
-  return keep_pos, keep_neg
 
 
 def batch_hard_masks(dist, pos, neg):
@@ -219,7 +207,7 @@ def multi_similarity_miner(
     embeddings: Array,
     labels: Array,
     *,
-    epsilon: float = 0.1,
+    epsilon: float = MultiSimilarity.epsilon,
     axis_name: Optional[str] = None,
 ) -> Tuple[Array, Array]:
   r"""Multi-Similarity pair mining (Wang et al. 2019, Sec. 4.1).
@@ -247,9 +235,9 @@ def multi_similarity_miner(
     Wang et al., "Multi-Similarity Loss with General Pair Weighting for Deep
     Metric Learning", CVPR 2019, eqs. 4-5.
   """
-  _check_nonnegative(epsilon, "epsilon")
+  rule = MultiSimilarity(epsilon=epsilon)  # the loss's own mining
   sim, pos, neg, _ = _block(embeddings, labels, axis_name)
-  return multi_similarity_masks(sim, pos, neg, epsilon=epsilon)
+  return engines.selected_pairs(rule, sim, pos, neg)
 
 
 def batch_hard_miner(
@@ -312,7 +300,7 @@ def semi_hard_miner(
     Schroff, Kalenichenko, Philbin, "FaceNet: A Unified Embedding for Face
     Recognition and Clustering", CVPR 2015, Sec. 3.2.
   """
-  _check_nonnegative(margin, "margin")
+  _common.check_nonnegative(margin, "margin")
   sim, pos, neg, _ = _block(embeddings, labels, axis_name)
   return semi_hard_masks(_common.euclidean_from_cosine(sim), pos, neg,
                          margin=margin)
@@ -396,7 +384,7 @@ def distance_weighted_miner(
     Wu, Manmatha, Smola, Kraehenbuehl, "Sampling Matters in Deep Embedding
     Learning", ICCV 2017, eq. 4 and Sec. 4.
   """
-  _check_nonnegative(cutoff, "cutoff")
+  _common.check_nonnegative(cutoff, "cutoff")
   sim, pos, neg, offset = _block(embeddings, labels, axis_name)
   dist = _common.euclidean_from_cosine(sim)
   return distance_weighted_weights(

@@ -1,7 +1,7 @@
 """Multi-Similarity loss with its pair mining (Wang et al., CVPR 2019).
 
-The loss is written as a function of a similarity block ``[M, N]`` (private
-per-anchor core ``_ms_per_anchor``), exposed as a square similarity-matrix form
+The loss is a rule on a similarity block ``[M, N]`` (:class:`MultiSimilarity`,
+run by :mod:`circle_jax.losses.engines`), exposed as a square similarity-matrix form
 (:func:`multi_similarity_loss_from_similarity`, differentiated by
 :func:`circle_jax.losses.pair_weights`) and as an embedding wrapper
 (:func:`multi_similarity_loss`) that supports the global batch across devices.
@@ -27,86 +27,81 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax.losses import _common
-from circle_jax.losses import blockwise
+from circle_jax.losses import engines
 
 Array = jax.Array
 
 
-def _ms_mine(similarity: Array, pos: Array, neg: Array, *, epsilon,
-             mining: bool) -> Tuple[Array, Array, Array, Array]:
-  """The paper's pair mining; the decisions carry no gradient.
+@engines.rule_dataclass(meta=("mining",))
+class MultiSimilarity(engines.PairRule):
+  """Multi-Similarity rule: the paper's pair mining and two soft-plus terms.
 
-  A negative ``j`` of anchor ``i`` is kept if ``S_ij + epsilon > min_k S_ik``
-  over the positives ``k``; a positive if ``S_ij - epsilon < max_k S_ik`` over
-  the negatives ``k``. Both thresholds use the unmined sets.
+  Its fields are the defaults of every form of the loss (and of
+  :func:`circle_jax.losses.multi_similarity_miner`'s ``epsilon``).
 
-  Returns:
-    ``(pos, neg, min_pos, max_neg)``: the mined masks and the ``[M, 1]``
-    minimum positive and maximum negative similarity (``+inf`` / ``-inf`` for
-    an empty set). Mining keeps the extreme pair of a set whenever it keeps
-    any, so these are also the extremes of the mined sets.
+  Mining (``mining=True``): a negative ``j`` of anchor ``i`` is kept if
+  ``S_ij + epsilon > min_k S_ik`` over the positives ``k``; a positive if
+  ``S_ij - epsilon < max_k S_ik`` over the negatives ``k``. Both thresholds
+  come from the unmined sets (the pre-pass) and the decisions carry no
+  gradient. Mining keeps the extreme pair of a set whenever it keeps any,
+  so the pre-pass statistics also give each mined set's logit maximum.
+
+  Attributes:
+    alpha: positive scale ``alpha`` (> 0; official code: 2, "scale_pos").
+    beta: negative scale ``beta`` (> 0; default 50, the official code's
+      configs use 40, "scale_neg").
+    base: similarity margin ``lambda`` (official code: 0.5, "thresh").
+    epsilon: mining margin ``epsilon`` (>= 0; official code: 0.1, "margin").
+    mining: apply the pair mining (static).
   """
-  s = jax.lax.stop_gradient(similarity)
-  min_pos = jnp.min(jnp.where(pos, s, jnp.inf), axis=-1, keepdims=True)
-  max_neg = jnp.max(jnp.where(neg, s, -jnp.inf), axis=-1, keepdims=True)
-  if mining:
-    pos, neg = pos & (s - epsilon < max_neg), neg & (s + epsilon > min_pos)
-  return pos, neg, min_pos, max_neg
 
+  alpha: float = 2.0
+  beta: float = 50.0
+  base: float = 0.5
+  epsilon: float = 0.1
+  mining: bool = True
 
-def _ms_per_anchor(
-    similarity: Array,
-    pos: Array,
-    neg: Array,
-    *,
-    alpha,
-    beta,
-    base,
-    epsilon,
-    mining: bool,
-) -> Tuple[Array, Array]:
-  """Per-anchor MS loss of an ``[M, N]`` block.
+  prepass = (("min", "pos"), ("max", "neg"))
+  reduction = "batch_mean"
 
-  Args:
-    similarity: ``[M, N]`` float32 similarities.
-    pos: ``[M, N]`` bool positive pairs (before mining).
-    neg: ``[M, N]`` bool negative pairs (before mining).
-    alpha, beta, base, epsilon, mining: see :func:`multi_similarity_loss`.
+  def __post_init__(self):
+    _common.check_positive(self.alpha, "alpha")
+    _common.check_positive(self.beta, "beta")
+    _common.check_nonnegative(self.epsilon, "epsilon")
 
-  Returns:
-    ``(per_anchor, valid)``, both ``[M]``; ``valid`` marks anchors whose mined
-    positive and negative sets are both non-empty (others give 0).
-  """
-  s = similarity
-  pos, neg, min_pos, max_neg = _ms_mine(s, pos, neg, epsilon=epsilon,
-                                        mining=mining)
-  # One exp per pair for both sets, shifted by the set maxima that the
-  # mining statistics already give; an empty set has lse = -inf (NaN stays).
-  lse_p, lse_n = _common.two_set_logsumexp(
-      -alpha * (s - base), beta * (s - base), pos, neg,
-      shift=(-alpha * (min_pos - base), beta * (max_neg - base)))
-  valid = (lse_p != -jnp.inf) & (lse_n != -jnp.inf)
-  pos_term = jnp.logaddexp(0.0, lse_p) / alpha
-  neg_term = jnp.logaddexp(0.0, lse_n) / beta
-  return jnp.where(valid, pos_term + neg_term, 0.0), valid
+  def select(self, s, pos, neg, pre):
+    if not self.mining:
+      return pos, neg
+    min_pos, max_neg = pre
+    return (pos & (s - self.epsilon < max_neg),
+            neg & (s + self.epsilon > min_pos))
 
+  def logits(self, s):
+    return -self.alpha * (s - self.base), self.beta * (s - self.base)
 
-def _check_hyper(alpha, beta, epsilon):
-  _common.check_positive(alpha, "alpha")
-  _common.check_positive(beta, "beta")
-  if isinstance(epsilon, (int, float)) and epsilon < 0:
-    raise ValueError(f"`epsilon` must be >= 0; got {epsilon}.")
+  def shift(self, pre):
+    min_pos, max_neg = pre
+    return (-self.alpha * (min_pos - self.base),
+            self.beta * (max_neg - self.base))
+
+  def combine(self, lse_p, lse_n):
+    # An anchor whose (mined) positive or negative set is empty contributes 0
+    # (with or without mining).
+    valid = engines.both_sets_nonempty(lse_p, lse_n)
+    pos_term = jnp.logaddexp(0.0, lse_p) / self.alpha
+    neg_term = jnp.logaddexp(0.0, lse_n) / self.beta
+    return jnp.where(valid, pos_term + neg_term, 0.0), valid
 
 
 def multi_similarity_loss_from_similarity(
     similarity: Array,
     labels: Array,
     *,
-    alpha: float = 2.0,
-    beta: float = 50.0,
-    base: float = 0.5,
-    epsilon: float = 0.1,
-    mining: bool = True,
+    alpha: float = MultiSimilarity.alpha,
+    beta: float = MultiSimilarity.beta,
+    base: float = MultiSimilarity.base,
+    epsilon: float = MultiSimilarity.epsilon,
+    mining: bool = MultiSimilarity.mining,
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
 ) -> Array:
@@ -158,23 +153,21 @@ def multi_similarity_loss_from_similarity(
     Wang et al., "Multi-Similarity Loss with General Pair Weighting for Deep
     Metric Learning", CVPR 2019.
   """
-  _check_hyper(alpha, beta, epsilon)
-  similarity, labels = _common.check_similarity(similarity, labels)
-  pos, neg = _common.pair_masks(labels, labels, 0, pos_mask, neg_mask)
-  per_anchor, _ = _ms_per_anchor(similarity, pos, neg, alpha=alpha, beta=beta,
-                                 base=base, epsilon=epsilon, mining=mining)
-  return _common.to_float32_scalar(_common.sum_over_batch(per_anchor))
+  rule = MultiSimilarity(alpha=alpha, beta=beta, base=base, epsilon=epsilon,
+                         mining=mining)
+  return engines.matrix_loss(rule, similarity, labels, pos_mask=pos_mask,
+                             neg_mask=neg_mask)
 
 
 def multi_similarity_loss(
     embeddings: Array,
     labels: Array,
     *,
-    alpha: float = 2.0,
-    beta: float = 50.0,
-    base: float = 0.5,
-    epsilon: float = 0.1,
-    mining: bool = True,
+    alpha: float = MultiSimilarity.alpha,
+    beta: float = MultiSimilarity.beta,
+    base: float = MultiSimilarity.base,
+    epsilon: float = MultiSimilarity.epsilon,
+    mining: bool = MultiSimilarity.mining,
     axis_name=None,
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
@@ -214,7 +207,7 @@ def multi_similarity_loss(
       ``custom_vjp`` that recomputes blocks in the backward pass), so memory
       is ``O(block_size^2 + B * D)`` instead of ``O(B^2)``; values and gradients
       equal the dense ones to float32 rounding. See
-      :mod:`circle_jax.losses.blockwise`.
+      :mod:`circle_jax.losses.engines`.
 
   Returns:
     float32 scalar: ``sum_i l_i / B``.
@@ -223,29 +216,22 @@ def multi_similarity_loss(
     Wang et al., "Multi-Similarity Loss with General Pair Weighting for Deep
     Metric Learning", CVPR 2019.
   """
-  if block_size is not None:
-    return blockwise.multi_similarity_loss_blockwise(
-        embeddings, labels, block_size=block_size, alpha=alpha,
-        beta=beta, base=base, epsilon=epsilon, mining=mining,
-        axis_name=axis_name, pos_mask=pos_mask, neg_mask=neg_mask)
-  _check_hyper(alpha, beta, epsilon)
-  similarity, pos, neg, _ = _common.pair_block(
-      embeddings, labels, axis_name, pos_mask, neg_mask)
-  per_anchor, _ = _ms_per_anchor(similarity, pos, neg, alpha=alpha, beta=beta,
-                                 base=base, epsilon=epsilon, mining=mining)
-  return _common.to_float32_scalar(
-      _common.sum_over_batch(per_anchor, axis_name))
+  rule = MultiSimilarity(alpha=alpha, beta=beta, base=base, epsilon=epsilon,
+                         mining=mining)
+  return engines.embedding_loss(rule, embeddings, labels, axis_name=axis_name,
+                                pos_mask=pos_mask, neg_mask=neg_mask,
+                                block_size=block_size)
 
 
 def multi_similarity_weights(
     similarity: Array,
     labels: Array,
     *,
-    alpha: float = 2.0,
-    beta: float = 50.0,
-    base: float = 0.5,
-    epsilon: float = 0.1,
-    mining: bool = True,
+    alpha: float = MultiSimilarity.alpha,
+    beta: float = MultiSimilarity.beta,
+    base: float = MultiSimilarity.base,
+    epsilon: float = MultiSimilarity.epsilon,
+    mining: bool = MultiSimilarity.mining,
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
 ) -> Tuple[Array, Array]:
@@ -281,11 +267,12 @@ def multi_similarity_weights(
     Wang et al., "Multi-Similarity Loss with General Pair Weighting for Deep
     Metric Learning", CVPR 2019.
   """
-  _check_hyper(alpha, beta, epsilon)
+  rule = MultiSimilarity(alpha=alpha, beta=beta, base=base, epsilon=epsilon,
+                         mining=mining)
   similarity, labels = _common.check_similarity(similarity, labels)
   pos, neg = _common.pair_masks(labels, labels, 0, pos_mask, neg_mask)
   s = jax.lax.stop_gradient(similarity)
-  pos, neg, _, _ = _ms_mine(s, pos, neg, epsilon=epsilon, mining=mining)
+  pos, neg = engines.selected_pairs(rule, s, pos, neg)
   valid = (jnp.any(pos, axis=-1) & jnp.any(neg, axis=-1))[:, None]
 
   def weights(logits, mask):
@@ -294,4 +281,5 @@ def multi_similarity_weights(
     return jnp.where(keep, jnp.exp(jnp.where(keep, logits - log_norm, 0.0)),
                      0.0)
 
-  return (weights(-alpha * (s - base), pos), weights(beta * (s - base), neg))
+  logit_p, logit_n = rule.logits(s)
+  return weights(logit_p, pos), weights(logit_n, neg)

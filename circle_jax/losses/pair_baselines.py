@@ -1,7 +1,7 @@
 """Baseline pair-based losses: contrastive, triplet, lifted structure, N-pair,
 margin.
 
-Every loss here has three layers, as the seed losses do:
+Every loss here has three layers:
 
 * a private core on an ``[M, N]`` distance (or similarity) block with boolean
   ``pos`` / ``neg`` masks, which also performs the (possibly global) reduction;
@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax.losses import _common
+from circle_jax.losses import engines
 from circle_jax.losses import miners as _miners
 
 Array = jax.Array
@@ -92,19 +93,58 @@ def _checked_mining(mining):
 # ----------------------------------------------------------------------------
 
 
-def _contrastive_core(dist, pos, neg, *, pos_margin, neg_margin, axis_name):
-  pos_loss = jnp.where(pos, jax.nn.relu(dist - pos_margin), 0.0)
-  neg_loss = jnp.where(neg, jax.nn.relu(neg_margin - dist), 0.0)
-  return (_ratio(pos_loss, pos_loss > 0, axis_name)
-          + _ratio(neg_loss, neg_loss > 0, axis_name))
+@engines.rule_dataclass(meta=("on_distance",))
+class Contrastive(engines.PairRule):
+  """Two-margin contrastive rule: per anchor, the sums and counts of the
+  non-zero hinges of each set, reduced to global per-pair means.
+
+  Its fields are the defaults of both forms of the loss.
+
+  Attributes:
+    pos_margin: ``m_+`` (>= 0), positives closer than this are not pulled.
+    neg_margin: ``m_-``, negatives farther than this are not pushed.
+    on_distance: the block holds distances (static); otherwise cosine
+      similarities, turned into the Euclidean distance of unit vectors.
+  """
+
+  pos_margin: float = 0.0
+  neg_margin: float = 0.5
+  on_distance: bool = False
+
+  statistic = "sum"
+
+  def __post_init__(self):
+    _check_margin(self.pos_margin, "pos_margin")
+
+  def prepare(self, s):
+    return s if self.on_distance else _common.euclidean_from_cosine(s)
+
+  def values(self, d):
+    return (jax.nn.relu(d - self.pos_margin),
+            jax.nn.relu(self.neg_margin - d))
+
+  def select(self, d, pos, neg, pre):
+    del pre
+    v_p, v_n = self.values(d)
+    return pos & (v_p > 0), neg & (v_n > 0)  # the non-zero pair terms
+
+  def combine(self, sum_count_p, sum_count_n):
+    terms = sum_count_p + sum_count_n  # (sum_p, count_p, sum_n, count_n)
+    return terms, jnp.ones(terms[0].shape, bool)
+
+  def reduce(self, terms, valid, axis_name):
+    del valid
+    sum_p, count_p, sum_n, count_n = terms
+    return (_ratio(sum_p, count_p, axis_name)
+            + _ratio(sum_n, count_n, axis_name))
 
 
 def contrastive_loss_from_distance(
     distance: Array,
     labels: Array,
     *,
-    pos_margin: float = 0.0,
-    neg_margin: float = 0.5,
+    pos_margin: float = Contrastive.pos_margin,
+    neg_margin: float = Contrastive.neg_margin,
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
 ) -> Array:
@@ -113,20 +153,22 @@ def contrastive_loss_from_distance(
   See :func:`contrastive_loss`; ``distance`` replaces the Euclidean distances
   of the normalised embeddings.
   """
-  dist, _, pos, neg = _square(distance, labels, pos_mask, neg_mask, "distance")
-  return _contrastive_core(dist, pos, neg, pos_margin=pos_margin,
-                           neg_margin=neg_margin, axis_name=None)
+  rule = Contrastive(pos_margin=pos_margin, neg_margin=neg_margin,
+                     on_distance=True)
+  return engines.matrix_loss(rule, distance, labels, pos_mask=pos_mask,
+                             neg_mask=neg_mask, name="distance")
 
 
 def contrastive_loss(
     embeddings: Array,
     labels: Array,
     *,
-    pos_margin: float = 0.0,
-    neg_margin: float = 0.5,
+    pos_margin: float = Contrastive.pos_margin,
+    neg_margin: float = Contrastive.neg_margin,
     axis_name: Optional[str] = None,
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
+    block_size: Optional[int] = None,
 ) -> Array:
   r"""Two-margin contrastive loss (Hadsell et al. 2006; Musgrave et al. 2020).
 
@@ -151,6 +193,8 @@ def contrastive_loss(
     neg_margin: ``m_-``, negatives farther than this are not pushed.
     axis_name: global-batch loss across devices (see module docstring).
     pos_mask, neg_mask: optional miner masks of the block's shape.
+    block_size: ``None`` (dense) or the block size of the blockwise engine
+      of :mod:`circle_jax.losses.engines` (memory ``O(block_size^2 + B D)``).
 
   Returns:
     float32 scalar.
@@ -160,12 +204,10 @@ def contrastive_loss(
     Invariant Mapping", CVPR 2006. Musgrave, Belongie, Lim, "A Metric
     Learning Reality Check", ECCV 2020.
   """
-  _check_margin(pos_margin, "pos_margin")
-  _, _, sim, pos, neg, _ = _embedding_block(
-      embeddings, labels, axis_name, pos_mask, neg_mask)
-  return _contrastive_core(_common.euclidean_from_cosine(sim), pos, neg,
-                           pos_margin=pos_margin, neg_margin=neg_margin,
-                           axis_name=axis_name)
+  rule = Contrastive(pos_margin=pos_margin, neg_margin=neg_margin)
+  return engines.embedding_loss(rule, embeddings, labels, axis_name=axis_name,
+                                pos_mask=pos_mask, neg_mask=neg_mask,
+                                block_size=block_size)
 
 
 # ----------------------------------------------------------------------------
@@ -498,14 +540,12 @@ def n_pair_loss(
 
 def _beta_rows(beta, labels):
   beta = jnp.asarray(beta)
-  if not jnp.issubdtype(beta.dtype, jnp.floating):
-    raise TypeError(f"`beta` must be a floating array; got {beta.dtype}.")
+  _common.check_floating(beta, f"`beta` must be a floating array; got "
+                               f"{beta.dtype}.")
   if beta.ndim == 0:
     return jnp.broadcast_to(beta.astype(jnp.float32), labels.shape)
-  if beta.ndim != 1:
-    raise ValueError(
-        f"`beta` must be a scalar or a [num_classes] vector; got shape "
-        f"{beta.shape}.")
+  _common.check_rank(beta, 1, f"`beta` must be a scalar or a [num_classes] "
+                              f"vector; got shape {beta.shape}.")
   return beta.astype(jnp.float32)[labels]
 
 
@@ -523,11 +563,10 @@ def _margin_core(dist, pos_w, neg_w, beta_rows, *, margin, nu, axis_name):
 def _margin_weights(pos, neg, pair_weights):
   if pair_weights is None:
     return pos.astype(jnp.float32), neg.astype(jnp.float32)
-  pair_weights = jnp.asarray(pair_weights)
-  if pair_weights.shape != pos.shape:
-    raise ValueError(
-        f"`pair_weights` must have the shape of the distance block "
-        f"{pos.shape}; got {pair_weights.shape}.")
+  pair_weights = _common.check_shape(
+      pair_weights, pos.shape,
+      f"`pair_weights` must have the shape of the distance block "
+      f"{pos.shape}; got {jnp.shape(pair_weights)}.")
   w = pair_weights.astype(jnp.float32)
   return jnp.where(pos, w, 0.0), jnp.where(neg, w, 0.0)
 

@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax.losses import _common
+from circle_jax.losses import ranked_list as _ranked_list
 
 Array = jax.Array
 
@@ -49,16 +50,10 @@ _DISTANCES = ("euclidean", "cosine")
 
 def _check_sample_to_proxy(matrix, labels, name: str):
   """Checks a ``[B, C]`` sample-to-proxy block and its ``[B]`` labels."""
-  matrix = jnp.asarray(matrix)
-  if matrix.ndim != 2:
-    raise ValueError(
-        f"`{name}` must have rank 2 ([batch, num_classes]: samples against "
-        f"proxies); got shape {matrix.shape}."
-    )
-  if not jnp.issubdtype(matrix.dtype, jnp.floating):
-    raise TypeError(f"`{name}` must be a floating array; got {matrix.dtype}.")
+  matrix = _common.check_matrix(
+      matrix, name, "[batch, num_classes]: samples against proxies")
   labels = _common.check_labels(labels, matrix.shape[0])
-  return matrix.astype(jnp.float32), labels
+  return matrix, labels
 
 
 def _proxy_masks(labels: Array, num_classes: int):
@@ -271,16 +266,15 @@ def ranked_proxy_anchor_loss_from_distance(
   Returns:
     A float32 scalar.
   """
-  _common.check_positive(alpha, "alpha")
-  if isinstance(margin, (int, float)) and not margin >= 0:
-    raise ValueError(f"`margin` must be >= 0; got {margin}.")
+  # RLL's boundaries, hinges and non-trivial sets, with proxies as anchors
+  # (the rule's range checks included).
+  rule = _ranked_list.RankedList(alpha=alpha, margin=margin, t_neg=t_neg,
+                                 on_distance=True)
   distance, labels = _check_sample_to_proxy(distance, labels, "distance")
   num_classes = distance.shape[1]
   pos, neg = _proxy_masks(labels, num_classes)
-  pos_hinge = distance - (alpha - margin)
-  neg_hinge = alpha - distance
-  pos_set = pos & (pos_hinge > 0)
-  neg_set = neg & (neg_hinge > 0)
+  pos_hinge, neg_hinge = rule.hinges(distance)
+  pos_set, neg_set = rule.select(distance, pos, neg, ())
 
   # Positive term: per proxy, the plain mean over its non-trivial positives.
   pos_sum = _common.maybe_global_sum(
@@ -293,7 +287,7 @@ def ranked_proxy_anchor_loss_from_distance(
 
   # Negative term: per proxy, the exp(T_n (alpha - d))-weighted mean over its
   # non-trivial negatives, max-shifted with the global per-proxy maximum.
-  logits = t_neg * neg_hinge
+  _, logits = rule.logits(distance)
   m = _pmax_const(jnp.max(jnp.where(neg_set, logits, -jnp.inf), axis=0),
                   axis_name)
   m = jnp.where(jnp.isfinite(m), m, 0.0)
@@ -334,8 +328,12 @@ def ranked_proxy_anchor_loss(
       + \frac{1}{C} \sum_{p} \operatorname{wmean}_{x \in X_p^{-*}}
           \big(\alpha - d(x, p)\big)
 
-  Reconstruction note: the seed paper's formula images are missing. This is
-  our reconstruction from its text: Proxy-Anchor's structure (proxies as
+  Reconstruction note: the equations of the Ranked Proxy-Anchor paper (Zhang
+  Bing, Chen Haiyan, Hou Xiaye, Yuan Ligang, Liu Zhenya, Nanjing University
+  of Aeronautics and Astronautics; in Chinese) are images missing from the
+  text available to us, so the formula above is our reconstruction from the
+  paper's prose and from the two losses it combines, Ranked List (Wang et al.,
+  CVPR 2019) and Proxy-Anchor (Kim et al., CVPR 2020): Proxy-Anchor's structure (proxies as
   anchors, positive term over proxies with positives, negative term over all
   ``C`` proxies) combined with Ranked List Loss's non-trivial sets, hinge
   terms and loss-based negative weighting (weights normalised per proxy,
@@ -354,7 +352,7 @@ def ranked_proxy_anchor_loss(
     t_neg: temperature :math:`T_n` of the negative weighting.
     distance: ``"euclidean"`` (default), :math:`\|\hat x - \hat p\| = \sqrt{2 -
       2\cos}` between normalised vectors, as in RLL; or ``"cosine"``,
-      :math:`1 - \cos` (the seed's wording). The defaults ``alpha = 1.4``,
+      :math:`1 - \cos` (the RPAL paper's wording). The defaults ``alpha = 1.4``,
       ``margin = 0.4`` are on the Euclidean scale ``[0, 2]``; both distances
       share that range.
     axis_name: optional mapped axis over which the batch is split; the
@@ -366,8 +364,13 @@ def ranked_proxy_anchor_loss(
     A float32 scalar.
 
   References:
-    Kim et al., "Proxy Anchor Loss for Deep Metric Learning", CVPR 2020.
-    Wang et al., "Ranked List Loss for Deep Metric Learning", CVPR 2019.
+    Zhang Bing, Chen Haiyan, Hou Xiaye, Yuan Ligang, Liu Zhenya (Nanjing
+    University of Aeronautics and Astronautics), the Ranked Proxy-Anchor
+    loss, Chinese-language journal paper (equations reconstructed here).
+    Kim, Kim, Cho, Kwak, "Proxy Anchor Loss for Deep Metric Learning", CVPR
+    2020.
+    Wang, Hua, Kodirov, Hu, Garnier, Robertson, "Ranked List Loss for Deep
+    Metric Learning", CVPR 2019.
   """
   if distance not in _DISTANCES:
     raise ValueError(

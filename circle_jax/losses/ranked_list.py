@@ -7,8 +7,8 @@ beyond a boundary ``alpha`` and pulls the positives inside ``alpha - margin``
 ``margin``. Only the non-trivial pairs (those that violate their boundary)
 contribute, and the negatives are weighted by how much they violate it.
 
-The loss is written as a private per-anchor core on an ``[M, N]`` distance
-block, a public square distance-matrix form
+The loss is a rule on an ``[M, N]`` block (:class:`RankedList`, run by
+:mod:`circle_jax.losses.engines`), exposed as a public square distance-matrix form
 (:func:`ranked_list_loss_from_distance`), a similarity-matrix form
 (:func:`ranked_list_loss_from_similarity`, so that General Pair Weighting
 applies), and the embedding wrapper :func:`ranked_list_loss`.
@@ -32,102 +32,86 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax.losses import _common
-from circle_jax.losses import blockwise
+from circle_jax.losses import engines
 
 Array = jax.Array
 
 
-def _check_hyper(alpha, margin, imbalance) -> None:
-  """Checks (when concrete) the RLL hyperparameters."""
-  _common.check_positive(alpha, "alpha")
-  if isinstance(margin, (int, float)) and not margin >= 0:
-    raise ValueError(
-        f"`margin` must be >= 0 (the gap between the positive boundary "
-        f"alpha - margin and the negative boundary alpha); got {margin}."
-    )
-  if isinstance(imbalance, (int, float)) and not 0.0 <= imbalance <= 1.0:
-    raise ValueError(
-        f"`imbalance` must be in [0, 1] (the weight lambda of the negative "
-        f"term; the positive term gets 1 - lambda); got {imbalance}."
-    )
+@engines.rule_dataclass(meta=("on_distance",))
+class RankedList(engines.PairRule):
+  """Ranked List rule on distances: non-trivial pairs, hinges, weighted means.
 
+  Its fields are the defaults of every form of the loss (the paper's:
+  ``alpha = 1 + m/2 = 1.2``, ``m = 0.4``, ``T_n = 10``, ``T_p = 0``,
+  ``lambda = 0.5``). The hinges and non-trivial sets are also used by the
+  Ranked Proxy-Anchor loss.
 
-def _weighted_hinge_means(hinge_p: Array, hinge_n: Array, logits_p: Array,
-                          logits_n: Array, pos: Array, neg: Array):
-  """Per-row weighted means ``sum_j w_j * hinge_j`` over two disjoint sets.
-
-  ``w = softmax(logits)`` over each set, max-shifted (no overflow for any
-  temperature) with one ``exp`` per pair for both sets
-  (:func:`circle_jax.losses._common.two_set_exp`), and constant in
-  backpropagation (``stop_gradient``), as in the paper's gradient and the
-  official implementation. An empty set gives 0 with a zero gradient.
-
-  Args:
-    hinge_p, hinge_n: ``[..., N]`` float32 values to average over ``pos`` /
-      ``neg`` (only masked entries used).
-    logits_p, logits_n: ``[..., N]`` float32 weight logits (``T * hinge`` for
-      RLL).
-    pos, neg: ``[..., N]`` bool, the (disjoint) sets.
-
-  Returns:
-    ``(mean_p, mean_n)``, each ``[...]`` (0 for empty sets).
+  Attributes:
+    alpha: the negative boundary ``alpha`` (> 0).
+    margin: the gap ``m`` between the positive boundary ``alpha - m`` and the
+      negative boundary (>= 0).
+    t_neg: temperature ``T_n`` of the negative weighting (0: plain mean).
+    t_pos: temperature ``T_p`` of the positive weighting (0: plain mean).
+    imbalance: ``lambda``, the weight of the negative term (in [0, 1]).
+    on_distance: the block holds distances (static); otherwise cosine
+      similarities, turned into the Euclidean distance of unit vectors
+      ``sqrt(2 - 2 s)`` (0 with a zero gradient at ``s = 1``).
   """
-  e, _, _ = _common.two_set_exp(logits_p, logits_n, pos, neg)
-  e = jax.lax.stop_gradient(e)
 
-  def mean(mask, hinge):
-    # An empty set has all weights 0 (total 0); a non-empty one has total
-    # about >= 1 (its maximum gives exp(0), up to the rounding of a
-    # recomputed logit, which at large temperatures is not exactly 0).
-    total = jnp.sum(jnp.where(mask, e, 0.0), axis=-1)
-    return (jnp.sum(jnp.where(mask, e * hinge, 0.0), axis=-1)
-            / jnp.where(total == 0, 1.0, total))
+  alpha: float = 1.2
+  margin: float = 0.4
+  t_neg: float = 10.0
+  t_pos: float = 0.0
+  imbalance: float = 0.5
+  on_distance: bool = False
 
-  return mean(pos, hinge_p), mean(neg, hinge_n)
+  statistic = "mean"
+  reduction = "batch_mean"
 
+  def __post_init__(self):
+    _common.check_positive(self.alpha, "alpha")
+    _common.check_nonnegative(
+        self.margin, "margin", " (the gap between the positive boundary "
+        "alpha - margin and the negative boundary alpha)")
+    if (isinstance(self.imbalance, (int, float))
+        and not 0.0 <= self.imbalance <= 1.0):
+      raise ValueError(
+          f"`imbalance` must be in [0, 1] (the weight lambda of the negative "
+          f"term; the positive term gets 1 - lambda); got {self.imbalance}.")
 
-def _rll_per_anchor(
-    distance: Array,
-    pos: Array,
-    neg: Array,
-    *,
-    alpha,
-    margin,
-    t_neg,
-    t_pos,
-    imbalance,
-) -> Array:
-  """Per-anchor Ranked List Loss of an ``[M, N]`` distance block.
+  def prepare(self, s):
+    return s if self.on_distance else _common.euclidean_from_cosine(s)
 
-  Args:
-    distance: ``[M, N]`` float32 distances of ``M`` anchors to ``N``
-      candidates.
-    pos: ``[M, N]`` bool, the positive pairs of each anchor (self excluded).
-    neg: ``[M, N]`` bool, the negative pairs of each anchor.
-    alpha, margin, t_neg, t_pos, imbalance: see :func:`ranked_list_loss`.
+  def hinges(self, d):
+    """``(d - (alpha - m), alpha - d)``: positive and negative violations."""
+    return d - (self.alpha - self.margin), self.alpha - d
 
-  Returns:
-    ``[M]`` float32 per-anchor losses.
-  """
-  pos_hinge = distance - (alpha - margin)
-  neg_hinge = alpha - distance
-  pos_set = pos & (pos_hinge > 0)  # non-trivial positives
-  neg_set = neg & (neg_hinge > 0)  # non-trivial negatives
-  loss_p, loss_n = _weighted_hinge_means(
-      pos_hinge, neg_hinge, t_pos * pos_hinge, t_neg * neg_hinge, pos_set,
-      neg_set)
-  return (1.0 - imbalance) * loss_p + imbalance * loss_n
+  def select(self, d, pos, neg, pre):
+    del pre
+    v_p, v_n = self.hinges(d)
+    return pos & (v_p > 0), neg & (v_n > 0)  # the non-trivial pairs
+
+  def values(self, d):
+    return self.hinges(d)
+
+  def logits(self, d):
+    v_p, v_n = self.hinges(d)
+    return self.t_pos * v_p, self.t_neg * v_n
+
+  def combine(self, mean_p, mean_n):
+    loss = (1.0 - self.imbalance) * mean_p + self.imbalance * mean_n
+    return loss, jnp.ones(loss.shape, bool)
 
 
 def ranked_list_loss_from_distance(
     distance: Array,
     labels: Array,
     *,
-    alpha: float = 1.2,
-    margin: float = 0.4,
-    t_neg: float = 10.0,
-    t_pos: float = 0.0,
-    imbalance: float = 0.5,
+    alpha: float = RankedList.alpha,
+    margin: float = RankedList.margin,
+    t_neg: float = RankedList.t_neg,
+    t_pos: float = RankedList.t_pos,
+    imbalance: float = RankedList.imbalance,
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
 ) -> Array:
@@ -175,24 +159,21 @@ def ranked_list_loss_from_distance(
     Wang et al., "Ranked List Loss for Deep Metric Learning", CVPR 2019 and
     TPAMI 2021.
   """
-  _check_hyper(alpha, margin, imbalance)
-  distance, labels = _common.check_similarity(distance, labels, name="distance")
-  pos, neg = _common.pair_masks(labels, labels, 0, pos_mask, neg_mask)
-  per_anchor = _rll_per_anchor(
-      distance, pos, neg, alpha=alpha, margin=margin, t_neg=t_neg,
-      t_pos=t_pos, imbalance=imbalance)
-  return _common.to_float32_scalar(_common.sum_over_batch(per_anchor))
+  rule = RankedList(alpha=alpha, margin=margin, t_neg=t_neg, t_pos=t_pos,
+                    imbalance=imbalance, on_distance=True)
+  return engines.matrix_loss(rule, distance, labels, pos_mask=pos_mask,
+                             neg_mask=neg_mask, name="distance")
 
 
 def ranked_list_loss_from_similarity(
     similarity: Array,
     labels: Array,
     *,
-    alpha: float = 1.2,
-    margin: float = 0.4,
-    t_neg: float = 10.0,
-    t_pos: float = 0.0,
-    imbalance: float = 0.5,
+    alpha: float = RankedList.alpha,
+    margin: float = RankedList.margin,
+    t_neg: float = RankedList.t_neg,
+    t_pos: float = RankedList.t_pos,
+    imbalance: float = RankedList.imbalance,
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
 ) -> Array:
@@ -213,22 +194,21 @@ def ranked_list_loss_from_similarity(
   Returns:
     A float32 scalar: the mean over all ``B`` anchors.
   """
-  similarity, labels = _common.check_similarity(similarity, labels)
-  return ranked_list_loss_from_distance(
-      _common.euclidean_from_cosine(similarity), labels, alpha=alpha,
-      margin=margin, t_neg=t_neg, t_pos=t_pos, imbalance=imbalance,
-      pos_mask=pos_mask, neg_mask=neg_mask)
+  rule = RankedList(alpha=alpha, margin=margin, t_neg=t_neg, t_pos=t_pos,
+                    imbalance=imbalance)
+  return engines.matrix_loss(rule, similarity, labels, pos_mask=pos_mask,
+                             neg_mask=neg_mask)
 
 
 def ranked_list_loss(
     embeddings: Array,
     labels: Array,
     *,
-    alpha: float = 1.2,
-    margin: float = 0.4,
-    t_neg: float = 10.0,
-    t_pos: float = 0.0,
-    imbalance: float = 0.5,
+    alpha: float = RankedList.alpha,
+    margin: float = RankedList.margin,
+    t_neg: float = RankedList.t_neg,
+    t_pos: float = RankedList.t_pos,
+    imbalance: float = RankedList.imbalance,
     axis_name=None,
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
@@ -279,7 +259,7 @@ def ranked_list_loss(
       ``custom_vjp`` that recomputes blocks in the backward pass), so memory
       is ``O(block_size^2 + B * D)`` instead of ``O(B^2)``; values and gradients
       equal the dense ones to float32 rounding. See
-      :mod:`circle_jax.losses.blockwise`.
+      :mod:`circle_jax.losses.engines`.
 
   Returns:
     A float32 scalar: the mean of the per-anchor losses over all anchors of
@@ -289,22 +269,8 @@ def ranked_list_loss(
     Wang et al., "Ranked List Loss for Deep Metric Learning", CVPR 2019,
     https://arxiv.org/abs/1903.03238, and TPAMI 2021.
   """
-  if block_size is not None:
-    return blockwise.ranked_list_loss_blockwise(
-        embeddings, labels, block_size=block_size, alpha=alpha,
-        margin=margin, t_neg=t_neg, t_pos=t_pos, imbalance=imbalance,
-        axis_name=axis_name, pos_mask=pos_mask, neg_mask=neg_mask)
-  _check_hyper(alpha, margin, imbalance)
-  x = _common.check_embeddings(embeddings)
-  labels = _common.check_labels(labels, x.shape[0])
-  x = _common.l2_normalize(x)
-  all_x, all_labels, row_offset = _common.gathered_batch(x, labels, axis_name)
-  similarity = jnp.matmul(x, all_x.T, precision=jax.lax.Precision.HIGHEST)
-  distance = _common.euclidean_from_cosine(similarity)
-  pos, neg = _common.pair_masks(labels, all_labels, row_offset, pos_mask,
-                                neg_mask)
-  per_anchor = _rll_per_anchor(
-      distance, pos, neg, alpha=alpha, margin=margin, t_neg=t_neg,
-      t_pos=t_pos, imbalance=imbalance)
-  return _common.to_float32_scalar(
-      _common.sum_over_batch(per_anchor, axis_name))
+  rule = RankedList(alpha=alpha, margin=margin, t_neg=t_neg, t_pos=t_pos,
+                    imbalance=imbalance)
+  return engines.embedding_loss(rule, embeddings, labels, axis_name=axis_name,
+                                pos_mask=pos_mask, neg_mask=neg_mask,
+                                block_size=block_size)

@@ -45,8 +45,8 @@ KINDS = ("pair", "proxy", "classifier")
 _ROUTED = ("axis_name", "key")
 _PER_BATCH = ("pos_mask", "neg_mask", "pair_weights", "bias")
 # Execution options that do not change the loss (accepted by `apply`, not
-# listed among the hyperparameter defaults): e.g. the blockwise evaluation of
-# the seed pair losses.
+# listed among the hyperparameter defaults): the blockwise engine of the
+# rule-based pair losses.
 _EXECUTION = ("block_size",)
 
 
@@ -235,7 +235,8 @@ _PROXY_ANCHOR_PAPER = (
     "CVPR 2020")
 
 LOSSES: Mapping[str, LossEntry] = types.MappingProxyType({e.name: e for e in [
-    # Seed losses.
+    # Pair-similarity losses of the Circle, MS and RLL papers, and
+    # (Ranked) Proxy-Anchor.
     _entry("circle", _circle.circle_loss, "pair",
            paper="Sun et al., \"Circle Loss: A Unified Perspective of Pair "
                  "Similarity Optimization\", CVPR 2020 (eq. 6)",
@@ -266,9 +267,9 @@ LOSSES: Mapping[str, LossEntry] = types.MappingProxyType({e.name: e for e in [
            "proxy", param_name="proxies", init=_kaiming_normal_fan_out,
            param_init="kaiming normal, fan_out (std sqrt(2/C))",
            paper="Zhang, Chen, Hou, Yuan, Liu (Nanjing University of "
-                 "Aeronautics and Astronautics), Ranked Proxy-Anchor loss, "
-                 "Chinese-language journal paper; equations reconstructed "
-                 "from its prose, Ranked List (CVPR 2019) and " +
+                 "Aeronautics and Astronautics), Ranked Proxy-Anchor loss "
+                 "(Chinese-language journal paper; equations reconstructed "
+                 "from its prose, Ranked List and Proxy-Anchor), built on " +
                  _PROXY_ANCHOR_PAPER,
            reduction="positive term / #proxies with positives + negative "
                      "term / #classes"),

@@ -9,7 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from circle_jax.losses._common import l2_normalize
+from circle_jax.ops import l2_normalize
 from circle_jax.models import layers
 
 Array = jax.Array

@@ -3,7 +3,7 @@
 One function, :func:`train_step`, is written for one device holding a slice of
 the global batch. The loss receives ``axis_name`` and returns the loss of the
 *global* batch on every device, with exact gradients w.r.t. the local
-embeddings (``circle_jax.losses._common.global_sum``). The placement
+embeddings (``circle_jax.ops.global_sum``). The placement
 (:mod:`circle_jax.parallel`) compiles it for its mode and says whether the
 parameter gradients still need a ``psum`` (``pmap``) or already are the sum
 over devices (``shard_map``, whose transpose of the replicated parameters'
@@ -28,8 +28,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from circle_jax import ops
 from circle_jax import parallel
-from circle_jax.losses import _common
 from circle_jax.train import state as state_lib
 from circle_jax.train.state import TrainState
 
@@ -63,7 +63,7 @@ def make_loss_fn(entry, hyper: Optional[dict] = None) -> LossFn:
       return entry.apply(embeddings, labels, params, key=key,
                          axis_name=axis_name, **hyper)
     local = entry.apply(embeddings, labels, params, key=key, **hyper)
-    return _common.global_sum(local, axis_name) / jax.lax.psum(1, axis_name)
+    return ops.global_sum(local, axis_name) / jax.lax.psum(1, axis_name)
 
   return loss_fn
 

@@ -1,4 +1,4 @@
-"""The public `block_size=` keyword dispatches to the blockwise losses.
+"""The public `block_size=` keyword runs the blockwise engine.
 
 `test_blockwise.py` checks the blockwise algorithms in depth; this file checks
 that the public wrappers reach them with every hyperparameter forwarded, and
@@ -18,6 +18,9 @@ CASES = [
      dict(alpha=3.0, beta=40.0, base=0.4, epsilon=0.2, mining=True)),
     (losses.ranked_list_loss,
      dict(alpha=1.1, margin=0.3, t_neg=8.0, t_pos=1.0, imbalance=0.4)),
+    # Every rule-based loss takes block_size (circle_jax.losses.engines).
+    (losses.unified_loss, dict(gamma=32.0, margin=0.3)),
+    (losses.contrastive_loss, dict(neg_margin=1.2, pos_margin=0.2)),
 ]
 
 

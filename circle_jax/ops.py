@@ -1,0 +1,208 @@
+"""Shared numerical building blocks of circle_jax (public).
+
+The losses, the embedding head, the clustering metrics and the training step
+use these instead of their own copies:
+
+* :func:`l2_normalize` and :func:`cosine_similarity`: float32, safe for zero
+  vectors and for norms whose square overflows;
+* :func:`euclidean_from_cosine` / :func:`safe_sqrt`: distances between unit
+  vectors with a finite gradient at 0;
+* masked reductions (:func:`masked_logsumexp`, :func:`log1p_sum_exp`,
+  :func:`masked_mean`) that never exponentiate a masked-out entry and give 0
+  gradient on empty sets;
+* the global batch across devices: :func:`global_sum` (a ``psum`` whose
+  backward pass is the identity, exact under ``jax.shard_map`` and
+  ``jax.pmap``) and :func:`gather_global`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Tuple
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+# Euclidean distances below sqrt(_SQRT_EPS) are reported as 0 with a zero
+# gradient, instead of the infinite derivative of sqrt at 0.
+_SQRT_EPS = 1e-12
+_NORM_EPS = 1e-12
+
+
+# ----------------------------------------------------------------------------
+# Normalisation, similarities and distances.
+# ----------------------------------------------------------------------------
+
+
+def l2_normalize(x: Array, axis: int = -1) -> Array:
+  """L2-normalises along ``axis`` in float32; zero vectors stay zero (finite grad).
+
+  The vector is first divided by its largest absolute entry (a constant for
+  differentiation: the result does not depend on it), so huge norms whose
+  square would overflow float32 keep their direction.
+
+  Args:
+    x: float array of any shape.
+    axis: the axis of the vectors.
+
+  Returns:
+    float32 array of ``x``'s shape with unit (or zero) vectors along ``axis``.
+  """
+  x = x.astype(jnp.float32)
+  scale = jnp.max(jnp.abs(x), axis=axis, keepdims=True)
+  scale = jax.lax.stop_gradient(jnp.where(scale > 0, scale, 1.0))
+  # Two steps: XLA may rewrite x / scale as x * (1 / scale), and 1 / scale is
+  # flushed to zero for scale above ~8.5e37; 1 / sqrt(scale) never is.
+  root = jnp.sqrt(scale)
+  x = x / root / root
+  sq = jnp.sum(x * x, axis=axis, keepdims=True)
+  return x * jax.lax.rsqrt(jnp.maximum(sq, _NORM_EPS**2))
+
+
+def cosine_similarity(a: Array, b: Array) -> Array:
+  """``[M, D] x [N, D] -> [M, N]`` cosine similarities, float32."""
+  return jnp.matmul(
+      l2_normalize(a), l2_normalize(b).T, precision=jax.lax.Precision.HIGHEST
+  )
+
+
+def safe_sqrt(x: Array) -> Array:
+  """sqrt with value 0 and gradient 0 at (numerically) zero arguments."""
+  positive = x > _SQRT_EPS
+  return jnp.where(positive, jnp.sqrt(jnp.where(positive, x, 1.0)), 0.0)
+
+
+def euclidean_from_cosine(similarity: Array) -> Array:
+  """Euclidean distance between unit vectors: ``sqrt(2 - 2 cos)``."""
+  return safe_sqrt(jnp.maximum(2.0 - 2.0 * similarity, 0.0))
+
+
+# ----------------------------------------------------------------------------
+# Numerically safe masked reductions.
+# ----------------------------------------------------------------------------
+
+
+def log_of_shifted_sum(s: Array, m: Array) -> Array:
+  """``log(s) + m``; ``-inf`` (zero grad) for an empty set (``s == 0``).
+
+  A non-empty set has ``s`` of about 1 or more: its maximum contributes
+  ``exp(0)``, or slightly less when XLA recomputes that logit with other
+  rounding (visible at large temperatures), so emptiness is tested as
+  ``s == 0``, not against 1. A NaN sum stays NaN, so non-finite inputs are
+  never mistaken for an empty set.
+  """
+  empty = s == 0
+  return jnp.where(empty, -jnp.inf, jnp.log(jnp.where(empty, 1.0, s)) + m)
+
+
+def masked_logsumexp(x: Array, mask: Array, axis: int = -1) -> Array:
+  """``log(sum(mask * exp(x)))`` along ``axis``; ``-inf`` (zero grad) if empty.
+
+  Max-shifted, and never evaluates ``exp`` of a masked-out entry, so masked
+  entries may hold any value without affecting the value or the gradient.
+  """
+  x = x.astype(jnp.float32)
+  m = jnp.max(jnp.where(mask, x, -jnp.inf), axis=axis, keepdims=True)
+  m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
+  shifted = jnp.where(mask, x - m, -jnp.inf)
+  s = jnp.sum(jnp.exp(shifted), axis=axis, keepdims=True)
+  return jnp.squeeze(log_of_shifted_sum(s, m), axis=axis)
+
+
+def log1p_sum_exp(x: Array, mask: Array, axis: int = -1) -> Array:
+  """``log(1 + sum(mask * exp(x)))``: 0 with zero gradient when empty."""
+  return jnp.logaddexp(0.0, masked_logsumexp(x, mask, axis=axis))
+
+
+def masked_mean(x: Array, mask: Array, axis: int = -1) -> Array:
+  """Mean of the masked entries along ``axis``; 0 (zero grad) when empty."""
+  mask = mask.astype(jnp.float32)
+  total = jnp.sum(jnp.where(mask > 0, x, 0.0) * mask, axis=axis)
+  count = jnp.sum(mask, axis=axis)
+  return total / jnp.maximum(count, 1.0)
+
+
+# ----------------------------------------------------------------------------
+# Global batch across devices.
+# ----------------------------------------------------------------------------
+
+
+def _axes(axis_name) -> Tuple:
+  return axis_name if isinstance(axis_name, tuple) else (axis_name,)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _global_sum(x, axis_name, varying_axes):
+  del varying_axes
+  return jax.lax.psum(x, axis_name)
+
+
+def _global_sum_fwd(x, axis_name, varying_axes):
+  del varying_axes
+  return jax.lax.psum(x, axis_name), None
+
+
+def _global_sum_bwd(axis_name, varying_axes, _, ct):
+  del axis_name
+  # The cotangent of x has x's type: varying over the axes x varied over.
+  if varying_axes:
+    ct = jax.lax.pcast(ct, varying_axes, to="varying")
+  return (ct,)
+
+
+_global_sum.defvjp(_global_sum_fwd, _global_sum_bwd)
+
+
+def _varying_axes_of(x) -> frozenset:
+  """The mapped axes over which ``x``'s type says it varies (shard_map)."""
+  aval = jax.typeof(x)
+  manual = getattr(aval, "manual_axis_type", None)  # jax >= 0.10
+  if manual is not None:
+    return manual.varying
+  return getattr(aval, "vma", frozenset())  # earlier jax
+
+
+def global_sum(x: Array, axis_name) -> Array:
+  """``psum`` over ``axis_name`` whose backward pass is the identity.
+
+  The loss of the global batch is ``sum_d l_d`` over devices. Its gradient
+  with respect to ``l_d`` is 1 on every device; a plain ``psum`` transposes to
+  another ``psum`` under ``jax.pmap`` (scaling gradients by the device count),
+  while this one gives exact gradients under both ``jax.pmap`` and
+  ``jax.shard_map``.
+
+  The context is read from ``x``'s type at trace time, not probed: inside
+  ``jax.shard_map`` (with its default type checking) ``x`` is device-varying
+  over the mapped axes and the backward pass casts the cotangent back to
+  varying over exactly those axes; under ``jax.pmap`` (or
+  ``shard_map(check_vma=False)``) the type records no varying axis and the
+  cotangent is returned as is.
+
+  Args:
+    x: this device's partial value.
+    axis_name: the mapped axis name (or a tuple of names).
+
+  Returns:
+    The sum over the axis, identical on every device.
+  """
+  varying = _varying_axes_of(x)
+  varying_axes = tuple(a for a in _axes(axis_name) if a in varying)
+  return _global_sum(x, axis_name, varying_axes)
+
+
+def maybe_global_sum(x: Array, axis_name) -> Array:
+  """:func:`global_sum` over ``axis_name``, or ``x`` itself when it is None."""
+  return x if axis_name is None else global_sum(x, axis_name)
+
+
+def gather_global(x: Array, axis_name) -> Array:
+  """All-gathers ``x`` along its leading axis (no-op without ``axis_name``).
+
+  The gradient flows back to every device's shard (all_gather transposes to
+  a reduce-scatter), so the global loss is differentiated exactly.
+  """
+  if axis_name is None:
+    return x
+  return jax.lax.all_gather(x, axis_name, axis=0, tiled=True)
