@@ -21,15 +21,82 @@ the replicated arrays).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
-from typing import Any, Optional
+import shutil
+import time
+import zlib
+from typing import Any, List, Optional, Tuple
 
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
 
+from circle_jax.errors import UserError
+
 PyTree = Any
 ITEMS = ("state", "data", "meta")
+# Unreadable steps are moved here (never deleted): DIR/checkpoints/unreadable.
+UNREADABLE = "unreadable"
+
+
+class CheckpointWriteError(UserError):
+  """A checkpoint could not be written (full disk, read-only workdir, ...)."""
+
+
+class CorruptCheckpointError(UserError):
+  """A checkpoint step cannot be read back, or no step can."""
+
+
+def state_digest(tree: PyTree) -> int:
+  """CRC-32 of a host state tree: every leaf's dtype, shape and bytes.
+
+  Saved with each ``latest`` step and compared on restore, so bytes
+  overwritten inside a state file are found even where the storage format
+  does not check them.
+  """
+  crc = 0
+  for leaf in jax.tree.leaves(tree):
+    x = np.ascontiguousarray(np.asarray(leaf))
+    crc = zlib.crc32(f"{x.dtype.str}{x.shape}".encode(), crc)
+    crc = zlib.crc32(x.view(np.uint8).reshape(-1) if x.size else b"", crc)
+  return crc
+
+
+def _errno_in_chain(error: BaseException) -> Optional[int]:
+  """The errno of the first OSError in an exception's cause/context chain."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, OSError) and error.errno:
+      return error.errno
+    error = error.__cause__ or error.__context__
+  return None
+
+
+def write_failure(path: str, error: BaseException) -> str:
+  """Why writing under ``path`` failed, in words (full disk, read-only, ...)."""
+  text = f"{type(error).__name__}: {error}"
+  err = _errno_in_chain(error)
+  probe = path
+  while probe and not os.path.exists(probe):
+    probe = os.path.dirname(probe)
+  try:
+    free = shutil.disk_usage(probe).free if probe else None
+  except OSError:
+    free = None
+  if err in (errno.EROFS, errno.EACCES, errno.EPERM) or (
+      err is None and ("Read-only file system" in text
+                       or "Permission denied" in text)):
+    return "the folder is read-only (or not writable by this user)"
+  if err in (errno.ENOSPC, errno.EDQUOT) or (
+      err is None and ("No space left" in text or "RESOURCE_EXHAUSTED" in text
+                       or free == 0)):
+    shown = "" if free is None else f" ({free // 1024} KiB free)"
+    return f"no space left on the device{shown}"
+  return text.splitlines()[0][:200]
 
 
 def _to_json(x):
@@ -64,6 +131,7 @@ class Checkpoints:
     directory = os.path.abspath(os.fspath(directory))
     self.directory = directory
     self.best_metric = best_metric
+    self._pending: Optional[int] = None  # the newest step handed to orbax
     common = dict(
         create=True, cleanup_tmp_directories=True,
         enable_async_checkpointing=asynchronous)
@@ -98,14 +166,50 @@ class Checkpoints:
       state_tree: host copy of the state (``state_to_tree`` then ``to_host``).
       data_state: the train iterator's ``get_state()``.
       meta: extra JSON-serialisable items kept in ``meta`` with the step.
+
+    Raises:
+      CheckpointWriteError: the write failed (an earlier asynchronous write
+        included); the message names the folder and the cause.
     """
     step = int(step)
+    self.check_for_errors()
     if step in self.latest.all_steps():
       return False
-    return self.latest.save(
-        step, args=self._args(state_tree, data_state,
-                              dict(meta or {}, step=step)),
-        force=True)
+    meta = dict(meta or {}, step=step, state_crc32=state_digest(state_tree))
+    self._pending = step
+    with self._writing(step):
+      return self.latest.save(
+          step, args=self._args(state_tree, data_state, meta), force=True)
+
+  @contextlib.contextmanager
+  def _writing(self, step):
+    """Turns any failure of a write into one :class:`CheckpointWriteError`."""
+    try:
+      yield
+    except UserError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      raise self.write_error(step, e) from e
+
+  def write_error(self, step, exc: BaseException) -> CheckpointWriteError:
+    step = self._pending if step is None else step
+    saved = [s for s in self.latest.all_steps() if step is None or s < step]
+    kept = (f"earlier checkpoints (last: step {max(saved)}) are intact"
+            if saved else "no earlier checkpoint exists")
+    what = f"checkpoint step {step}" if step is not None else "a checkpoint"
+    return CheckpointWriteError(
+        f"Could not write {what} in {self.directory}: "
+        f"{write_failure(self.directory, exc)}; {kept}. Free space there or "
+        "make it writable (or pass another --workdir), then rerun the same "
+        "command to resume.")
+
+  def check_for_errors(self):
+    """Raises the error of a failed asynchronous write, if any."""
+    for manager in (self.latest, self.best):
+      if manager is None:
+        continue
+      with self._writing(None):
+        manager.check_for_errors()
 
   def save_best(self, step: int, state_tree: PyTree, data_state,
                 metrics: dict) -> bool:
@@ -120,12 +224,14 @@ class Checkpoints:
     if step in self.best.all_steps():
       return False
     metrics = _to_json(metrics)
-    saved = self.best.save(
-        step, args=self._args(state_tree, data_state,
+    with self._writing(step):
+      saved = self.best.save(
+          step, args=self._args(state_tree, data_state,
                               {"step": step, "metrics": metrics}),
         metrics={k: v for k, v in metrics.items()
                  if isinstance(v, (int, float))}, force=True)
-    self.best.wait_until_finished()
+    with self._writing(step):
+      self.best.wait_until_finished()
     return saved
 
   # -- restoring ------------------------------------------------------------
@@ -176,12 +282,75 @@ class Checkpoints:
         data=ocp.args.JsonRestore(),
         meta=ocp.args.JsonRestore()))
     tree = jax.tree.map(np.asarray, out["state"])
+    want = (out["meta"] or {}).get("state_crc32")
+    if want is not None and state_digest(tree) != want:
+      raise CorruptCheckpointError(
+          f"checkpoint step {step} in {manager.directory}: the state's bytes "
+          "differ from the checksum saved with it")
     return tree, out["data"], out["meta"]
 
+  def restore_newest(self, template: PyTree, check=None):
+    """Restores the newest ``latest`` step that reads back cleanly.
+
+    A step that fails to restore (a truncated or overwritten file, an item
+    missing from its folder, a checksum mismatch) is skipped for the next
+    older one; once an older step restores, each newer unreadable step is
+    moved to ``DIR/checkpoints/unreadable/`` (never deleted) and named in the
+    returned notes. If no step restores nothing is moved: the steps may be
+    fine and the template wrong.
+
+    Args:
+      template: the host state tree the saved state must fit.
+      check: optional ``check(tree, step)`` that raises if the restored tree
+        does not fit (its error is raised as is, not taken as corruption).
+
+    Returns:
+      ``(tree, data_state, meta, step, notes)``, or None without checkpoints.
+
+    Raises:
+      CorruptCheckpointError: no step restores (one line naming the folder
+        and the fix).
+    """
+    steps = sorted(self.latest.all_steps(), reverse=True)
+    if not steps:
+      return None
+    failed: List[Tuple[int, str]] = []
+    for step in steps:
+      try:
+        tree, data, meta = self.restore(template, step=step)
+      except Exception as e:  # pylint: disable=broad-except
+        failed.append((step, str(e).splitlines()[0][:160] or type(e).__name__))
+        continue
+      if check is not None:
+        check(tree, step)
+      notes = [self._move_aside(s, why) for s, why in failed]
+      return tree, data, meta, step, notes
+    tried = ", ".join(str(s) for s, _ in failed)
+    raise CorruptCheckpointError(
+        f"No checkpoint in {os.path.join(self.directory, 'latest')} restores "
+        f"(steps {tried}; newest: {failed[0][1]}); move that folder away to "
+        "start from step 0, or pass another --workdir.")
+
+  def _move_aside(self, step: int, why: str) -> str:
+    src = os.path.join(self.latest.directory, str(step))
+    dst_dir = os.path.join(self.directory, UNREADABLE)
+    dst = os.path.join(dst_dir, f"latest-{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if jax.process_index() == 0:
+      os.makedirs(dst_dir, exist_ok=True)
+      os.rename(src, dst)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f"checkpoint_aside_{step}")
+    self.latest.reload()
+    return (f"Checkpoint step {step} is unreadable ({why}); moved to {dst} "
+            "and resumed from the newest readable step.")
+
   def wait(self):
-    self.latest.wait_until_finished()
-    if self.best is not None:
-      self.best.wait_until_finished()
+    """Waits for pending writes; a failed one raises CheckpointWriteError."""
+    with self._writing(None):
+      self.latest.wait_until_finished()
+      if self.best is not None:
+        self.best.wait_until_finished()
+    self.check_for_errors()
 
   def close(self):
     self.latest.close()

@@ -1,0 +1,39 @@
+"""SIGTERM is caught while a PreemptionWatch is active, and only then."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+from circle_jax.train import preemption
+
+
+def test_sigterm_sets_the_flag_and_the_handler_is_restored():
+  before = signal.getsignal(signal.SIGTERM)
+  with preemption.PreemptionWatch() as watch:
+    assert not watch.should_stop(3)
+    os.kill(os.getpid(), signal.SIGTERM)  # a real signal to this process
+    assert watch.should_stop(4)
+    assert watch.signal_name == "SIGTERM"
+  assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_without_a_watch_sigterm_still_ends_the_process():
+  code = textwrap.dedent("""
+      import os, signal
+      from circle_jax.train import preemption
+      with preemption.PreemptionWatch():
+        pass
+      os.kill(os.getpid(), signal.SIGTERM)
+      print("survived")
+  """)
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                        text=True, timeout=120)
+  assert proc.returncode == -signal.SIGTERM
+  assert "survived" not in proc.stdout
+
+
+def test_exit_status_is_distinct():
+  # Not 0, not 1 (a failure), not 130 (Ctrl-C), not 143 (killed by SIGTERM).
+  assert preemption.EXIT_PREEMPTED not in (0, 1, 2, 130, 143)
