@@ -80,7 +80,9 @@ def _interrupted(e) -> str:
   where = getattr(e, "directory", _WORKDIR.value)
   saved = (f"the last saved step is {step} ({where})" if step is not None
            else "no checkpoint was saved yet")
-  return (f"Interrupted: {saved}. Resume with:\n  "
+  what = (f"Preempted ({e.signal_name}, exit status {e.exit_status})"
+          if hasattr(e, "signal_name") else "Interrupted")
+  return (f"{what}: {saved}. Resume with:\n  "
           f"{console.resume_command(sys.argv, 'experiments.main')}")
 
 

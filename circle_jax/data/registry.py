@@ -13,6 +13,7 @@ import tensorflow_datasets as tfds
 
 from circle_jax.data import augment
 from circle_jax.data import builders
+from circle_jax.data import integrity
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,6 +157,8 @@ def load_split(name: str, split: str, *, data_dir,
     MissingDatasetFilesError: the files are missing (the message lists every
       expected file and where to get it).
     CorruptImageError: an image or archive cannot be read (names it).
+    CorruptPreparedDataError: a prepared file is truncated or damaged (names
+      it and the command that rebuilds the prepared folder).
   """
   spec = _spec(name)
   if split not in spec.splits:
@@ -175,7 +178,9 @@ def load_split(name: str, split: str, *, data_dir,
     # tfds prints its own progress to stdout; keep stdout for results.
     with contextlib.redirect_stdout(io.StringIO()):
       builder.download_and_prepare(download_config=config)
-  return builder.as_data_source(split)
+  source = builder.as_data_source(split)
+  integrity.check_split(builder, split)  # a damaged file fails here, named
+  return source
 
 
 def is_prepared(name: str, *, data_dir) -> bool:

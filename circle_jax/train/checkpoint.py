@@ -51,21 +51,26 @@ class CorruptCheckpointError(UserError):
 
 
 def state_digest(tree: PyTree) -> int:
-  """CRC-32 of a host state tree: every leaf's dtype, shape and bytes.
+  """CRC-32 of a host state tree: every leaf's shape, dtype and bytes.
 
   Saved with each ``latest`` step and compared on restore, so bytes
   overwritten inside a state file are found even where the storage format
-  does not check them.
+  does not check them. Integer leaves are hashed as int64: a restore casts
+  them to the template's integer type (the step counter is saved as int32
+  and restored into an int64 template).
   """
   crc = 0
   for leaf in jax.tree.leaves(tree):
-    x = np.ascontiguousarray(np.asarray(leaf))
+    x = np.asarray(leaf)
+    if x.dtype.kind in "biu":
+      x = x.astype(np.int64)
+    x = np.ascontiguousarray(x)
     crc = zlib.crc32(f"{x.dtype.str}{x.shape}".encode(), crc)
     crc = zlib.crc32(x.view(np.uint8).reshape(-1) if x.size else b"", crc)
   return crc
 
 
-def _errno_in_chain(error: BaseException) -> Optional[int]:
+def errno_of(error: BaseException) -> Optional[int]:
   """The errno of the first OSError in an exception's cause/context chain."""
   seen = set()
   while error is not None and id(error) not in seen:
@@ -79,7 +84,7 @@ def _errno_in_chain(error: BaseException) -> Optional[int]:
 def write_failure(path: str, error: BaseException) -> str:
   """Why writing under ``path`` failed, in words (full disk, read-only, ...)."""
   text = f"{type(error).__name__}: {error}"
-  err = _errno_in_chain(error)
+  err = errno_of(error)
   probe = path
   while probe and not os.path.exists(probe):
     probe = os.path.dirname(probe)

@@ -263,7 +263,8 @@ def run_tool(fn: Callable[[], object], *, verbose: bool,
 
   Returns:
     0 on success, 1 after a :class:`UserError` (one line, ``error: ...``),
-    130 after Ctrl-C. Any other exception propagates with its traceback.
+    130 after Ctrl-C, the exception's ``exit_status`` for interruptions that
+    carry one (75 for a preempted training run). Any other exception propagates with its traceback.
   """
   err = err or sys.stderr
   try:
@@ -274,7 +275,8 @@ def run_tool(fn: Callable[[], object], *, verbose: bool,
       traceback.print_exc(file=err)
     message = on_interrupt(e) if on_interrupt else "Interrupted."
     print(message, file=err, flush=True)
-    return 130
+    # Ctrl-C: 130 (128 + SIGINT); a preempted run says its own status.
+    return getattr(e, "exit_status", 130)
   except UserError as e:
     if verbose:
       traceback.print_exc(file=err)

@@ -44,6 +44,7 @@ events.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import json
 import os
@@ -62,12 +63,18 @@ from circle_jax.train import checkpoint as ckpt_lib
 from circle_jax.train import config_checks
 from circle_jax.train import console as console_lib
 from circle_jax.train import evaluate as evaluate_lib
+from circle_jax.train import lock as lock_lib
 from circle_jax.train import optim as optim_lib
+from circle_jax.train import preemption as preemption_lib
 from circle_jax.train import run as run_lib
 from circle_jax.train import state as state_lib
 from circle_jax.train import step as step_lib
 from circle_jax.train import workdir as workdir_lib
 from circle_jax.train import writers as writers_lib
+
+class WorkdirWriteError(UserError):
+  """A file of the run could not be written (full disk, read-only workdir)."""
+
 
 class NonFiniteError(UserError, FloatingPointError):
   """The loss or a gradient became NaN/inf; the message names the step."""
@@ -85,6 +92,21 @@ class TrainingInterrupted(KeyboardInterrupt):
     super().__init__(saved_step, directory)
     self.saved_step = saved_step
     self.directory = directory
+
+
+class TrainingPreempted(TrainingInterrupted):
+  """SIGTERM (preemption): the last completed step was saved synchronously.
+
+  The command-line job exits with :data:`exit_status` (75, EX_TEMPFAIL) so a
+  scheduler can requeue the same command.
+  """
+
+  exit_status = preemption_lib.EXIT_PREEMPTED
+
+  def __init__(self, saved_step: Optional[int], directory: str,
+               signal_name: str = "SIGTERM"):
+    super().__init__(saved_step, directory)
+    self.signal_name = signal_name
 
 
 # ----------------------------------------------------------------------------
@@ -174,23 +196,49 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       config.
     CheckpointError: the checkpoint does not fit the model.
     NonFiniteError: the loss or a gradient became non-finite.
-    TrainingInterrupted: Ctrl-C (after saving the last completed step).
+    TrainingInterrupted: Ctrl-C (after saving the last completed step);
+      :class:`TrainingPreempted` for SIGTERM.
+    lock_lib.WorkdirLockedError: another live run holds ``workdir``.
+    ckpt_lib.CheckpointWriteError, WorkdirWriteError: a full disk or a
+      read-only workdir (earlier checkpoints stay intact).
   """
 
   reporter = reporter or console_lib.LogReporter()
-  job = _build(config, workdir, reporter, force_resume)
-  _evaluate_init(job)
-  _train(job)
-  result = _finish(job)
-  reporter.result(evaluate_lib.result_table(result))
-  job.close()
+  config_checks.check_config(config)
+  workdir = os.path.abspath(os.path.expanduser(workdir))
+  with lock_lib.WorkdirLock(workdir,
+                            is_primary=jax.process_index() == 0) as lock:
+    if lock.note:
+      reporter.note(lock.note)
+    try:
+      job = _build(config, workdir, reporter, force_resume)
+      _evaluate_init(job)
+      _train(job)
+      result = _finish(job)
+    except OSError as e:
+      raise _write_error(e, workdir) or e
+    reporter.result(evaluate_lib.result_table(result))
+    job.close()
   return result
 
 
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
+                 errno.EPERM)
+
+
+def _write_error(e: OSError, workdir: str) -> Optional[WorkdirWriteError]:
+  """A full disk or read-only workdir as one line; None for other errors."""
+  if ckpt_lib.errno_of(e) not in _WRITE_ERRNOS:
+    return None
+  path = e.filename or workdir
+  return WorkdirWriteError(
+      f"Could not write {path}: {ckpt_lib.write_failure(str(path), e)}; "
+      "earlier checkpoints are intact. Free space there or make it writable "
+      "(or pass another --workdir), then rerun the same command to resume.")
+
+
 def _build(config, workdir, reporter, force_resume) -> Job:
-  """Checks the config, builds data, model and state; resumes the workdir."""
-  config_checks.check_config(config)
-  workdir = os.path.abspath(os.path.expanduser(workdir))
+  """Builds data, model and state; resumes the workdir."""
   job = Job(config, workdir, reporter, parallel.from_config(config),
             run_lib.open_checkpoints(config, workdir),
             workdir_lib.config_to_dict(config))
@@ -213,8 +261,12 @@ def _build(config, workdir, reporter, force_resume) -> Job:
   job.template = host = parallel.SingleDevice().to_host(
       state_lib.state_to_tree(state))
   if resume_step is not None:
-    host, _, job.meta = run_lib.restore_checkpoint(job.ckpts, host,
-                                                    step=resume_step)
+    template = host
+    host, _, job.meta, _, notes = job.ckpts.restore_newest(
+        template, check=lambda tree, step: run_lib.check_restored(
+            tree, template, step, job.ckpts.directory))
+    for note in notes:
+      reporter.note(note)
     reporter.note(f"Resumed from step {int(host['step'])} ({workdir}).")
     for path, old, new in changes:
       reporter.note(f"  changed on resume: {path}: {old} -> {new}")
@@ -306,28 +358,33 @@ def _train(job: Job) -> None:
       global_batch=config_checks.global_batch_size(config))
   job.t0 = window = time.time()
   steps_window = 0
-  try:
-    for step in range(job.start, num_steps):
-      batch = next(job.train_iter)
-      batch = {"image": batch["image"], "label": batch["label"]}
-      job.state, metrics = job.train_step(job.state,
-                                          job.placement.shard_batch(batch))
-      job.done = done = step + 1
-      job.pending.append((done, job.placement.first_replica(metrics)))
-      job.reporter.advance(done)
-      steps_window += 1
-      do_eval = _due(done, config.eval_every_steps, num_steps)
-      do_ckpt = _due(done, config.checkpoint_every_steps, num_steps)
-      if done % (config.log_every_steps or 50) == 0 or do_eval or do_ckpt:
-        window = log(step, steps_window, window)
-        steps_window = 0
-      if do_eval or do_ckpt:
-        _evaluate_and_save(job, do_eval, do_ckpt)
-      job.writer.flush()
-  except KeyboardInterrupt:
-    _interrupted(job)
-  finally:
-    job.reporter.finish()
+  with preemption_lib.PreemptionWatch() as watch:
+    try:
+      for step in range(job.start, num_steps):
+        batch = next(job.train_iter)
+        batch = {"image": batch["image"], "label": batch["label"]}
+        job.state, metrics = job.train_step(job.state,
+                                            job.placement.shard_batch(batch))
+        job.done = done = step + 1
+        job.pending.append((done, job.placement.first_replica(metrics)))
+        job.reporter.advance(done)
+        steps_window += 1
+        do_eval = _due(done, config.eval_every_steps, num_steps)
+        do_ckpt = _due(done, config.checkpoint_every_steps, num_steps)
+        if done % (config.log_every_steps or 50) == 0 or do_eval or do_ckpt:
+          window = log(step, steps_window, window)
+          steps_window = 0
+        if do_eval or do_ckpt:
+          _evaluate_and_save(job, do_eval, do_ckpt)
+        job.writer.flush()
+        if watch.should_stop(done):
+          _interrupted(job, preempted_by=watch.signal_name)
+    except TrainingInterrupted:
+      raise
+    except KeyboardInterrupt:
+      _interrupted(job)
+    finally:
+      job.reporter.finish()
   job.ckpts.wait()
   job.train_seconds += time.time() - job.t0
 
@@ -371,8 +428,12 @@ def _evaluate_and_save(job: Job, do_eval: bool, do_ckpt: bool) -> None:
     _save_latest(job, host_tree)
 
 
-def _interrupted(job: Job):
-  """Ctrl-C: saves the last completed step, then raises TrainingInterrupted."""
+def _interrupted(job: Job, preempted_by: Optional[str] = None):
+  """Ctrl-C or SIGTERM: saves the last completed step and waits for the write.
+
+  Raises:
+    TrainingInterrupted: Ctrl-C; TrainingPreempted: ``preempted_by``.
+  """
   saved = job.ckpts.latest_step()
   try:
     if job.done > (saved or 0) and job.done > job.start:
@@ -380,11 +441,15 @@ def _interrupted(job: Job):
       _save_latest(job, job.host_tree())
     job.ckpts.wait()
     saved = job.ckpts.latest_step()
+  except UserError:
+    raise  # a full disk, a non-finite step: their own one-line errors
   except Exception:  # pylint: disable=broad-except
     # E.g. Ctrl-C inside a step whose input buffers were donated.
     logging.exception("Could not save the interrupted step.")
   job.reporter.finish()
   job.close()
+  if preempted_by:
+    raise TrainingPreempted(saved, job.ckpts.directory, preempted_by)
   raise TrainingInterrupted(saved, job.ckpts.directory) from None
 
 

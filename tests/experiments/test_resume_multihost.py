@@ -132,3 +132,68 @@ def test_two_processes_match_one_process(reference, data_dir, tmp_path):
   # batch split, device order or gradient scaling gives O(0.1-1) differences.
   chex.assert_trees_all_close(_final(workdir), reference, rtol=1e-3,
                               atol=2e-4)
+
+
+def _start_until_step(cmd, env, step):
+  """Starts a run and returns it once it reports ``step`` (stderr lines)."""
+  proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  lines = []
+  for line in proc.stderr:
+    lines.append(line)
+    if line.startswith(f"step {step}/"):
+      return proc, lines
+  proc.wait()
+  raise AssertionError("the run ended before step "
+                       f"{step}:\n{''.join(lines)[-3000:]}")
+
+
+def test_sigterm_saves_the_last_completed_step_and_resumes_exactly(
+    reference, data_dir, tmp_path):
+  """A real SIGTERM mid-run: the step in flight finishes and is saved."""
+  workdir = str(tmp_path / "preempted")
+  # No periodic checkpoint before the end, a progress line after every step.
+  cmd = _command(workdir, data_dir, "--config.checkpoint_every_steps=100",
+                 "--config.log_every_steps=1")
+  env = _env(4)
+  proc, lines = _start_until_step(cmd, env, 2)
+  proc.send_signal(signal.SIGTERM)
+  _, rest = proc.communicate(timeout=300)
+  lines += rest.splitlines(keepends=True)
+  assert proc.returncode == 75, "".join(lines)[-3000:]
+  done = [int(l.split()[1].split("/")[0]) for l in lines
+          if l.startswith("step ")]
+  saved = ckpt_lib.Checkpoints(os.path.join(workdir, "checkpoints"))
+  saved_step = saved.latest_step()
+  saved.close()
+  assert saved_step == done[-1], "the saved step is the last completed one"
+  assert 2 <= saved_step < STEPS, "preempted too late to test anything"
+  message = [l for l in lines if l.startswith("Preempted")]
+  assert message and f"last saved step is {saved_step}" in message[0]
+  assert "exit status 75" in message[0]
+  assert "Resume with" in "".join(lines)
+  _run(cmd, env)
+  chex.assert_trees_all_equal(_final(workdir), reference)
+
+
+def test_one_run_per_workdir_and_a_killed_holder_is_taken_over(
+    reference, data_dir, tmp_path):
+  workdir = str(tmp_path / "locked")
+  cmd, env = _command(workdir, data_dir, "--config.log_every_steps=1"), _env(4)
+  first, _ = _start_until_step(cmd, env, 2)
+  first.send_signal(signal.SIGSTOP)  # alive, holding the lock, not finishing
+  try:
+    second = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert second.returncode == 1
+    errors = [l for l in second.stderr.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1 and f"is in use by pid {first.pid}" in errors[0]
+  finally:
+    first.send_signal(signal.SIGKILL)  # kill -9: the lock file stays behind
+    first.wait()
+  assert os.path.exists(os.path.join(workdir, "run.lock"))
+  third = _run(cmd, env)
+  assert f"Took over the lock of a run that is gone (pid {first.pid}" in (
+      third.stderr)
+  assert not os.path.exists(os.path.join(workdir, "run.lock"))
+  chex.assert_trees_all_equal(_final(workdir), reference)

@@ -208,3 +208,11 @@ def test_write_error_names_folder_and_cause_with_injected_fault(tmp_path,
   assert "\n" not in msg and "no space left" in msg
   assert "step 1" in msg and str(tmp_path) in msg
   ck.close()
+
+
+def test_digest_ignores_the_integer_width_a_restore_may_cast_to():
+  a = _tree(3)
+  b = dict(_tree(3), step=np.int64(3))
+  assert ckpt_lib.state_digest(a) == ckpt_lib.state_digest(b)
+  c = dict(_tree(3), step=np.int64(4))
+  assert ckpt_lib.state_digest(a) != ckpt_lib.state_digest(c)
