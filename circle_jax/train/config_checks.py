@@ -8,10 +8,12 @@ losses: ...``.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Optional
 
 import jax
+import jax.numpy as jnp
 
 from circle_jax import data as data_lib
 from circle_jax.errors import UserError
@@ -66,6 +68,47 @@ def metric_names(ks, clustering: bool):
   return names
 
 
+def _check_finite(config) -> None:
+  """Every float field is a finite number (NaN and inf are never meant)."""
+  def walk(tree, prefix):
+    for key, value in tree.items():
+      field = f"{prefix}{key}"
+      if hasattr(value, "items"):
+        walk(value, field + ".")
+      elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+          if isinstance(v, float) and not math.isfinite(v):
+            _fail(f"{field}[{i}]", f"must be a finite number; got {v}.")
+      elif isinstance(value, float) and not math.isfinite(value):
+        _fail(field, f"must be a finite number; got {value}.")
+  walk(config, "")
+
+
+def _check_loss_hyper(entry, hyper: dict, embedding_dim: int,
+                      num_classes_: Optional[int]) -> None:
+  """Traces the loss once on a tiny batch (no compilation, no data): each
+  loss checks its own hyperparameters' ranges at trace time, and a bad value
+  becomes a ConfigError naming ``config.loss.<field>``."""
+  dim = embedding_dim
+  x = jax.ShapeDtypeStruct((4, dim), jnp.float32)
+  y = jnp.asarray([0, 0, 1, 1], jnp.int32)
+  params = None
+  try:
+    if entry.param_name is not None:
+      params = jax.eval_shape(
+          lambda: entry.init_params(jax.random.PRNGKey(0),
+                                    max(num_classes_ or 2, 2), dim, **hyper))
+    jax.eval_shape(lambda e, p: entry.apply(e, y, p,
+                                            key=jax.random.PRNGKey(0),
+                                            **hyper), x, params)
+  except (ValueError, TypeError) as e:
+    message = str(e).splitlines()[0]
+    named = re.search(r"`(\w+)`", message)
+    field = named.group(1) if named and named.group(1) in hyper else None
+    _fail(f"loss.{field}" if field else "loss",
+          re.sub(r"^`\w+` ", "", message) if field else message)
+
+
 def check_config(config, *, device_count: Optional[int] = None,
                  process_count: Optional[int] = None) -> None:
   """Raises :class:`ConfigError` naming the first invalid field.
@@ -79,6 +122,7 @@ def check_config(config, *, device_count: Optional[int] = None,
   for field in ("dataset", "model", "loss", "batch", "optim"):
     if field not in config:
       _fail(field, "missing section.")
+  _check_finite(config)
   # Dataset.
   name = config.dataset.name
   if name not in data_lib.DATASETS:
@@ -130,6 +174,7 @@ def check_config(config, *, device_count: Optional[int] = None,
       _fail("dataset.num_classes", f"loss {loss_name!r} ({entry.kind}) learns "
             f"one {entry.param_name} row per class and needs the number of "
             f"train classes; got {n!r}.")
+  _check_loss_hyper(entry, loss_hyper(config), dim, num_classes(config, info))
   # Batch and devices.
   try:
     placement = parallel.from_config(config)

@@ -87,3 +87,32 @@ def test_random_sampler_batch_checks():
     config_checks.check_config(c, device_count=8, process_count=1)
   c.batch.size = 40
   config_checks.check_config(c, device_count=8, process_count=1)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"loss.gamma": float("nan")},
+     "config.loss.gamma: must be a finite number; got nan."),
+    ({"loss.gamma": float("inf")},
+     "config.loss.gamma: must be a finite number; got inf."),
+    ({"optim.learning_rate": float("nan")},
+     "config.optim.learning_rate: must be a finite number; got nan."),
+    ({"optim.weight_decay": float("-inf")},
+     "config.optim.weight_decay: must be a finite number; got -inf."),
+    ({"loss.gamma": -1.0}, "config.loss.gamma: must be > 0; got -1.0."),
+])
+def test_float_fields_must_be_finite_and_in_range(overrides, message):
+  with pytest.raises(config_checks.ConfigError) as e:
+    config_checks.check_config(_config(**overrides), device_count=8,
+                               process_count=1)
+  assert str(e.value) == message
+
+
+def test_loss_hyperparameters_are_checked_by_the_loss_itself():
+  # Any registered loss's own trace-time range check becomes a ConfigError
+  # naming the field: here a proxy loss, whose parameters are built too.
+  c = _config()
+  c.loss = config_lib.loss_config("proxy_anchor", alpha=-3.0)
+  c.dataset.num_classes = 5
+  with pytest.raises(config_checks.ConfigError,
+                     match=r"^config\.loss\.alpha: must be > 0; got -3\.0\.$"):
+    config_checks.check_config(c, device_count=8, process_count=1)
