@@ -177,6 +177,9 @@ class Checkpoints:
         included); the message names the folder and the cause.
     """
     step = int(step)
+    # A failed earlier (asynchronous) write surfaces here, under its own step.
+    with self._writing(None):
+      self.latest.wait_until_finished()
     self.check_for_errors()
     if step in self.latest.all_steps():
       return False

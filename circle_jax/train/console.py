@@ -41,12 +41,19 @@ _QUIET_PACKAGES = ("tensorflow_datasets", "orbax", "grain", "array_record",
                    "etils")
 
 
+# Orbax logs the traceback of a failed checkpoint write or read from its
+# background threads before the error reaches the job, which then reports it
+# in one line (circle_jax.train.checkpoint re-raises every such failure), so
+# quiet mode drops orbax's errors too.
+_REPORTED_PACKAGES = ("orbax",)
+
+
 class _LibraryWarningFilter(std_logging.Filter):
 
   def filter(self, record):
-    if record.levelno >= std_logging.ERROR:
-      return True
     path = record.pathname.replace("\\", "/")
+    if record.levelno >= std_logging.ERROR:
+      return not any(f"/{p}/" in path for p in _REPORTED_PACKAGES)
     return not any(f"/{p}/" in path for p in _QUIET_PACKAGES)
 
 
@@ -57,7 +64,8 @@ def configure_logging(verbose: bool) -> None:
   """INFO logs of absl and the libraries on with ``verbose``.
 
   Otherwise absl logs WARNING and above, and the libraries' own warnings
-  (tfds, orbax, grain) are dropped; errors always show.
+  (tfds, orbax, grain) are dropped; errors show, except orbax's, which the
+  checkpoint code raises again as one-line errors.
   """
   level = std_logging.INFO if verbose else std_logging.WARNING
   logging.set_verbosity(logging.INFO if verbose else logging.WARNING)

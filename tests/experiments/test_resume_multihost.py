@@ -197,3 +197,29 @@ def test_one_run_per_workdir_and_a_killed_holder_is_taken_over(
       third.stderr)
   assert not os.path.exists(os.path.join(workdir, "run.lock"))
   chex.assert_trees_all_equal(_final(workdir), reference)
+
+
+def test_full_disk_is_one_line_naming_the_folder_and_cause(data_dir,
+                                                           tmp_path):
+  """The main job with its workdir on a real 400 KiB tmpfs (mounted in a
+  private mount namespace; skipped where the machine does not allow it)."""
+  import shutil
+  if shutil.which("unshare") is None:
+    pytest.skip("no unshare: cannot mount a small filesystem here")
+  fs = tmp_path / "fs"
+  fs.mkdir()
+  workdir = str(fs / "run")
+  run = " ".join(_command(workdir, data_dir, "--config.num_train_steps=40"))
+  proc = subprocess.run(
+      ["unshare", "-rm", "sh", "-c",
+       f"mount -t tmpfs -o size=400k tmpfs {fs} || exit 97; {run}"],
+      cwd=REPO, env=_env(4), capture_output=True, text=True, timeout=300)
+  if proc.returncode == 97:
+    pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()[:200]}")
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert len(errors) == 1, proc.stderr[-3000:]
+  assert f"{workdir}/checkpoints" in errors[0]
+  assert "no space left on the device" in errors[0]
+  assert "Traceback" not in proc.stderr
+  assert len(proc.stderr.splitlines()) < 30
