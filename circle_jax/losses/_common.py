@@ -40,6 +40,7 @@ from circle_jax.ops import (  # noqa: F401  (re-exported for the losses)
     masked_logsumexp,
     masked_mean,
     maybe_global_sum,
+    nonpositive,
     safe_sqrt,
 )
 
@@ -254,7 +255,10 @@ def two_set_exp(
     m_p, m_n = (jnp.asarray(m, jnp.float32) for m in shift)
   m_p = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m_p), m_p, 0.0))
   m_n = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m_n), m_n, 0.0))
-  e = jnp.exp(jnp.where(pos | neg, z - jnp.where(pos, m_p, m_n), -jnp.inf))
+  # The shift may exceed a recomputed logit's maximum by its rounding (or a
+  # caller's shift be slightly off): the clamp keeps every term <= 1.
+  e = jnp.exp(jnp.where(pos | neg, nonpositive(z - jnp.where(pos, m_p, m_n)),
+                        -jnp.inf))
   return e, m_p, m_n
 
 

@@ -215,7 +215,10 @@ def _online(state, logits, values, mask):
   block_max = jnp.max(jnp.where(mask, logits, _NEG_INF), axis=1)
   m_new = jnp.maximum(m, block_max)
   shift = _finite_or_zero(m_new)
-  e = jnp.exp(jnp.where(mask, logits - shift[:, None], _NEG_INF))
+  # <= 0 mathematically; clamped against a logit recomputed with other
+  # rounding than the maximum's (ops.nonpositive).
+  e = jnp.exp(jnp.where(mask, jnp.minimum(logits - shift[:, None], 0.0),
+                        _NEG_INF))
   scale = jnp.exp(m - shift)
   z = z * scale + jnp.sum(e, axis=1)
   if values is not None:
@@ -256,9 +259,15 @@ def stats_finish(rule, stats):
 
 
 def _softmax_weights(logits, lse, mask):
-  """``exp(logit - lse)`` on ``mask`` (0 elsewhere, and 0 when the set is empty)."""
+  """``exp(logit - lse)`` on ``mask`` (0 elsewhere, and 0 when the set is empty).
+
+  A softmax weight is <= 1; the backward pass recomputes the logit, whose
+  rounding may differ from the forward pass's by a few ulps (``ulp x
+  scale``), so the exponent is clamped at 0 to keep the weight in [0, 1].
+  """
   safe_lse = jnp.where(jnp.isfinite(lse), lse, 0.0)
-  return jnp.exp(jnp.where(mask, logits - safe_lse[:, None], _NEG_INF))
+  return jnp.exp(jnp.where(mask, jnp.minimum(logits - safe_lse[:, None], 0.0),
+                           _NEG_INF))
 
 
 def tile_cotangent(rule, s, pos, neg, pre, stats, ct):
