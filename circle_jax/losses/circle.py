@@ -24,6 +24,7 @@ References:
 
 from __future__ import annotations
 
+import types
 from typing import Optional
 
 import jax
@@ -38,10 +39,6 @@ Array = jax.Array
 # ----------------------------------------------------------------------------
 # Rules (run by circle_jax.losses.engines).
 # ----------------------------------------------------------------------------
-
-
-def _check_gamma(gamma):
-  _common.check_positive(gamma, "gamma")
 
 
 def _softplus_of_sum(lse_p, lse_n):
@@ -60,15 +57,16 @@ class Circle(engines.PairRule):
   defaults.
 
   Attributes:
-    margin: relaxation ``m``.
-    gamma: scale ``gamma`` (> 0).
+    margin: relaxation ``m``, in [-1, 1].
+    gamma: scale ``gamma``, in [1e-6, 1e4].
   """
 
   margin: float = 0.4
   gamma: float = 80.0
 
-  def __post_init__(self):
-    _check_gamma(self.gamma)
+  ranges = types.MappingProxyType({
+      "margin": _common.SIMILARITY_MARGIN_RANGE,
+      "gamma": _common.SCALE_RANGE})
 
   def logits(self, s):
     # The weights alpha are constants in backprop (the paper scales the
@@ -89,15 +87,14 @@ class Unified(engines.PairRule):
   -gamma s_p)``; its fields are the pair-wise forms' defaults.
 
   Attributes:
-    gamma: scale ``gamma`` (> 0).
-    margin: margin ``m``.
+    gamma: scale ``gamma``, in [1e-6, 1e4].
+    margin: margin ``m``, in [-1, 1].
   """
 
   gamma: float = 80.0
   margin: float = 0.4
 
-  def __post_init__(self):
-    _check_gamma(self.gamma)
+  ranges = Circle.ranges
 
   def logits(self, s):
     return -self.gamma * s, self.gamma * (s + self.margin)

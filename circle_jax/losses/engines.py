@@ -78,7 +78,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple, Optional, Tuple
+import types
+from typing import Mapping, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -103,6 +104,18 @@ class PairRule:
   statistic = "lse"
   prepass: Tuple[Tuple[str, str], ...] = ()
   reduction = "valid_mean"
+  # The documented range of each checked hyperparameter (name ->
+  # _common.HyperRange), enforced by check_ranges for concrete values and
+  # exposed by circle_jax.losses.hyper_ranges.
+  ranges: Mapping[str, _common.HyperRange] = types.MappingProxyType({})
+
+  def check_ranges(self):
+    """Raises ValueError for a concrete hyperparameter outside ``ranges``."""
+    _common.check_ranges({n: getattr(self, n) for n in self.ranges},
+                         self.ranges, f"the {type(self).__name__} rule")
+
+  def __post_init__(self):
+    self.check_ranges()
 
   def prepare(self, s):
     return s

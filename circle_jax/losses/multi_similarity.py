@@ -21,6 +21,7 @@ References:
 
 from __future__ import annotations
 
+import types
 from typing import Optional, Tuple
 
 import jax
@@ -47,11 +48,13 @@ class MultiSimilarity(engines.PairRule):
   so the pre-pass statistics also give each mined set's logit maximum.
 
   Attributes:
-    alpha: positive scale ``alpha`` (> 0; official code: 2, "scale_pos").
-    beta: negative scale ``beta`` (> 0; default 50, the official code's
-      configs use 40, "scale_neg").
-    base: similarity margin ``lambda`` (official code: 0.5, "thresh").
-    epsilon: mining margin ``epsilon`` (>= 0; official code: 0.1, "margin").
+    alpha: positive scale ``alpha``, in [1e-6, 1e4] (official code: 2,
+      "scale_pos").
+    beta: negative scale ``beta``, in [1e-6, 1e4] (default 50, the official
+      code's configs use 40, "scale_neg").
+    base: similarity margin ``lambda``, in [-1, 1] (official code: 0.5,
+      "thresh").
+    epsilon: mining margin ``epsilon``, >= 0 (official code: 0.1, "margin").
     mining: apply the pair mining (static).
   """
 
@@ -64,10 +67,11 @@ class MultiSimilarity(engines.PairRule):
   prepass = (("min", "pos"), ("max", "neg"))
   reduction = "batch_mean"
 
-  def __post_init__(self):
-    _common.check_positive(self.alpha, "alpha")
-    _common.check_positive(self.beta, "beta")
-    _common.check_nonnegative(self.epsilon, "epsilon")
+  ranges = types.MappingProxyType({
+      "alpha": _common.SCALE_RANGE,
+      "beta": _common.SCALE_RANGE,
+      "base": _common.SIMILARITY_MARGIN_RANGE,
+      "epsilon": _common.NONNEGATIVE_RANGE})
 
   def select(self, s, pos, neg, pre):
     if not self.mining:

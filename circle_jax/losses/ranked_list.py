@@ -26,6 +26,7 @@ References:
 
 from __future__ import annotations
 
+import types
 from typing import Optional
 
 import jax
@@ -47,12 +48,15 @@ class RankedList(engines.PairRule):
   Ranked Proxy-Anchor loss.
 
   Attributes:
-    alpha: the negative boundary ``alpha`` (> 0).
+    alpha: the negative boundary ``alpha``, in (0, 2] (distances of unit
+      vectors lie in [0, 2]).
     margin: the gap ``m`` between the positive boundary ``alpha - m`` and the
-      negative boundary (>= 0).
-    t_neg: temperature ``T_n`` of the negative weighting (0: plain mean).
-    t_pos: temperature ``T_p`` of the positive weighting (0: plain mean).
-    imbalance: ``lambda``, the weight of the negative term (in [0, 1]).
+      negative boundary, in [0, 2].
+    t_neg: temperature ``T_n`` of the negative weighting, in [0, 1e4] (0:
+      plain mean).
+    t_pos: temperature ``T_p`` of the positive weighting, in [0, 1e4] (0:
+      plain mean).
+    imbalance: ``lambda``, the weight of the negative term, in [0, 1].
     on_distance: the block holds distances (static); otherwise cosine
       similarities, turned into the Euclidean distance of unit vectors
       ``sqrt(2 - 2 s)`` (0 with a zero gradient at ``s = 1``).
@@ -68,16 +72,12 @@ class RankedList(engines.PairRule):
   statistic = "mean"
   reduction = "batch_mean"
 
-  def __post_init__(self):
-    _common.check_positive(self.alpha, "alpha")
-    _common.check_nonnegative(
-        self.margin, "margin", " (the gap between the positive boundary "
-        "alpha - margin and the negative boundary alpha)")
-    if (isinstance(self.imbalance, (int, float))
-        and not 0.0 <= self.imbalance <= 1.0):
-      raise ValueError(
-          f"`imbalance` must be in [0, 1] (the weight lambda of the negative "
-          f"term; the positive term gets 1 - lambda); got {self.imbalance}.")
+  ranges = types.MappingProxyType({
+      "alpha": _common.HyperRange(0.0, 2.0, False, True),
+      "margin": _common.DISTANCE_MARGIN_RANGE,
+      "t_neg": _common.TEMPERATURE_RANGE,
+      "t_pos": _common.TEMPERATURE_RANGE,
+      "imbalance": _common.UNIT_INTERVAL})
 
   def prepare(self, s):
     return s if self.on_distance else _common.euclidean_from_cosine(s)
