@@ -323,12 +323,15 @@ def two_set_exp(
     shift: optional ``(m_p, m_n)``, each ``[..., 1]``: the row maxima of the
       two sets when the caller already has them (e.g. Multi-Similarity's
       mining statistics, or maxima over devices), which saves the two max
-      passes. Non-finite entries (empty sets) are replaced by 0.
+      passes; a shift above the maximum is also exact (short of underflow),
+      one below it by rounding clamps the entries above it to ``exp(0)``
+      (:func:`circle_jax.ops.nonpositive`). Non-finite entries (empty sets)
+      are replaced by 0.
     axis: the axis of the sets (default the last; Proxy-Anchor uses 0).
 
   Returns:
-    ``(e, m_p, m_n)``: ``e`` has the shape of the logits, ``exp(logit - m)``
-    with the maximum ``m`` of the entry's set, and 0 outside ``pos | neg``
+    ``(e, m_p, m_n)``: ``e`` has the shape of the logits,
+    ``exp(min(logit - m, 0))`` with the maximum ``m`` of the entry's set, and 0 outside ``pos | neg``
     (so a non-empty set sums to about 1 or more, and only an empty set to
     exactly 0); ``m_p`` and ``m_n`` have size 1 along
     ``axis``: the maxima of each set (0 for an empty set), without gradient.
