@@ -272,7 +272,7 @@ def stats_finish(rule, stats):
 
 
 def _softmax_weights(logits, lse, mask):
-  """``exp(logit - lse)`` on ``mask`` (0 elsewhere, and 0 when the set is empty).
+  """``exp(logit - lse)`` on ``mask`` (0 elsewhere and for an empty set).
 
   A softmax weight is <= 1; the backward pass recomputes the logit, whose
   rounding may differ from the forward pass's by a few ulps (``ulp x

@@ -193,8 +193,10 @@ def contrastive_loss(
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16.
     labels: ``[B]`` integer labels.
-    pos_margin: ``m_+``, positives closer than this are not pulled.
-    neg_margin: ``m_-``, negatives farther than this are not pushed.
+    pos_margin: ``m_+``, in [0, 2]: positives closer than this are not
+      pulled.
+    neg_margin: ``m_-``, in [0, 2]: negatives farther than this are not
+      pushed.
     axis_name: global-batch loss across devices (see module docstring).
     pos_mask, neg_mask: optional miner masks of the block's shape.
     block_size: ``None`` (dense) or the block size of the blockwise engine
