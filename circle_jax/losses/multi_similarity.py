@@ -48,13 +48,9 @@ class MultiSimilarity(engines.PairRule):
   so the pre-pass statistics also give each mined set's logit maximum.
 
   Attributes:
-    alpha: positive scale ``alpha``, in [1e-6, 1e4] (official code: 2,
-      "scale_pos").
-    beta: negative scale ``beta``, in [1e-6, 1e4] (default 50, the official
-      code's configs use 40, "scale_neg").
-    base: similarity margin ``lambda``, in [-1, 1] (official code: 0.5,
-      "thresh").
-    epsilon: mining margin ``epsilon``, >= 0 (official code: 0.1, "margin").
+    alpha, beta, base, epsilon: the scales, similarity margin and mining
+      margin, with their ranges (``ranges``) and the official code's values
+      in :func:`multi_similarity_loss_from_similarity`.
     mining: apply the pair mining (static).
   """
 
