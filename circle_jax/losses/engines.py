@@ -37,6 +37,10 @@ are elementwise in the block (the engines rely on it to tile it):
 * ``combine(stat_p, stat_n) -> (per_anchor, valid)``, rowwise; an empty set's
   statistic is ``-inf`` (``"lse"``) or ``0`` (``"mean"``, ``"sum"``);
   ``per_anchor`` is ``[R]`` or a tuple of ``[R]`` terms;
+* ``ranges``: the documented range of each hyperparameter (name ->
+  :class:`circle_jax.losses._common.HyperRange`), checked for concrete values
+  by the default ``__post_init__`` and exposed by
+  :func:`circle_jax.losses.hyper_ranges`;
 * ``reduction``: ``"valid_mean"`` (mean over valid anchors of the global
   batch), ``"batch_mean"`` (sum over anchors / global batch size), or the
   rule's own ``reduce(per_anchor, valid, axis_name)`` (e.g. contrastive's
