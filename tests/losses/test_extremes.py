@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import Mesh, PartitionSpec as P
 
 from circle_jax import losses
 from circle_jax.losses import circle as circle_mod
@@ -300,3 +301,27 @@ def test_hyper_range_contains_and_describes():
   assert str(losses.HyperRange(1e-6, 1e4)) == "[1e-06, 10000]"
   low, high, low_inclusive, high_inclusive = r
   assert (low, high, low_inclusive, high_inclusive) == (0.0, 2.0, False, True)
+
+
+@pytest.mark.parametrize("name,hyper", [
+    ("circle", dict(gamma=1e4, margin=1.0)),
+    ("multi_similarity", dict(alpha=1e4, beta=1e4, base=-1.0)),
+    ("ranked_list", dict(t_neg=1e4, t_pos=1e4, alpha=2.0)),
+])
+@pytest.mark.parametrize("block_size", [None, 3])
+def test_global_batch_at_the_largest_scales(name, hyper, block_size):
+  # 8 simulated devices, 2 anchors each, against the gathered batch.
+  fn, _, _ = LOSSES[name]
+  x, y = _batch()
+  n = jax.device_count()
+  assert n == 8
+  want_v, want_g = jax.value_and_grad(lambda e: fn(e, y, **hyper))(x)
+  f = jax.value_and_grad(lambda e, l: fn(e, l, axis_name="d",
+                                         block_size=block_size, **hyper))
+  mesh = Mesh(np.array(jax.devices()), ("d",))
+  v, g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("d"), P("d")),
+                               out_specs=(P(), P("d"))))(x, y)
+  assert np.isfinite(v) and np.all(np.isfinite(g))
+  assert np.max(np.abs(want_g)) > 1e-3
+  np.testing.assert_allclose(v, want_v, rtol=1e-4)
+  _assert_close_grads(g, want_g, f"{name} {hyper} {block_size}")
