@@ -9,7 +9,8 @@ use these instead of their own copies:
   vectors with a finite gradient at 0;
 * masked reductions (:func:`masked_logsumexp`, :func:`log1p_sum_exp`,
   :func:`masked_mean`) that never exponentiate a masked-out entry and give 0
-  gradient on empty sets;
+  gradient on empty sets, and :func:`nonpositive` for the shifted logits
+  they exponentiate;
 * the global batch across devices: :func:`global_sum` (a ``psum`` whose
   backward pass is the identity, exact under ``jax.shard_map`` and
   ``jax.pmap``) and :func:`gather_global`.
@@ -84,6 +85,26 @@ def euclidean_from_cosine(similarity: Array) -> Array:
 # ----------------------------------------------------------------------------
 
 
+def nonpositive(d: Array) -> Array:
+  """``min(d, 0)`` in value, with the gradient of ``d`` (straight-through).
+
+  A logit minus its set's maximum is ``<= 0`` mathematically, but XLA may
+  compute the maximum and the logit in different fusions with different
+  rounding (e.g. a contracted multiply-add in one of them), so the
+  difference can be positive by a few ulps of the logit: about ``600`` for
+  a logit of ``1e10``, and ``exp`` overflows. Clamping the value at 0 bounds
+  every shifted ``exp`` by 1 and is exact whenever ``d <= 0``; the gradient
+  is ``d``'s, so a clamped entry still gets its softmax weight.
+
+  Args:
+    d: shifted logits (any shape).
+
+  Returns:
+    ``d - stop_gradient(max(d, 0))``.
+  """
+  return d - jax.lax.stop_gradient(jnp.maximum(d, 0.0))
+
+
 def log_of_shifted_sum(s: Array, m: Array) -> Array:
   """``log(s) + m``; ``-inf`` (zero grad) for an empty set (``s == 0``).
 
@@ -106,7 +127,7 @@ def masked_logsumexp(x: Array, mask: Array, axis: int = -1) -> Array:
   x = x.astype(jnp.float32)
   m = jnp.max(jnp.where(mask, x, -jnp.inf), axis=axis, keepdims=True)
   m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
-  shifted = jnp.where(mask, x - m, -jnp.inf)
+  shifted = jnp.where(mask, nonpositive(x - m), -jnp.inf)
   s = jnp.sum(jnp.exp(shifted), axis=axis, keepdims=True)
   return jnp.squeeze(log_of_shifted_sum(s, m), axis=axis)
 

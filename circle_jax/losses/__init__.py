@@ -69,7 +69,10 @@ from circle_jax.losses.miners import (
 )
 from circle_jax.losses.registry import (
     LOSSES,
+    HyperRange,
     LossEntry,
     get_loss,
+    hyper_ranges,
     loss_table_markdown,
+    validate_hyper,
 )

@@ -21,11 +21,12 @@ Conventions used by every loss in :mod:`circle_jax.losses`:
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Mapping, NamedTuple, Optional, Tuple
 
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 # The public building blocks live in circle_jax.ops; the losses use them
 # through this module's namespace.
@@ -40,6 +41,7 @@ from circle_jax.ops import (  # noqa: F401  (re-exported for the losses)
     masked_logsumexp,
     masked_mean,
     maybe_global_sum,
+    nonpositive,
     safe_sqrt,
 )
 
@@ -163,6 +165,91 @@ def check_nonnegative(value, name: str, why: str = ""):
     raise ValueError(f"`{name}` must be >= 0{why}; got {value}.")
 
 
+class HyperRange(NamedTuple):
+  """The documented range of a hyperparameter: an interval of the reals.
+
+  Attributes:
+    low, high: the bounds (``-inf`` / ``inf`` for none).
+    low_inclusive, high_inclusive: whether the bounds belong to the range.
+  """
+
+  low: float
+  high: float
+  low_inclusive: bool = True
+  high_inclusive: bool = True
+
+  def contains(self, value) -> bool:
+    above = value >= self.low if self.low_inclusive else value > self.low
+    below = value <= self.high if self.high_inclusive else value < self.high
+    return bool(above and below)
+
+  def describe(self) -> str:
+    """E.g. ``"[1e-06, 10000]"`` or ``"(0, inf)"``."""
+    return (f"{'[' if self.low_inclusive else '('}{self.low:g}, "
+            f"{self.high:g}{']' if self.high_inclusive else ')'}")
+
+  def __str__(self) -> str:
+    return self.describe()
+
+
+# Scales and temperatures multiply a similarity (or a distance of unit
+# vectors) inside an ``exp``. A recomputed similarity differs from the first
+# by float32 rounding (about 1e-7 for D up to a few hundred), which the scale
+# turns into a logit error: up to 1e4 it stays around 1e-3, so the softmax
+# weights (and dense / blockwise, jit / eager results) agree to ~0.1%; at 1e8
+# they can differ by 100%. Scales that divide a loss term (Multi-Similarity's
+# 1 / alpha) are kept >= 1e-6.
+SCALE_RANGE = HyperRange(1e-6, 1e4)
+TEMPERATURE_RANGE = HyperRange(0.0, 1e4)  # 0: a plain mean
+# Margins and thresholds compared with cosine similarities (in [-1, 1]) or
+# added to them.
+SIMILARITY_MARGIN_RANGE = HyperRange(-1.0, 1.0)
+# Boundaries and margins of Euclidean distances of unit vectors (in [0, 2]).
+DISTANCE_MARGIN_RANGE = HyperRange(0.0, 2.0)
+NONNEGATIVE_RANGE = HyperRange(0.0, float("inf"), True, False)
+UNIT_INTERVAL = HyperRange(0.0, 1.0)
+
+
+def _concrete_number(value):
+  """``value`` as a float when it is a concrete real scalar, else None."""
+  if isinstance(value, (bool, np.bool_)):
+    return None
+  if isinstance(value, (int, float, np.integer, np.floating)):
+    return float(value)
+  return None  # traced (or array) values are not checked
+
+
+def check_range(value, name: str, valid: HyperRange, owner: str = ""):
+  """Checks (when concrete) that a hyperparameter lies in its range.
+
+  Args:
+    value: the hyperparameter (Python / NumPy number; traced values pass).
+    name: its name, for the message.
+    valid: its documented range.
+    owner: what it belongs to, for the message (e.g. ``"the Circle loss"``).
+
+  Raises:
+    ValueError: naming the parameter, its range and the value (NaN is never
+      in a range).
+  """
+  number = _concrete_number(value)
+  if number is not None and not valid.contains(number):
+    where = f" of {owner}" if owner else ""
+    raise ValueError(
+        f"`{name}`{where} must be in {valid}; got {value}. Outside this "
+        "range the loss is not accurate in float32 (or not meaningful for "
+        "cosine similarities / distances of unit vectors); see the "
+        "loss's docstring.")
+
+
+def check_ranges(values: Mapping[str, Any], ranges: Mapping[str, HyperRange],
+                 owner: str = ""):
+  """:func:`check_range` for every ``ranges`` entry present in ``values``."""
+  for name, valid in ranges.items():
+    if name in values:
+      check_range(values[name], name, valid, owner)
+
+
 # ----------------------------------------------------------------------------
 # Pair masks.
 # ----------------------------------------------------------------------------
@@ -236,12 +323,15 @@ def two_set_exp(
     shift: optional ``(m_p, m_n)``, each ``[..., 1]``: the row maxima of the
       two sets when the caller already has them (e.g. Multi-Similarity's
       mining statistics, or maxima over devices), which saves the two max
-      passes. Non-finite entries (empty sets) are replaced by 0.
+      passes; a shift above the maximum is also exact (short of underflow),
+      one below it by rounding clamps the entries above it to ``exp(0)``
+      (:func:`circle_jax.ops.nonpositive`). Non-finite entries (empty sets)
+      are replaced by 0.
     axis: the axis of the sets (default the last; Proxy-Anchor uses 0).
 
   Returns:
-    ``(e, m_p, m_n)``: ``e`` has the shape of the logits, ``exp(logit - m)``
-    with the maximum ``m`` of the entry's set, and 0 outside ``pos | neg``
+    ``(e, m_p, m_n)``: ``e`` has the shape of the logits,
+    ``exp(min(logit - m, 0))`` with the maximum ``m`` of the entry's set, and 0 outside ``pos | neg``
     (so a non-empty set sums to about 1 or more, and only an empty set to
     exactly 0); ``m_p`` and ``m_n`` have size 1 along
     ``axis``: the maxima of each set (0 for an empty set), without gradient.
@@ -254,7 +344,10 @@ def two_set_exp(
     m_p, m_n = (jnp.asarray(m, jnp.float32) for m in shift)
   m_p = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m_p), m_p, 0.0))
   m_n = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m_n), m_n, 0.0))
-  e = jnp.exp(jnp.where(pos | neg, z - jnp.where(pos, m_p, m_n), -jnp.inf))
+  # The shift may exceed a recomputed logit's maximum by its rounding (or a
+  # caller's shift be slightly off): the clamp keeps every term <= 1.
+  e = jnp.exp(jnp.where(pos | neg, nonpositive(z - jnp.where(pos, m_p, m_n)),
+                        -jnp.inf))
   return e, m_p, m_n
 
 

@@ -24,6 +24,7 @@ References:
 
 from __future__ import annotations
 
+import types
 from typing import Optional
 
 import jax
@@ -38,10 +39,6 @@ Array = jax.Array
 # ----------------------------------------------------------------------------
 # Rules (run by circle_jax.losses.engines).
 # ----------------------------------------------------------------------------
-
-
-def _check_gamma(gamma):
-  _common.check_positive(gamma, "gamma")
 
 
 def _softplus_of_sum(lse_p, lse_n):
@@ -60,15 +57,16 @@ class Circle(engines.PairRule):
   defaults.
 
   Attributes:
-    margin: relaxation ``m``.
-    gamma: scale ``gamma`` (> 0).
+    margin: relaxation ``m``, in [-1, 1].
+    gamma: scale ``gamma``, in [1e-6, 1e4].
   """
 
   margin: float = 0.4
   gamma: float = 80.0
 
-  def __post_init__(self):
-    _check_gamma(self.gamma)
+  ranges = types.MappingProxyType({
+      "margin": _common.SIMILARITY_MARGIN_RANGE,
+      "gamma": _common.SCALE_RANGE})
 
   def logits(self, s):
     # The weights alpha are constants in backprop (the paper scales the
@@ -89,15 +87,14 @@ class Unified(engines.PairRule):
   -gamma s_p)``; its fields are the pair-wise forms' defaults.
 
   Attributes:
-    gamma: scale ``gamma`` (> 0).
-    margin: margin ``m``.
+    gamma: scale ``gamma``, in [1e-6, 1e4].
+    margin: margin ``m``, in [-1, 1].
   """
 
   gamma: float = 80.0
   margin: float = 0.4
 
-  def __post_init__(self):
-    _check_gamma(self.gamma)
+  ranges = Circle.ranges
 
   def logits(self, s):
     return -self.gamma * s, self.gamma * (s + self.margin)
@@ -150,9 +147,9 @@ def circle_loss_from_similarity(
     similarity: ``[B, B]`` float similarity matrix (cast to float32). It need
       not be symmetric: row ``i`` holds anchor ``i``'s similarities.
     labels: ``[B]`` integer labels.
-    margin: relaxation ``m`` (paper: 0.25 for face recognition, 0.4 for
-      fine-grained retrieval).
-    gamma: scale ``gamma`` (> 0).
+    margin: relaxation ``m``, in [-1, 1] (paper: 0.25 for face recognition,
+      0.4 for fine-grained retrieval).
+    gamma: scale ``gamma``, in [1e-6, 1e4].
     pos_mask: optional ``[B, B]`` bool mask of usable positive pairs (miner).
     neg_mask: optional ``[B, B]`` bool mask of usable negative pairs (miner).
 
@@ -194,8 +191,8 @@ def circle_loss(
     embeddings: ``[B, D]`` float32 or bfloat16 embeddings (computed in
       float32).
     labels: ``[B]`` integer labels.
-    margin: relaxation ``m``.
-    gamma: scale ``gamma`` (> 0).
+    margin: relaxation ``m``, in [-1, 1].
+    gamma: scale ``gamma``, in [1e-6, 1e4].
     axis_name: optional mapped axis (``jax.shard_map`` / ``jax.pmap``). The
       local anchors are compared with the batch gathered over the axis; the
       result is the loss of the global batch on every device and the gradient
@@ -255,8 +252,8 @@ def circle_loss_class_level(
     labels: ``[B]`` integer class ids in ``[0, C)``.
     class_weights: ``[C, D]`` float class weight vectors (L2-normalised
       inside).
-    margin: relaxation ``m`` (paper: 0.25).
-    gamma: scale ``gamma`` (> 0; paper: 256).
+    margin: relaxation ``m``, in [-1, 1] (paper: 0.25).
+    gamma: scale ``gamma``, in [1e-6, 1e4] (paper: 256).
 
   Returns:
     float32 scalar: the mean loss over the ``B`` samples.
@@ -300,8 +297,8 @@ def unified_loss_from_similarity(
   Args:
     similarity: ``[B, B]`` float similarity matrix (row ``i``: anchor ``i``).
     labels: ``[B]`` integer labels.
-    gamma: scale ``gamma`` (> 0).
-    margin: margin ``m``.
+    gamma: scale ``gamma``, in [1e-6, 1e4].
+    margin: margin ``m``, in [-1, 1].
     pos_mask: optional ``[B, B]`` bool mask of usable positive pairs.
     neg_mask: optional ``[B, B]`` bool mask of usable negative pairs.
 
@@ -341,8 +338,8 @@ def unified_loss(
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16 embeddings.
     labels: ``[B]`` integer labels.
-    gamma: scale ``gamma`` (> 0).
-    margin: margin ``m``.
+    gamma: scale ``gamma``, in [1e-6, 1e4].
+    margin: margin ``m``, in [-1, 1].
     axis_name: optional mapped axis; the global-batch loss (see
       :func:`circle_loss`).
     pos_mask: optional ``[B, B_global]`` bool mask of usable positive pairs.
@@ -391,7 +388,7 @@ def unified_loss_class_level(
     labels: ``[B]`` integer class ids in ``[0, C)``.
     class_weights: ``[C, D]`` float class weight vectors (L2-normalised
       inside).
-    gamma: scale ``gamma`` (> 0).
+    gamma: scale ``gamma``, in [1e-6, 1e4].
     margin: additive cosine margin ``m``.
 
   Returns:

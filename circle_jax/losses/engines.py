@@ -37,6 +37,10 @@ are elementwise in the block (the engines rely on it to tile it):
 * ``combine(stat_p, stat_n) -> (per_anchor, valid)``, rowwise; an empty set's
   statistic is ``-inf`` (``"lse"``) or ``0`` (``"mean"``, ``"sum"``);
   ``per_anchor`` is ``[R]`` or a tuple of ``[R]`` terms;
+* ``ranges``: the documented range of each hyperparameter (name ->
+  :class:`circle_jax.losses._common.HyperRange`), checked for concrete values
+  by the default ``__post_init__`` and exposed by
+  :func:`circle_jax.losses.hyper_ranges`;
 * ``reduction``: ``"valid_mean"`` (mean over valid anchors of the global
   batch), ``"batch_mean"`` (sum over anchors / global batch size), or the
   rule's own ``reduce(per_anchor, valid, axis_name)`` (e.g. contrastive's
@@ -78,7 +82,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple, Optional, Tuple
+import types
+from typing import Mapping, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -103,6 +108,18 @@ class PairRule:
   statistic = "lse"
   prepass: Tuple[Tuple[str, str], ...] = ()
   reduction = "valid_mean"
+  # The documented range of each checked hyperparameter (name ->
+  # _common.HyperRange), enforced by check_ranges for concrete values and
+  # exposed by circle_jax.losses.hyper_ranges.
+  ranges: Mapping[str, _common.HyperRange] = types.MappingProxyType({})
+
+  def check_ranges(self):
+    """Raises ValueError for a concrete hyperparameter outside ``ranges``."""
+    _common.check_ranges({n: getattr(self, n) for n in self.ranges},
+                         self.ranges, f"the {type(self).__name__} rule")
+
+  def __post_init__(self):
+    self.check_ranges()
 
   def prepare(self, s):
     return s
@@ -215,7 +232,10 @@ def _online(state, logits, values, mask):
   block_max = jnp.max(jnp.where(mask, logits, _NEG_INF), axis=1)
   m_new = jnp.maximum(m, block_max)
   shift = _finite_or_zero(m_new)
-  e = jnp.exp(jnp.where(mask, logits - shift[:, None], _NEG_INF))
+  # <= 0 mathematically; clamped against a logit recomputed with other
+  # rounding than the maximum's (ops.nonpositive).
+  e = jnp.exp(jnp.where(mask, jnp.minimum(logits - shift[:, None], 0.0),
+                        _NEG_INF))
   scale = jnp.exp(m - shift)
   z = z * scale + jnp.sum(e, axis=1)
   if values is not None:
@@ -256,9 +276,15 @@ def stats_finish(rule, stats):
 
 
 def _softmax_weights(logits, lse, mask):
-  """``exp(logit - lse)`` on ``mask`` (0 elsewhere, and 0 when the set is empty)."""
+  """``exp(logit - lse)`` on ``mask`` (0 elsewhere and for an empty set).
+
+  A softmax weight is <= 1; the backward pass recomputes the logit, whose
+  rounding may differ from the forward pass's by a few ulps (``ulp x
+  scale``), so the exponent is clamped at 0 to keep the weight in [0, 1].
+  """
   safe_lse = jnp.where(jnp.isfinite(lse), lse, 0.0)
-  return jnp.exp(jnp.where(mask, logits - safe_lse[:, None], _NEG_INF))
+  return jnp.exp(jnp.where(mask, jnp.minimum(logits - safe_lse[:, None], 0.0),
+                           _NEG_INF))
 
 
 def tile_cotangent(rule, s, pos, neg, pre, stats, ct):

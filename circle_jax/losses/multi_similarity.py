@@ -21,6 +21,7 @@ References:
 
 from __future__ import annotations
 
+import types
 from typing import Optional, Tuple
 
 import jax
@@ -47,11 +48,9 @@ class MultiSimilarity(engines.PairRule):
   so the pre-pass statistics also give each mined set's logit maximum.
 
   Attributes:
-    alpha: positive scale ``alpha`` (> 0; official code: 2, "scale_pos").
-    beta: negative scale ``beta`` (> 0; default 50, the official code's
-      configs use 40, "scale_neg").
-    base: similarity margin ``lambda`` (official code: 0.5, "thresh").
-    epsilon: mining margin ``epsilon`` (>= 0; official code: 0.1, "margin").
+    alpha, beta, base, epsilon: the scales, similarity margin and mining
+      margin, with their ranges (``ranges``) and the official code's values
+      in :func:`multi_similarity_loss_from_similarity`.
     mining: apply the pair mining (static).
   """
 
@@ -64,10 +63,11 @@ class MultiSimilarity(engines.PairRule):
   prepass = (("min", "pos"), ("max", "neg"))
   reduction = "batch_mean"
 
-  def __post_init__(self):
-    _common.check_positive(self.alpha, "alpha")
-    _common.check_positive(self.beta, "beta")
-    _common.check_nonnegative(self.epsilon, "epsilon")
+  ranges = types.MappingProxyType({
+      "alpha": _common.SCALE_RANGE,
+      "beta": _common.SCALE_RANGE,
+      "base": _common.SIMILARITY_MARGIN_RANGE,
+      "epsilon": _common.NONNEGATIVE_RANGE})
 
   def select(self, s, pos, neg, pre):
     if not self.mining:
@@ -136,11 +136,13 @@ def multi_similarity_loss_from_similarity(
   Args:
     similarity: ``[B, B]`` float similarity matrix (row ``i``: anchor ``i``).
     labels: ``[B]`` integer labels.
-    alpha: positive scale ``alpha`` (> 0; official code: 2, "scale_pos").
-    beta: negative scale ``beta`` (> 0; default 50, the official code's
-      configs use 40, "scale_neg").
-    base: similarity margin ``lambda`` (official code: 0.5, "thresh").
-    epsilon: mining margin ``epsilon`` (>= 0; official code: 0.1,
+    alpha: positive scale ``alpha``, in [1e-6, 1e4] (official code: 2,
+      "scale_pos").
+    beta: negative scale ``beta``, in [1e-6, 1e4] (default 50, the official
+      code's configs use 40, "scale_neg").
+    base: similarity margin ``lambda``, in [-1, 1] (official code: 0.5,
+      "thresh").
+    epsilon: mining margin ``epsilon``, >= 0 (official code: 0.1,
       "margin").
     mining: apply the pair mining above.
     pos_mask: optional ``[B, B]`` bool mask of usable positive pairs.
@@ -190,10 +192,10 @@ def multi_similarity_loss(
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16 embeddings.
     labels: ``[B]`` integer labels.
-    alpha: positive scale ``alpha`` (> 0).
-    beta: negative scale ``beta`` (> 0).
-    base: similarity margin ``lambda``.
-    epsilon: mining margin ``epsilon`` (>= 0).
+    alpha: positive scale ``alpha``, in [1e-6, 1e4].
+    beta: negative scale ``beta``, in [1e-6, 1e4].
+    base: similarity margin ``lambda``, in [-1, 1].
+    epsilon: mining margin ``epsilon``, >= 0.
     mining: apply the paper's pair mining.
     axis_name: optional mapped axis (``jax.shard_map`` / ``jax.pmap``): local
       anchors against the gathered global batch; the value is the loss of the

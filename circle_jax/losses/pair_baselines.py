@@ -27,6 +27,7 @@ have the shape of the block and are intersected with the label masks.
 
 from __future__ import annotations
 
+import types
 from typing import Optional
 
 import jax
@@ -101,8 +102,10 @@ class Contrastive(engines.PairRule):
   Its fields are the defaults of both forms of the loss.
 
   Attributes:
-    pos_margin: ``m_+`` (>= 0), positives closer than this are not pulled.
-    neg_margin: ``m_-``, negatives farther than this are not pushed.
+    pos_margin: ``m_+``, in [0, 2]: positives closer than this are not
+      pulled.
+    neg_margin: ``m_-``, in [0, 2]: negatives farther than this are not
+      pushed (distances of unit vectors lie in [0, 2]).
     on_distance: the block holds distances (static); otherwise cosine
       similarities, turned into the Euclidean distance of unit vectors.
   """
@@ -113,8 +116,9 @@ class Contrastive(engines.PairRule):
 
   statistic = "sum"
 
-  def __post_init__(self):
-    _check_margin(self.pos_margin, "pos_margin")
+  ranges = types.MappingProxyType({
+      "pos_margin": _common.DISTANCE_MARGIN_RANGE,
+      "neg_margin": _common.DISTANCE_MARGIN_RANGE})
 
   def prepare(self, s):
     return s if self.on_distance else _common.euclidean_from_cosine(s)
@@ -189,8 +193,10 @@ def contrastive_loss(
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16.
     labels: ``[B]`` integer labels.
-    pos_margin: ``m_+``, positives closer than this are not pulled.
-    neg_margin: ``m_-``, negatives farther than this are not pushed.
+    pos_margin: ``m_+``, in [0, 2]: positives closer than this are not
+      pulled.
+    neg_margin: ``m_-``, in [0, 2]: negatives farther than this are not
+      pushed.
     axis_name: global-batch loss across devices (see module docstring).
     pos_mask, neg_mask: optional miner masks of the block's shape.
     block_size: ``None`` (dense) or the block size of the blockwise engine

@@ -256,10 +256,11 @@ def ranked_proxy_anchor_loss_from_distance(
   Args:
     distance: ``[B, C]`` float distances of samples to proxies.
     labels: ``[B]`` integer labels in ``[0, C)``; others are ignored.
-    alpha: the negative boundary :math:`\alpha`.
-    margin: the gap :math:`m`; positives are pulled within
+    alpha: the negative boundary :math:`\alpha`, in (0, 2].
+    margin: the gap :math:`m`, in [0, 2]; positives are pulled within
       :math:`\alpha - m`.
-    t_neg: temperature :math:`T_n` of the negative weighting (0: plain mean).
+    t_neg: temperature :math:`T_n` of the negative weighting, in [0, 1e4]
+      (0: plain mean).
     axis_name: optional mapped axis; the block is this device's rows and the
       per-proxy sums run over the global batch.
 
@@ -347,9 +348,10 @@ def ranked_proxy_anchor_loss(
       be detected under ``jit``; such samples are ignored. Validate them on
       the host with :func:`circle_jax.losses.validate_labels`.
     proxies: ``[C, D]`` float proxies (normalised inside).
-    alpha: the negative boundary :math:`\alpha`.
-    margin: the gap :math:`m` (positive boundary :math:`\alpha - m`).
-    t_neg: temperature :math:`T_n` of the negative weighting.
+    alpha: the negative boundary :math:`\alpha`, in (0, 2].
+    margin: the gap :math:`m` (positive boundary :math:`\alpha - m`), in
+      [0, 2].
+    t_neg: temperature :math:`T_n` of the negative weighting, in [0, 1e4].
     distance: ``"euclidean"`` (default), :math:`\|\hat x - \hat p\| = \sqrt{2 -
       2\cos}` between normalised vectors, as in RLL; or ``"cosine"``,
       :math:`1 - \cos` (the RPAL paper's wording). The defaults ``alpha = 1.4``,

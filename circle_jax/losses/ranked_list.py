@@ -26,6 +26,7 @@ References:
 
 from __future__ import annotations
 
+import types
 from typing import Optional
 
 import jax
@@ -47,12 +48,15 @@ class RankedList(engines.PairRule):
   Ranked Proxy-Anchor loss.
 
   Attributes:
-    alpha: the negative boundary ``alpha`` (> 0).
+    alpha: the negative boundary ``alpha``, in (0, 2] (distances of unit
+      vectors lie in [0, 2]).
     margin: the gap ``m`` between the positive boundary ``alpha - m`` and the
-      negative boundary (>= 0).
-    t_neg: temperature ``T_n`` of the negative weighting (0: plain mean).
-    t_pos: temperature ``T_p`` of the positive weighting (0: plain mean).
-    imbalance: ``lambda``, the weight of the negative term (in [0, 1]).
+      negative boundary, in [0, 2].
+    t_neg: temperature ``T_n`` of the negative weighting, in [0, 1e4] (0:
+      plain mean).
+    t_pos: temperature ``T_p`` of the positive weighting, in [0, 1e4] (0:
+      plain mean).
+    imbalance: ``lambda``, the weight of the negative term, in [0, 1].
     on_distance: the block holds distances (static); otherwise cosine
       similarities, turned into the Euclidean distance of unit vectors
       ``sqrt(2 - 2 s)`` (0 with a zero gradient at ``s = 1``).
@@ -68,16 +72,12 @@ class RankedList(engines.PairRule):
   statistic = "mean"
   reduction = "batch_mean"
 
-  def __post_init__(self):
-    _common.check_positive(self.alpha, "alpha")
-    _common.check_nonnegative(
-        self.margin, "margin", " (the gap between the positive boundary "
-        "alpha - margin and the negative boundary alpha)")
-    if (isinstance(self.imbalance, (int, float))
-        and not 0.0 <= self.imbalance <= 1.0):
-      raise ValueError(
-          f"`imbalance` must be in [0, 1] (the weight lambda of the negative "
-          f"term; the positive term gets 1 - lambda); got {self.imbalance}.")
+  ranges = types.MappingProxyType({
+      "alpha": _common.HyperRange(0.0, 2.0, False, True),
+      "margin": _common.DISTANCE_MARGIN_RANGE,
+      "t_neg": _common.TEMPERATURE_RANGE,
+      "t_pos": _common.TEMPERATURE_RANGE,
+      "imbalance": _common.UNIT_INTERVAL})
 
   def prepare(self, s):
     return s if self.on_distance else _common.euclidean_from_cosine(s)
@@ -142,12 +142,15 @@ def ranked_list_loss_from_distance(
     distance: ``[B, B]`` float distance matrix (float32 or bfloat16; computed
       in float32). The diagonal is ignored.
     labels: ``[B]`` integer labels.
-    alpha: the negative boundary :math:`\alpha`.
-    margin: the gap :math:`m` between the positive boundary
+    alpha: the negative boundary :math:`\alpha`, in (0, 2] (the distances
+      are those of unit vectors, in [0, 2]).
+    margin: the gap :math:`m`, in [0, 2], between the positive boundary
       :math:`\alpha - m` and the negative boundary.
-    t_neg: temperature :math:`T_n` of the negative weighting (0: plain mean).
-    t_pos: temperature :math:`T_p` of the positive weighting (0: plain mean).
-    imbalance: :math:`\lambda`, the weight of the negative term.
+    t_neg: temperature :math:`T_n` of the negative weighting, in [0, 1e4]
+      (0: plain mean).
+    t_pos: temperature :math:`T_p` of the positive weighting, in [0, 1e4]
+      (0: plain mean).
+    imbalance: :math:`\lambda`, the weight of the negative term, in [0, 1].
     pos_mask: optional ``[B, B]`` bool mask of the positive pairs to use
       (e.g. from a miner), intersected with the label mask.
     neg_mask: optional ``[B, B]`` bool mask of the negative pairs to use.
@@ -227,8 +230,10 @@ def ranked_list_loss(
 
   over the non-trivial positives (:math:`d > \alpha - m`) and negatives
   (:math:`d < \alpha`), with weights :math:`e^{T_p (d - (\alpha - m))}` and
-  :math:`e^{T_n (\alpha - d)}` normalised per anchor (max-shifted, so no
-  overflow for any temperature) and held constant in backpropagation. See
+  :math:`e^{T_n (\alpha - d)}` normalised per anchor (max-shifted, the
+  shifted exponents clamped at 0, so finite for any temperature; in the
+  documented range ``[0, 1e4]`` float32 rounding of the distances moves the
+  weights by at most ~0.1%) and held constant in backpropagation. See
   :func:`ranked_list_loss_from_distance` for the full formula.
 
   The distance is :math:`d_{ij} = \|\hat x_i - \hat x_j\| = \sqrt{2 - 2
@@ -240,11 +245,12 @@ def ranked_list_loss(
     embeddings: ``[B, D]`` float32 or bfloat16 embeddings (raw; normalised
       inside, computed in float32).
     labels: ``[B]`` integer labels.
-    alpha: the negative boundary :math:`\alpha`.
-    margin: the gap :math:`m` between the positive and negative boundaries.
-    t_neg: temperature :math:`T_n` of the negative weighting.
-    t_pos: temperature :math:`T_p` of the positive weighting.
-    imbalance: :math:`\lambda`, the weight of the negative term.
+    alpha: the negative boundary :math:`\alpha`, in (0, 2].
+    margin: the gap :math:`m` between the positive and negative boundaries,
+      in [0, 2].
+    t_neg: temperature :math:`T_n` of the negative weighting, in [0, 1e4].
+    t_pos: temperature :math:`T_p` of the positive weighting, in [0, 1e4].
+    imbalance: :math:`\lambda`, the weight of the negative term, in [0, 1].
     axis_name: optional mapped axis (``jax.shard_map`` / ``jax.pmap``). Each
       device compares its local anchors with the global batch gathered over
       the axis; the result is the loss of the global batch on every device and

@@ -14,6 +14,11 @@ positionally as the loss's class-vector argument (``entry.param_name``), the
 PRNG key to losses that sample (``needs_key``) and ``axis_name`` to losses
 that support it, and rejects unknown hyperparameters by name.
 
+``entry.hyper_ranges`` (also :func:`hyper_ranges`) are the documented ranges
+of the hyperparameters that have one, read from the loss's rule (a single
+source of truth: the rule enforces them for concrete values);
+:func:`validate_hyper` checks a config's values against them by name.
+
 :func:`loss_table_markdown` renders the table of ``docs/losses.md``.
 """
 
@@ -29,6 +34,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 import jax
 import jax.numpy as jnp
 
+from circle_jax.losses import _common
 from circle_jax.losses import circle as _circle
 from circle_jax.losses import classification as _classification
 from circle_jax.losses import multi_similarity as _multi_similarity
@@ -144,6 +150,9 @@ class LossEntry:
     param_init: how ``init_params`` initialises, in words.
     execution_options: keyword options of ``fn`` that change how the loss is
       computed but not its value (``block_size``), accepted by ``apply``.
+    hyper_ranges: the documented range (:class:`HyperRange`) of each
+      hyperparameter that has one (read-only; empty for a loss without
+      documented ranges).
   """
 
   name: str
@@ -158,6 +167,8 @@ class LossEntry:
   reduction: str = ""
   param_init: str = ""
   execution_options: tuple = ()
+  hyper_ranges: Mapping[str, "HyperRange"] = dataclasses.field(
+      default_factory=lambda: types.MappingProxyType({}))
 
   def apply(self, embeddings, labels, params=None, *, key=None,
             axis_name=None, **hyper) -> Array:
@@ -209,10 +220,14 @@ class LossEntry:
 
 
 def _entry(name, fn, kind, *, paper, reduction, param_name=None,
-           init=_no_params, param_init="", needs_key=False) -> LossEntry:
+           init=_no_params, param_init="", needs_key=False,
+           rule=None) -> LossEntry:
+  """A registry entry; ``rule``: the rule class whose ``ranges`` apply."""
   if kind not in KINDS:
     raise ValueError(f"kind must be one of {KINDS}; got {kind!r}.")
   defaults = _signature_defaults(fn)
+  ranges = {} if rule is None else {
+      k: r for k, r in rule.ranges.items() if k in defaults}
 
   @functools.wraps(init)
   def init_params(key, num_classes, embedding_dim, **hyper):
@@ -227,7 +242,8 @@ def _entry(name, fn, kind, *, paper, reduction, param_name=None,
       supports_axis_name="axis_name" in params,
       needs_key=needs_key, paper=paper, reduction=reduction,
       param_init=param_init,
-      execution_options=tuple(o for o in _EXECUTION if o in params))
+      execution_options=tuple(o for o in _EXECUTION if o in params),
+      hyper_ranges=types.MappingProxyType(ranges))
 
 
 _PROXY_ANCHOR_PAPER = (
@@ -237,7 +253,7 @@ _PROXY_ANCHOR_PAPER = (
 LOSSES: Mapping[str, LossEntry] = types.MappingProxyType({e.name: e for e in [
     # Pair-similarity losses of the Circle, MS and RLL papers, and
     # (Ranked) Proxy-Anchor.
-    _entry("circle", _circle.circle_loss, "pair",
+    _entry("circle", _circle.circle_loss, "pair", rule=_circle.Circle,
            paper="Sun et al., \"Circle Loss: A Unified Perspective of Pair "
                  "Similarity Optimization\", CVPR 2020 (eq. 6)",
            reduction="mean over anchors with >= 1 positive and >= 1 "
@@ -245,15 +261,17 @@ LOSSES: Mapping[str, LossEntry] = types.MappingProxyType({e.name: e for e in [
     _entry("circle_class_level", _circle.circle_loss_class_level,
            "classifier", param_name="class_weights",
            init=_normal(0.01), param_init="normal, std 0.01",
+           rule=_circle.Circle,
            paper="Sun et al., CVPR 2020 (class-level labels)",
            reduction="mean over samples"),
     _entry("multi_similarity", _multi_similarity.multi_similarity_loss,
-           "pair",
+           "pair", rule=_multi_similarity.MultiSimilarity,
            paper="Wang et al., \"Multi-Similarity Loss with General Pair "
                  "Weighting for Deep Metric Learning\", CVPR 2019",
            reduction="sum over anchors / batch size (mined-out anchors "
                      "count as 0)"),
     _entry("ranked_list", _ranked_list.ranked_list_loss, "pair",
+           rule=_ranked_list.RankedList,
            paper="Wang et al., \"Ranked List Loss for Deep Metric "
                  "Learning\", CVPR 2019",
            reduction="mean over all anchors"),
@@ -265,6 +283,7 @@ LOSSES: Mapping[str, LossEntry] = types.MappingProxyType({e.name: e for e in [
                      "term / #classes"),
     _entry("ranked_proxy_anchor", _proxy_anchor.ranked_proxy_anchor_loss,
            "proxy", param_name="proxies", init=_kaiming_normal_fan_out,
+           rule=_ranked_list.RankedList,
            param_init="kaiming normal, fan_out (std sqrt(2/C))",
            paper="Zhang, Chen, Hou, Yuan, Liu (Nanjing University of "
                  "Aeronautics and Astronautics), Ranked Proxy-Anchor loss "
@@ -275,6 +294,7 @@ LOSSES: Mapping[str, LossEntry] = types.MappingProxyType({e.name: e for e in [
                      "term / #classes"),
     # Pair baselines.
     _entry("contrastive", _pair.contrastive_loss, "pair",
+           rule=_pair.Contrastive,
            paper="Hadsell, Chopra, LeCun, CVPR 2006; two-margin form of "
                  "Musgrave et al., \"A Metric Learning Reality Check\", "
                  "ECCV 2020",
@@ -350,6 +370,38 @@ def get_loss(name: str) -> LossEntry:
     raise ValueError(
         f"Unknown loss {name!r}; known losses: {', '.join(sorted(LOSSES))}."
     ) from None
+
+
+HyperRange = _common.HyperRange
+
+
+def hyper_ranges(name: str) -> Mapping[str, HyperRange]:
+  """The documented range of each range-checked hyperparameter of a loss.
+
+  Args:
+    name: a registered loss name.
+
+  Returns:
+    ``{parameter: HyperRange(low, high, low_inclusive, high_inclusive)}``
+    (read-only), empty for a loss without documented ranges.
+
+  Raises:
+    ValueError: for an unknown loss (as :func:`get_loss`).
+  """
+  return get_loss(name).hyper_ranges
+
+
+def validate_hyper(name: str, **hyper) -> None:
+  """Checks hyperparameter values of loss ``name`` against their ranges.
+
+  Names without a documented range are ignored (``LossEntry.apply`` rejects
+  unknown names), and so are traced or non-numeric values.
+
+  Raises:
+    ValueError: for an unknown loss, or naming the first parameter outside
+      its range, the loss and the range.
+  """
+  _common.check_ranges(hyper, hyper_ranges(name), f"loss {name!r}")
 
 
 def _format_default(value):

@@ -83,10 +83,30 @@ def test_two_set_logsumexp_gradient_and_given_shift():
   np.testing.assert_allclose(got_v, want_v, rtol=1e-6)
   for g, w in zip(got_g, want_g):
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
-  # Any shift that avoids overflow gives the same result; empty sets' shifts
-  # (here -inf) are ignored.
-  shift = (jnp.full((4, 1), 0.5).at[0].set(-jnp.inf), jnp.full((4, 1), 2.0))
+  # Any shift at or above the set's maximum that avoids underflow gives the
+  # same result; empty sets' shifts (here -inf) are ignored.
+  def above_max(x, mask, by):
+    return jnp.max(jnp.where(mask, x, -jnp.inf), axis=1, keepdims=True) + by
+
+  shift = (above_max(lp, pos, 0.5), above_max(ln, neg, 2.0))
+  assert not np.isfinite(shift[0][0, 0])
   np.testing.assert_allclose(two(lp, ln, shift), want_v, rtol=1e-6)
+
+
+def test_two_set_exp_clamps_a_shift_below_the_maximum():
+  # A shift that a rounding difference puts below its set's maximum (by ulps
+  # x scale: hundreds at logits of 1e10) must not overflow exp: every term
+  # is <= 1, and the gradient is still the softmax weight's.
+  lp = jnp.array([[3e10, 1e10, 0.0]], jnp.float32)
+  pos = jnp.array([[True, True, False]])
+  shift = (jnp.array([[3e10 - 2048.0]], jnp.float32), jnp.zeros((1, 1)))
+  e, _, _ = _common.two_set_exp(lp, lp, pos, ~pos, shift)
+  np.testing.assert_array_equal(e, [[1.0, 0.0, 1.0]])
+  g = jax.grad(lambda x: jnp.sum(
+      _common.two_set_exp(x, x, pos, ~pos, shift)[0]))(lp)
+  np.testing.assert_array_equal(g, [[1.0, 0.0, 1.0]])
+  lse = _common.masked_logsumexp(lp, pos)
+  np.testing.assert_allclose(lse, [3e10], rtol=1e-7)
 
 
 def test_logsumexp_helpers_propagate_nan_instead_of_reporting_empty():
