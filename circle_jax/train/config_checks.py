@@ -86,9 +86,16 @@ def _check_finite(config) -> None:
 
 def _check_loss_hyper(entry, hyper: dict, embedding_dim: int,
                       num_classes_: Optional[int]) -> None:
-  """Traces the loss once on a tiny batch (no compilation, no data): each
-  loss checks its own hyperparameters' ranges at trace time, and a bad value
-  becomes a ConfigError naming ``config.loss.<field>``."""
+  """Checks the loss's hyperparameters against their documented ranges
+  (:func:`circle_jax.losses.hyper_ranges`), then traces the loss once on a
+  tiny abstract batch (no compilation, no data), so any other trace-time
+  check of the loss becomes a ConfigError naming ``config.loss.<field>``."""
+  for field, valid in entry.hyper_ranges.items():
+    value = hyper.get(field, entry.defaults.get(field))
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and (
+        not valid.contains(value)):
+      _fail(f"loss.{field}", f"must be in {valid} for loss {entry.name!r} "
+            f"(see its docstring); got {value!r}.")
   dim = embedding_dim
   x = jax.ShapeDtypeStruct((4, dim), jnp.float32)
   y = jnp.asarray([0, 0, 1, 1], jnp.int32)

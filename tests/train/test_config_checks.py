@@ -98,7 +98,12 @@ def test_random_sampler_batch_checks():
      "config.optim.learning_rate: must be a finite number; got nan."),
     ({"optim.weight_decay": float("-inf")},
      "config.optim.weight_decay: must be a finite number; got -inf."),
-    ({"loss.gamma": -1.0}, "config.loss.gamma: must be > 0; got -1.0."),
+    ({"loss.gamma": -1.0}, "config.loss.gamma: must be in [1e-06, 10000] for "
+     "loss 'circle' (see its docstring); got -1.0."),
+    ({"loss.gamma": 1e10}, "config.loss.gamma: must be in [1e-06, 10000] for "
+     "loss 'circle' (see its docstring); got 10000000000.0."),
+    ({"loss.margin": 1.5}, "config.loss.margin: must be in [-1, 1] for loss "
+     "'circle' (see its docstring); got 1.5."),
 ])
 def test_float_fields_must_be_finite_and_in_range(overrides, message):
   with pytest.raises(config_checks.ConfigError) as e:
