@@ -30,6 +30,20 @@ def _start_holder(workdir):
   return proc
 
 
+@pytest.fixture
+def live_holder(tmp_path):
+  """A live process holding ``tmp_path``'s lock for the whole test."""
+  proc = _start_holder(tmp_path)
+  yield proc
+  proc.kill()
+  proc.wait()
+
+
+def _lock_pid(workdir):
+  with open(workdir / lock_lib.LOCK_FILE) as f:
+    return json.load(f)["pid"]
+
+
 def test_lock_file_records_pid_host_and_start(tmp_path):
   with lock_lib.WorkdirLock(str(tmp_path)) as lock:
     with open(lock.path) as f:
@@ -41,22 +55,16 @@ def test_lock_file_records_pid_host_and_start(tmp_path):
   assert not os.path.exists(lock.path), "release removes the lock file"
 
 
-def test_live_holder_refuses_in_one_line_naming_it(tmp_path):
-  proc = _start_holder(tmp_path)
-  try:
-    with pytest.raises(lock_lib.WorkdirLockedError) as e:
-      lock_lib.WorkdirLock(str(tmp_path)).acquire()
-    msg = str(e.value)
-    assert "\n" not in msg
-    assert f"pid {proc.pid}" in msg
-    assert socket.gethostname() in msg
-    assert "another --workdir" in msg
-    # The refusal leaves the holder's lock in place.
-    with open(tmp_path / lock_lib.LOCK_FILE) as f:
-      assert json.load(f)["pid"] == proc.pid
-  finally:
-    proc.kill()
-    proc.wait()
+def test_live_holder_refuses_in_one_line_naming_it(tmp_path, live_holder):
+  with pytest.raises(lock_lib.WorkdirLockedError) as e:
+    lock_lib.WorkdirLock(str(tmp_path)).acquire()
+  msg = str(e.value)
+  assert "\n" not in msg
+  assert f"pid {live_holder.pid}" in msg
+  assert socket.gethostname() in msg
+  assert "another --workdir" in msg
+  # The refusal leaves the holder's lock in place.
+  assert _lock_pid(tmp_path) == live_holder.pid
 
 
 def test_dead_holder_is_taken_over_with_a_note(tmp_path):
@@ -99,17 +107,11 @@ def test_unreadable_lock_is_taken_over(tmp_path):
     assert "unreadable" in lock.note
 
 
-def test_non_primary_process_writes_no_lock(tmp_path):
-  proc = _start_holder(tmp_path)
-  try:
-    # Process 1 of a multi-host run neither checks nor writes the lock.
-    with lock_lib.WorkdirLock(str(tmp_path), is_primary=False) as lock:
-      assert lock.note is None
-    with open(tmp_path / lock_lib.LOCK_FILE) as f:
-      assert json.load(f)["pid"] == proc.pid
-  finally:
-    proc.kill()
-    proc.wait()
+def test_non_primary_process_writes_no_lock(tmp_path, live_holder):
+  # Process 1 of a multi-host run neither checks nor writes the lock.
+  with lock_lib.WorkdirLock(str(tmp_path), is_primary=False) as lock:
+    assert lock.note is None
+  assert _lock_pid(tmp_path) == live_holder.pid
 
 
 def test_release_keeps_a_lock_another_run_took(tmp_path):
