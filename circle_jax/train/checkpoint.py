@@ -70,6 +70,14 @@ def state_digest(tree: PyTree) -> int:
   return crc
 
 
+# The errors of a write that the user fixes on their side, and the fix.
+_READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+WRITE_ERRNOS = _READ_ONLY + _NO_SPACE
+WRITE_FIX = ("Free space there or make it writable (or pass another "
+             "--workdir), then rerun the same command to resume.")
+
+
 def errno_of(error: BaseException) -> Optional[int]:
   """The errno of the first OSError in an exception's cause/context chain."""
   seen = set()
@@ -92,11 +100,11 @@ def write_failure(path: str, error: BaseException) -> str:
     free = shutil.disk_usage(probe).free if probe else None
   except OSError:
     free = None
-  if err in (errno.EROFS, errno.EACCES, errno.EPERM) or (
+  if err in _READ_ONLY or (
       err is None and ("Read-only file system" in text
                        or "Permission denied" in text)):
     return "the folder is read-only (or not writable by this user)"
-  if err in (errno.ENOSPC, errno.EDQUOT) or (
+  if err in _NO_SPACE or (
       err is None and ("No space left" in text or "RESOURCE_EXHAUSTED" in text
                        or free == 0)):
     shown = "" if free is None else f" ({free // 1024} KiB free)"
@@ -177,10 +185,7 @@ class Checkpoints:
         included); the message names the folder and the cause.
     """
     step = int(step)
-    # A failed earlier (asynchronous) write surfaces here, under its own step.
-    with self._writing(None):
-      self.latest.wait_until_finished()
-    self.check_for_errors()
+    self.wait()  # a failed earlier write surfaces here, under its own step
     if step in self.latest.all_steps():
       return False
     meta = dict(meta or {}, step=step, state_crc32=state_digest(state_tree))
@@ -207,9 +212,7 @@ class Checkpoints:
     what = f"checkpoint step {step}" if step is not None else "a checkpoint"
     return CheckpointWriteError(
         f"Could not write {what} in {self.directory}: "
-        f"{write_failure(self.directory, exc)}; {kept}. Free space there or "
-        "make it writable (or pass another --workdir), then rerun the same "
-        "command to resume.")
+        f"{write_failure(self.directory, exc)}; {kept}. {WRITE_FIX}")
 
   def check_for_errors(self):
     """Raises the error of a failed asynchronous write, if any."""
@@ -235,10 +238,9 @@ class Checkpoints:
     with self._writing(step):
       saved = self.best.save(
           step, args=self._args(state_tree, data_state,
-                              {"step": step, "metrics": metrics}),
-        metrics={k: v for k, v in metrics.items()
-                 if isinstance(v, (int, float))}, force=True)
-    with self._writing(step):
+                                {"step": step, "metrics": metrics}),
+          metrics={k: v for k, v in metrics.items()
+                   if isinstance(v, (int, float))}, force=True)
       self.best.wait_until_finished()
     return saved
 

@@ -96,15 +96,15 @@ def _check_loss_hyper(entry, hyper: dict, embedding_dim: int,
         not valid.contains(value)):
       _fail(f"loss.{field}", f"must be in {valid} for loss {entry.name!r} "
             f"(see its docstring); got {value!r}.")
-  dim = embedding_dim
-  x = jax.ShapeDtypeStruct((4, dim), jnp.float32)
+  x = jax.ShapeDtypeStruct((4, embedding_dim), jnp.float32)
   y = jnp.asarray([0, 0, 1, 1], jnp.int32)
   params = None
   try:
     if entry.param_name is not None:
       params = jax.eval_shape(
           lambda: entry.init_params(jax.random.PRNGKey(0),
-                                    max(num_classes_ or 2, 2), dim, **hyper))
+                                    max(num_classes_ or 2, 2),
+                                    embedding_dim, **hyper))
     jax.eval_shape(lambda e, p: entry.apply(e, y, p,
                                             key=jax.random.PRNGKey(0),
                                             **hyper), x, params)

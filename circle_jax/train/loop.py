@@ -44,7 +44,6 @@ events.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import functools
 import json
 import os
@@ -222,19 +221,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   return result
 
 
-_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
-                 errno.EPERM)
-
-
 def _write_error(e: OSError, workdir: str) -> Optional[WorkdirWriteError]:
   """A full disk or read-only workdir as one line; None for other errors."""
-  if ckpt_lib.errno_of(e) not in _WRITE_ERRNOS:
+  if ckpt_lib.errno_of(e) not in ckpt_lib.WRITE_ERRNOS:
     return None
   path = e.filename or workdir
   return WorkdirWriteError(
       f"Could not write {path}: {ckpt_lib.write_failure(str(path), e)}; "
-      "earlier checkpoints are intact. Free space there or make it writable "
-      "(or pass another --workdir), then rerun the same command to resume.")
+      f"earlier checkpoints are intact. {ckpt_lib.WRITE_FIX}")
 
 
 def _build(config, workdir, reporter, force_resume) -> Job:
