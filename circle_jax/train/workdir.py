@@ -31,7 +31,7 @@ RESUMABLE_FIELDS = (
     "checkpoint_every_steps", "eval_at_init", "eval_ks", "eval_clustering",
     "async_checkpoints", "parallelism", "dataset.data_dir",
     "dataset.manual_dir", "dataset.num_workers", "dataset.num_threads",
-    "batch.eval_batch_size",
+    "batch.eval_batch_size", "fewshot",
 )
 
 # The value shown for a field that one of two configs lacks.
@@ -61,12 +61,21 @@ def flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
 
 def config_diff(saved: Dict[str, Any], new: Dict[str, Any]
                 ) -> List[Tuple[str, Any, Any]]:
-  """``(field, saved value, new value)`` for every differing leaf, sorted."""
+  """``(field, saved value, new value)`` for every differing leaf, sorted.
+
+  A field that one config lacks (saved before the field existed) counts as
+  at its schema default, as :func:`circle_jax.config.from_dict` reads it
+  (``loss.*`` excepted: those depend on the loss).
+  """
+  from circle_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   a, b = flatten(saved), flatten(new)
+  defaults = flatten(config_to_dict(config_lib.base_config()))
   out = []
   for path in sorted(set(a) | set(b)):
     va, vb = a.get(path, ABSENT), b.get(path, ABSENT)
-    if va != vb:
+    if va != vb and not (ABSENT in (va, vb) and not path.startswith("loss.")
+                         and path in defaults
+                         and defaults[path] == (vb if va == ABSENT else va)):
       out.append((path, va, vb))
   return out
 

@@ -11,6 +11,7 @@ from circle_jax.train import config_checks
 from circle_jax.train import evaluate as evaluate_lib
 from circle_jax.train import loop
 from circle_jax.train import run as run_lib
+from circle_jax.train import workdir as workdir_lib
 from tests.train import helpers
 
 FEWSHOT = {"fewshot.ways": (2,), "fewshot.shots": (1, 3),
@@ -106,3 +107,19 @@ def test_fewshot_metric_can_be_the_best_metric():
   config_checks.check_config(c, device_count=8, process_count=1)
   assert np.isin(["fewshot_5way_1shot"], config_checks.metric_names(
       (1,), False, c.fewshot)).all()
+
+
+def test_runs_saved_before_the_fewshot_section_resume_and_compare_equal():
+  old = workdir_lib.config_to_dict(helpers.digits_config())
+  del old["fewshot"]
+  new = helpers.digits_config()
+  assert workdir_lib.config_diff(old, workdir_lib.config_to_dict(new)) == []
+  new.fewshot.ways = (5,)
+  diff = workdir_lib.config_diff(old, workdir_lib.config_to_dict(new))
+  assert diff == [("fewshot.ways", workdir_lib.ABSENT, [5])]
+  # Evaluation settings: a run resumes with few-shot evaluation turned on.
+  assert workdir_lib._resumable("fewshot.ways")
+  # A field absent from one side but not at its default still differs.
+  del old["eval_ks"]
+  assert workdir_lib.config_diff(old, dict(old, eval_ks=[1, 2])) == [
+      ("eval_ks", workdir_lib.ABSENT, [1, 2])]
