@@ -173,6 +173,7 @@ def contrastive_loss(
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
     block_size: Optional[int] = None,
+    collective: str = "all_gather",
 ) -> Array:
   r"""Two-margin contrastive loss (Hadsell et al. 2006; Musgrave et al. 2020).
 
@@ -201,6 +202,12 @@ def contrastive_loss(
     pos_mask, neg_mask: optional miner masks of the block's shape.
     block_size: ``None`` (dense) or the block size of the blockwise engine
       of :mod:`circle_jax.losses.engines` (memory ``O(block_size^2 + B D)``).
+    collective: with ``axis_name``, how the anchors meet the global batch:
+      ``"all_gather"`` (default) gathers it on every device (memory grows
+      with the device count); ``"ring"`` passes column shards around the
+      devices with ``ppermute`` (:mod:`circle_jax.losses.ring`; per-device
+      memory independent of the device count), same value and gradients to
+      float32 rounding. Ignored without ``axis_name``.
 
   Returns:
     float32 scalar.
@@ -213,7 +220,7 @@ def contrastive_loss(
   rule = Contrastive(pos_margin=pos_margin, neg_margin=neg_margin)
   return engines.embedding_loss(rule, embeddings, labels, axis_name=axis_name,
                                 pos_mask=pos_mask, neg_mask=neg_mask,
-                                block_size=block_size)
+                                block_size=block_size, collective=collective)
 
 
 # ----------------------------------------------------------------------------
