@@ -61,12 +61,17 @@ def flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
 
 def config_diff(saved: Dict[str, Any], new: Dict[str, Any]
                 ) -> List[Tuple[str, Any, Any]]:
-  """``(field, saved value, new value)`` for every differing leaf, sorted."""
+  """``(field, saved value, new value)`` for every differing leaf, sorted.
+
+  A field that one config lacks and the other leaves unset (None) does not
+  differ: a field added to the schema unset (e.g. ``loss.collective``) keeps
+  the workdirs of older versions resumable.
+  """
   a, b = flatten(saved), flatten(new)
   out = []
   for path in sorted(set(a) | set(b)):
     va, vb = a.get(path, ABSENT), b.get(path, ABSENT)
-    if va != vb:
+    if va != vb and not (va in (ABSENT, None) and vb in (ABSENT, None)):
       out.append((path, va, vb))
   return out
 
