@@ -354,12 +354,9 @@ def unified_loss(
     neg_mask: optional ``[B, B_global]`` bool mask of usable negative pairs.
     block_size: ``None`` (dense) or the block size of the blockwise engine
       (see :func:`circle_loss`).
-    collective: with ``axis_name``, how the anchors meet the global batch:
-      ``"all_gather"`` (default) gathers it on every device (memory grows
-      with the device count); ``"ring"`` passes column shards around the
-      devices with ``ppermute`` (:mod:`circle_jax.losses.ring`; per-device
-      memory independent of the device count), same value and gradients to
-      float32 rounding. Ignored without ``axis_name``.
+    collective: ``"all_gather"`` or ``"ring"``: how the anchors meet the
+      global batch with ``axis_name`` (see
+      :func:`circle_jax.losses.circle_loss`).
 
   Returns:
     float32 scalar: the mean over valid anchors (0 when there is none).

@@ -202,12 +202,9 @@ def contrastive_loss(
     pos_mask, neg_mask: optional miner masks of the block's shape.
     block_size: ``None`` (dense) or the block size of the blockwise engine
       of :mod:`circle_jax.losses.engines` (memory ``O(block_size^2 + B D)``).
-    collective: with ``axis_name``, how the anchors meet the global batch:
-      ``"all_gather"`` (default) gathers it on every device (memory grows
-      with the device count); ``"ring"`` passes column shards around the
-      devices with ``ppermute`` (:mod:`circle_jax.losses.ring`; per-device
-      memory independent of the device count), same value and gradients to
-      float32 rounding. Ignored without ``axis_name``.
+    collective: ``"all_gather"`` or ``"ring"``: how the anchors meet the
+      global batch with ``axis_name`` (see
+      :func:`circle_jax.losses.circle_loss`).
 
   Returns:
     float32 scalar.

@@ -267,12 +267,9 @@ def ranked_list_loss(
       is ``O(block_size^2 + B * D)`` instead of ``O(B^2)``; values and gradients
       equal the dense ones to float32 rounding. See
       :mod:`circle_jax.losses.engines`.
-    collective: with ``axis_name``, how the anchors meet the global batch:
-      ``"all_gather"`` (default) gathers it on every device (memory grows
-      with the device count); ``"ring"`` passes column shards around the
-      devices with ``ppermute`` (:mod:`circle_jax.losses.ring`; per-device
-      memory independent of the device count), same value and gradients to
-      float32 rounding. Ignored without ``axis_name``.
+    collective: ``"all_gather"`` or ``"ring"``: how the anchors meet the
+      global batch with ``axis_name`` (see
+      :func:`circle_jax.losses.circle_loss`).
 
   Returns:
     A float32 scalar: the mean of the per-anchor losses over all anchors of
