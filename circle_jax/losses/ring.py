@@ -47,10 +47,6 @@ Array = jax.Array
 _F32 = jnp.float32
 
 
-def _ring_size(axis_name) -> int:
-  return jax.lax.axis_size(axis_name)
-
-
 def _shift(x, axis_name, n):
   """Sends ``x`` to the next device of the ring (device ``i`` -> ``i + 1``)."""
   return jax.lax.ppermute(x, axis_name, [(i, (i + 1) % n) for i in range(n)])
@@ -80,7 +76,7 @@ def _ring_pass(axis_name, visit, state, shard):
   of device ``axis_index - k``. Returns the final ``(state, shard)``; the
   shard is then one step short of home (``n - 1`` moves).
   """
-  n = _ring_size(axis_name)
+  n = jax.lax.axis_size(axis_name)
 
   def body(k, carry):
     state, shard = visit(*carry, k)
@@ -95,7 +91,7 @@ def _with_masks(plan, axis_name, rows_t, pos_mask, neg_mask, k):
   """The rows' tiles with the miner masks' columns of the shard at step ``k``."""
   if pos_mask is None and neg_mask is None:
     return rows_t
-  n = _ring_size(axis_name)
+  n = jax.lax.axis_size(axis_name)
   owner = (jax.lax.axis_index(axis_name) - k) % n
 
   def columns(mask):
@@ -213,7 +209,7 @@ def _ring_bwd(plan, axis_name, res, cts):
   dz_rows, shard = _ring_pass(axis_name, visit, jnp.zeros_like(rows_t["z"]),
                               shard)
   # The accumulator's last move brings every shard's gradient home.
-  dz_cols = _shift(shard["dz"], axis_name, _ring_size(axis_name))
+  dz_cols = _shift(shard["dz"], axis_name, jax.lax.axis_size(axis_name))
   dz_rows = dz_rows.reshape(-1, rows.z.shape[1])[: plan.rows]
   dz_cols = dz_cols.reshape(-1, cols.z.shape[1])[: plan.cols]
   # Hyperparameters, labels, ids and masks get no gradient.

@@ -143,6 +143,21 @@ def test_ring_permutes_shards_and_gathers_nothing(block_size):
   assert "all_gather" in text and "collective_permute" not in text
 
 
+@pytest.mark.parametrize("devices", [1, 2])
+def test_ring_of_one_or_two_devices(devices):
+  """The shortest rings: no step inside the loop (1), one (2)."""
+  x, labels = jnp.asarray(_embeddings()), jnp.asarray(LABELS)
+  want = jax.value_and_grad(lambda x: losses.multi_similarity_loss(x, labels))(
+      x)
+  fn = jax.shard_map(
+      lambda x, labels: jax.value_and_grad(lambda x: (
+          losses.multi_similarity_loss(x, labels, axis_name="d", block_size=5,
+                                       collective="ring")))(x),
+      mesh=Mesh(np.array(jax.devices()[:devices]), ("d",)),
+      in_specs=(P("d"), P("d")), out_specs=(P(), P("d")))
+  _assert_vg_close(jax.jit(fn)(x, labels), want)
+
+
 def test_collective_without_axis_name_is_the_single_device_loss():
   x, labels = jnp.asarray(_embeddings()), jnp.asarray(LABELS)
   for block_size in (None, 3):
