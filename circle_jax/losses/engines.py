@@ -74,8 +74,13 @@ for the pre-pass, :func:`stats_init` / :func:`stats_update` /
 ``rule.combine`` for the per-anchor loss, and :func:`tile_cotangent` for the
 ``dL/ds`` of a tile in its backward pass. :func:`reduce_per_anchor` gives the
 rule's (global-batch) reduction. Every embedding form of a rule-based loss
-goes through :func:`embedding_loss`, which picks the engine (today from
-``block_size``), so the new engine is selected there, once for all losses.
+goes through :func:`embedding_loss`, which picks the engine (from
+``block_size`` and ``collective``), so a new engine is selected there, once
+for all losses. The device ring (:mod:`circle_jax.losses.ring`,
+``collective="ring"``) is such an engine: the column shards travel around the
+devices with ``ppermute``, each tile folded into the rows' online statistics
+as it passes, and its ``custom_vjp`` sends each shard's ``dL/dz`` around with
+the shard.
 """
 
 from __future__ import annotations
@@ -623,33 +628,58 @@ def reduce_per_anchor(rule, per_anchor: Array, valid: Array, axis_name=None):
   return _common.to_float32_scalar(loss)
 
 
+COLLECTIVES = ("all_gather", "ring")
+
+
+def check_collective(collective) -> str:
+  """One of :data:`COLLECTIVES`, with an error naming them."""
+  if collective not in COLLECTIVES:
+    raise ValueError(f"`collective` must be one of {COLLECTIVES}; got "
+                     f"{collective!r}.")
+  return collective
+
+
 def embedding_loss(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
-                   neg_mask=None, block_size=None) -> Array:
+                   neg_mask=None, block_size=None,
+                   collective="all_gather") -> Array:
   """A pair loss of a batch of embeddings (the ``*_loss`` functions).
 
   The embeddings are checked, L2-normalised and, with ``axis_name``, the
-  local anchors are compared with the batch gathered over the axis (the
-  value is the global-batch loss on every device, its gradient exact). With
-  ``block_size`` the blockwise engine runs, else the dense one.
+  local anchors are compared with the global batch: gathered over the axis
+  (``collective="all_gather"``), or visiting each device on a ring
+  (``"ring"``, :mod:`circle_jax.losses.ring`). The value is the
+  global-batch loss on every device, its gradient exact. With ``block_size``
+  the blockwise engine (or the ring in tiles) runs, else the dense one.
   """
-  if block_size is None:
+  ring = check_collective(collective) == "ring" and axis_name is not None
+  if block_size is None and not ring:
     similarity, pos, neg, _ = _common.pair_block(
         embeddings, labels, axis_name, pos_mask, neg_mask)
     per_anchor, valid = dense_per_anchor(rule, similarity, pos, neg)
     return reduce_per_anchor(rule, per_anchor, valid, axis_name)
-  block_size = check_block_size(block_size)
+  if block_size is not None:
+    block_size = check_block_size(block_size)
   x = _common.check_embeddings(embeddings)
   labels = _common.check_labels(labels, x.shape[0])
   z = _common.l2_normalize(x)
-  z_all, labels_all, row_offset = _common.gathered_batch(z, labels, axis_name)
-  m, n = z.shape[0], z_all.shape[0]
-  row_ids = jnp.arange(m, dtype=jnp.int32) + jnp.asarray(row_offset, jnp.int32)
+  m = z.shape[0]
+  row_ids = jnp.arange(m, dtype=jnp.int32) + jnp.asarray(
+      _common.local_row_offset(m, axis_name), jnp.int32)
   rows = PairSide(z, labels, row_ids)
-  cols = PairSide(z_all, labels_all, jnp.arange(n, dtype=jnp.int32))
-  per_anchor, valid = blockwise_per_anchor(
-      rule, rows, cols, block_size=block_size,
-      pos_mask=_common.check_mask(pos_mask, (m, n), "pos_mask"),
-      neg_mask=_common.check_mask(neg_mask, (m, n), "neg_mask"))
+  n = m * (1 if axis_name is None else jax.lax.axis_size(axis_name))
+  masks = dict(pos_mask=_common.check_mask(pos_mask, (m, n), "pos_mask"),
+               neg_mask=_common.check_mask(neg_mask, (m, n), "neg_mask"))
+  if ring:
+    # Imported here: the ring engine is built on this module.
+    from circle_jax.losses import ring as ring_lib
+    per_anchor, valid = ring_lib.ring_per_anchor(
+        rule, rows, rows, axis_name=axis_name, block_size=block_size, **masks)
+  else:
+    cols = PairSide(_common.gather_global(z, axis_name),
+                    _common.gather_global(labels, axis_name),
+                    jnp.arange(n, dtype=jnp.int32))
+    per_anchor, valid = blockwise_per_anchor(rule, rows, cols,
+                                             block_size=block_size, **masks)
   return reduce_per_anchor(rule, per_anchor, valid, axis_name)
 
 

@@ -174,6 +174,7 @@ def multi_similarity_loss(
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
     block_size: Optional[int] = None,
+    collective: str = "all_gather",
 ) -> Array:
   r"""Multi-Similarity loss of a batch of embeddings.
 
@@ -210,6 +211,9 @@ def multi_similarity_loss(
       is ``O(block_size^2 + B * D)`` instead of ``O(B^2)``; values and gradients
       equal the dense ones to float32 rounding. See
       :mod:`circle_jax.losses.engines`.
+    collective: ``"all_gather"`` or ``"ring"``: how the anchors meet the
+      global batch with ``axis_name`` (see
+      :func:`circle_jax.losses.circle_loss`).
 
   Returns:
     float32 scalar: ``sum_i l_i / B``.
@@ -222,7 +226,7 @@ def multi_similarity_loss(
                          mining=mining)
   return engines.embedding_loss(rule, embeddings, labels, axis_name=axis_name,
                                 pos_mask=pos_mask, neg_mask=neg_mask,
-                                block_size=block_size)
+                                block_size=block_size, collective=collective)
 
 
 def multi_similarity_weights(

@@ -173,6 +173,7 @@ def contrastive_loss(
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
     block_size: Optional[int] = None,
+    collective: str = "all_gather",
 ) -> Array:
   r"""Two-margin contrastive loss (Hadsell et al. 2006; Musgrave et al. 2020).
 
@@ -201,6 +202,9 @@ def contrastive_loss(
     pos_mask, neg_mask: optional miner masks of the block's shape.
     block_size: ``None`` (dense) or the block size of the blockwise engine
       of :mod:`circle_jax.losses.engines` (memory ``O(block_size^2 + B D)``).
+    collective: ``"all_gather"`` or ``"ring"``: how the anchors meet the
+      global batch with ``axis_name`` (see
+      :func:`circle_jax.losses.circle_loss`).
 
   Returns:
     float32 scalar.
@@ -213,7 +217,7 @@ def contrastive_loss(
   rule = Contrastive(pos_margin=pos_margin, neg_margin=neg_margin)
   return engines.embedding_loss(rule, embeddings, labels, axis_name=axis_name,
                                 pos_mask=pos_mask, neg_mask=neg_mask,
-                                block_size=block_size)
+                                block_size=block_size, collective=collective)
 
 
 # ----------------------------------------------------------------------------

@@ -216,6 +216,7 @@ def ranked_list_loss(
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
     block_size: Optional[int] = None,
+    collective: str = "all_gather",
 ) -> Array:
   r"""Ranked List Loss (RLL) on the Euclidean distance of normalised embeddings.
 
@@ -266,6 +267,9 @@ def ranked_list_loss(
       is ``O(block_size^2 + B * D)`` instead of ``O(B^2)``; values and gradients
       equal the dense ones to float32 rounding. See
       :mod:`circle_jax.losses.engines`.
+    collective: ``"all_gather"`` or ``"ring"``: how the anchors meet the
+      global batch with ``axis_name`` (see
+      :func:`circle_jax.losses.circle_loss`).
 
   Returns:
     A float32 scalar: the mean of the per-anchor losses over all anchors of
@@ -279,4 +283,4 @@ def ranked_list_loss(
                     imbalance=imbalance)
   return engines.embedding_loss(rule, embeddings, labels, axis_name=axis_name,
                                 pos_mask=pos_mask, neg_mask=neg_mask,
-                                block_size=block_size)
+                                block_size=block_size, collective=collective)

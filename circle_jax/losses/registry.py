@@ -51,9 +51,9 @@ KINDS = ("pair", "proxy", "classifier")
 _ROUTED = ("axis_name", "key")
 _PER_BATCH = ("pos_mask", "neg_mask", "pair_weights", "bias")
 # Execution options that do not change the loss (accepted by `apply`, not
-# listed among the hyperparameter defaults): the blockwise engine of the
-# rule-based pair losses.
-_EXECUTION = ("block_size",)
+# listed among the hyperparameter defaults): the blockwise engine and the
+# device ring of the rule-based pair losses.
+_EXECUTION = ("block_size", "collective")
 
 
 # ----------------------------------------------------------------------------
@@ -149,7 +149,8 @@ class LossEntry:
     reduction: how the per-sample / per-pair terms are reduced.
     param_init: how ``init_params`` initialises, in words.
     execution_options: keyword options of ``fn`` that change how the loss is
-      computed but not its value (``block_size``), accepted by ``apply``.
+      computed but not its value (``block_size``, ``collective``), accepted
+      by ``apply``.
     hyper_ranges: the documented range (:class:`HyperRange`) of each
       hyperparameter that has one (read-only; empty for a loss without
       documented ranges).

@@ -19,6 +19,7 @@ from circle_jax import data as data_lib
 from circle_jax.evaluation import fewshot as fewshot_lib
 from circle_jax.errors import UserError
 from circle_jax import losses as losses_lib
+from circle_jax.losses.engines import COLLECTIVES
 from circle_jax import models as models_lib
 from circle_jax.train import optim as optim_lib
 from circle_jax import parallel
@@ -215,6 +216,11 @@ def check_config(config, *, device_count: Optional[int] = None,
                             or not isinstance(block, int) or block < 1):
     _fail("loss.block_size", f"must be a positive int (or unset for the dense "
           f"loss); got {block!r}.")
+  # Only the losses with a device ring have the field.
+  if ("collective" in config.loss
+      and config.loss.collective not in (None,) + COLLECTIVES):
+    _fail("loss.collective", f"must be one of {COLLECTIVES} (or unset for "
+          f"'all_gather'); got {config.loss.collective!r}.")
   if entry.param_name is not None:
     n = num_classes(config, info)
     if not isinstance(n, int) or n <= 0:
