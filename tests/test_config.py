@@ -148,8 +148,9 @@ def test_a_config_json_of_the_code_before_the_schema_moved_still_loads():
   assert isinstance(c, ml_collections.ConfigDict) and c.is_locked
   # Fields added since are at their defaults (config_diff reads them so).
   assert workdir_lib.config_diff(old, workdir_lib.config_to_dict(c)) == []
-  assert {k: v for k, v in workdir_lib.config_to_dict(c).items()
-          if k in old} == old
+  new = workdir_lib.flatten(workdir_lib.config_to_dict(c))
+  flat_old = workdir_lib.flatten(old)
+  assert {k: new[k] for k in flat_old} == flat_old
   # ... and is the run the digits config trains: its workdirs resume.
   assert workdir_lib.config_diff(
       old, workdir_lib.config_to_dict(helpers.digits_config())) == []

@@ -63,7 +63,7 @@ def _added_since(path, va, vb, defaults) -> bool:
   """Whether one side lacks ``path`` and the other holds what it stands for."""
   if ABSENT not in (va, vb):
     return False
-  present = vb if va is ABSENT else va
+  present = vb if va == ABSENT else va
   if present is None:
     return True
   return (not path.startswith("loss.") and path in defaults
