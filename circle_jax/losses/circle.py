@@ -174,6 +174,11 @@ def circle_loss(
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
     block_size: Optional[int] = None,
+    ref_embeddings: Optional[Array] = None,
+    ref_labels: Optional[Array] = None,
+    ref_valid: Optional[Array] = None,
+    ids: Optional[Array] = None,
+    ref_ids: Optional[Array] = None,
 ) -> Array:
   r"""Pair-wise Circle loss of a batch of embeddings.
 
@@ -207,6 +212,9 @@ def circle_loss(
       is ``O(block_size^2 + B * D)`` instead of ``O(B^2)``; values and gradients
       equal the dense ones to float32 rounding. See
       :mod:`circle_jax.losses.engines`.
+    ref_embeddings, ref_labels, ref_valid, ids, ref_ids: references (e.g. a
+      cross-batch memory) the anchors meet instead of the batch; see
+      :func:`circle_jax.losses.engines.pair_sides` and docs/losses.md.
 
   Returns:
     float32 scalar: the mean over anchors that have at least one positive and
@@ -219,7 +227,8 @@ def circle_loss(
   return engines.embedding_loss(
       Circle(margin=margin, gamma=gamma), embeddings, labels,
       axis_name=axis_name, pos_mask=pos_mask, neg_mask=neg_mask,
-      block_size=block_size)
+      block_size=block_size, ref_embeddings=ref_embeddings,
+      ref_labels=ref_labels, ref_valid=ref_valid, ids=ids, ref_ids=ref_ids)
 
 
 def circle_loss_class_level(
@@ -323,6 +332,11 @@ def unified_loss(
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
     block_size: Optional[int] = None,
+    ref_embeddings: Optional[Array] = None,
+    ref_labels: Optional[Array] = None,
+    ref_valid: Optional[Array] = None,
+    ids: Optional[Array] = None,
+    ref_ids: Optional[Array] = None,
 ) -> Array:
   r"""Unified loss of pair similarity (eq. 1) with pair-wise labels.
 
@@ -346,6 +360,9 @@ def unified_loss(
     neg_mask: optional ``[B, B_global]`` bool mask of usable negative pairs.
     block_size: ``None`` (dense) or the block size of the blockwise engine
       (see :func:`circle_loss`).
+    ref_embeddings, ref_labels, ref_valid, ids, ref_ids: references (e.g. a
+      cross-batch memory) the anchors meet instead of the batch; see
+      :func:`circle_jax.losses.engines.pair_sides` and docs/losses.md.
 
   Returns:
     float32 scalar: the mean over valid anchors (0 when there is none).
@@ -357,7 +374,8 @@ def unified_loss(
   return engines.embedding_loss(
       Unified(gamma=gamma, margin=margin), embeddings, labels,
       axis_name=axis_name, pos_mask=pos_mask, neg_mask=neg_mask,
-      block_size=block_size)
+      block_size=block_size, ref_embeddings=ref_embeddings,
+      ref_labels=ref_labels, ref_valid=ref_valid, ids=ids, ref_ids=ref_ids)
 
 
 def unified_loss_class_level(
