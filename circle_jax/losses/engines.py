@@ -60,13 +60,19 @@ factor is a ``jax.vjp`` of ``combine`` and the last an elementwise
 definition of the gradient too.
 
 Rows and columns. An engine sees rows (the local anchors) and columns (the
-candidates) as :class:`PairSide` s: normalised embeddings, labels and *ids*.
-A row and a column with the same id are the same sample (not a positive
-pair); ids place the anchors among candidates that may come from elsewhere.
+candidates) as :class:`PairSide` s: normalised embeddings, labels, *ids* and
+an optional column *valid* mask. A row and a column with the same id are the
+same sample (a self pair: neither positive nor negative) and a column whose
+``valid`` is False takes no part in any pair; ids place the anchors among
+candidates that may come from elsewhere. :func:`pair_sides` builds both for
+every embedding form: the columns are the batch gathered over ``axis_name``
+(ids: the global row indices), or, with reference embeddings (e.g. a
+cross-batch memory, Wang et al., CVPR 2020), the references gathered over
+``axis_name`` with their ``ref_ids`` and ``ref_valid``. References are just
+other columns, so every rule and engine runs on them unchanged.
 
 Adding an engine. A third engine (e.g. a device ring that passes column
-blocks around the devices with ``jax.lax.ppermute``, or columns that include
-reference embeddings of a cross-batch memory with their own ids) is a new
+blocks around the devices with ``jax.lax.ppermute``) is a new
 function ``(rule, rows, cols, ...) -> (per_anchor, valid)`` built from the
 tile-level pieces below, with no change to any loss: :func:`prepass_update`
 for the pre-pass, :func:`stats_init` / :func:`stats_update` /
