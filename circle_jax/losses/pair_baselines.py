@@ -23,6 +23,12 @@ single-device gradient on the concatenated batch.
 
 Miner masks ``pos_mask`` / ``neg_mask`` (see :mod:`circle_jax.losses.miners`)
 have the shape of the block and are intersected with the label masks.
+
+With reference embeddings (``ref_embeddings``, e.g. a cross-batch memory) the
+block's columns are the references instead of the batch
+(:func:`circle_jax.losses.engines.pair_sides`); each wrapper's docstring says
+what its loss then means (anchors from the batch, positives and negatives
+from the references, as pytorch-metric-learning's ``ref_emb``).
 """
 
 from __future__ import annotations
