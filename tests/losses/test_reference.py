@@ -356,6 +356,23 @@ def test_axis_name_with_sharded_anchors_and_references(name, block_size,
   _assert_vg_close(_sharded(name, x, y, r, kw, mode, **extra), want)
 
 
+@pytest.mark.parametrize("name", ["circle", "triplet_semi"])
+def test_the_batch_itself_as_references_on_8_devices(name):
+  # Each device passes its shard as both anchors and references: the ids
+  # default to the global row indices, so the loss is the plain one.
+  x, y, _, _ = _ref_kwargs()
+
+  def local(x, y):
+    return (_loss(name, x, y, axis_name="d"),
+            _loss(name, x, y, ref_embeddings=x, ref_labels=y, axis_name="d"))
+
+  mesh = Mesh(np.array(jax.devices()), ("d",))
+  plain, with_refs = jax.jit(jax.shard_map(
+      local, mesh=mesh, in_specs=(P("d"), P("d")), out_specs=(P(), P())))(x, y)
+  assert float(plain) > 0
+  np.testing.assert_allclose(float(with_refs), float(plain), rtol=1e-6)
+
+
 @pytest.mark.parametrize("mode", ["shard_map"])
 def test_margin_sampling_with_references_does_not_depend_on_devices(mode):
   x, y, r, kw = _ref_kwargs()
