@@ -106,12 +106,7 @@ def _with_masks(plan, axis_name, rows_t, pos_mask, neg_mask, k):
 
 def _prepare(plan, rows, cols):
   """Tiles of the rows and of the local column shard (validity folded in)."""
-  rows_t, cols_t = engines._prepare(plan, rows, cols, None, None)
-  valid = getattr(cols, "valid", None)  # PairSide.valid, where it exists
-  if valid is not None:
-    cols_t["ok"] = cols_t["ok"] & engines._blocks(
-        valid.astype(bool), plan.num_col_blocks, plan.col_block, False)
-  return rows_t, cols_t
+  return engines._prepare(plan, rows, cols, None, None)
 
 
 def _fold(plan, rows_t, shard, state, tile_fn):

@@ -223,8 +223,9 @@ def test_ring_with_other_columns_equals_dense_on_the_valid_columns():
     keep = np.flatnonzero(valid)
     s = zr @ zc[keep].T
     same = row_labels[:, None] == col_labels[keep][None, :]
-    pos = same & (row_ids[:, None] != col_ids[keep][None, :])
-    per_anchor, ok = engines.dense_per_anchor(rule, s, pos, ~same)
+    other = row_ids[:, None] != col_ids[keep][None, :]  # not a self pair
+    per_anchor, ok = engines.dense_per_anchor(rule, s, same & other,
+                                              ~same & other)
     return jnp.sum(jnp.where(ok, per_anchor, 0.0))
 
   want = jax.value_and_grad(reference, argnums=(0, 1))(
