@@ -9,6 +9,7 @@ compiled program permutes shards and gathers nothing; other columns
 (references with ids and a validity mask) plug in as local columns.
 """
 
+import functools
 from typing import NamedTuple, Optional
 
 import chex
@@ -250,3 +251,37 @@ def test_ring_with_other_columns_equals_dense_on_the_valid_columns():
     chex.assert_trees_all_close(g, w, rtol=1e-5, atol=2e-5 * scale)
   # Invalid columns get no gradient.
   np.testing.assert_array_equal(np.asarray(got[1][1])[~valid], 0.0)
+
+
+def test_ring_with_reference_embeddings_equals_the_single_device_loss():
+  """The public losses with references (a memory of 16 rows, 2 per device,
+  a quarter of them invalid, some sharing ids with the anchors): ring on 8
+  devices == one device with the whole memory, values and both gradients."""
+  rng = np.random.default_rng(11)
+  x = jnp.asarray(_embeddings(seed=3))
+  mem = jnp.asarray(rng.normal(size=(16, x.shape[1])).astype(np.float32))
+  mem_labels = jnp.asarray(rng.integers(0, 10, 16).astype(np.int32))
+  mem_valid = jnp.asarray(rng.random(16) < 0.75)
+  ids = jnp.arange(B, dtype=jnp.int32)
+  mem_ids = jnp.asarray(rng.permutation(40)[:16].astype(np.int32))
+  names = ("circle", "ms", "contrastive")
+
+  def run(x, labels, mem, mem_labels, mem_valid, ids, mem_ids, **kw):
+    def one(name, x, mem):
+      fn, hyper = PUBLIC[name]
+      return fn(x, labels, ref_embeddings=mem, ref_labels=mem_labels,
+                ref_valid=mem_valid, ids=ids, ref_ids=mem_ids, **hyper, **kw)
+    return {n: jax.value_and_grad(functools.partial(one, n), argnums=(0, 1))(
+        x, mem) for n in names}
+
+  args = (x, jnp.asarray(LABELS), mem, mem_labels, mem_valid, ids, mem_ids)
+  want = jax.jit(run)(*args)
+  local = functools.partial(run, axis_name="d", collective="ring",
+                            block_size=3)
+  got = jax.jit(jax.shard_map(
+      local, mesh=_mesh(), in_specs=(P("d"),) * len(args),
+      out_specs={n: (P(), (P("d"), P("d"))) for n in names}))(*args)
+  for n in names:
+    _assert_vg_close((got[n][0], got[n][1][0]), (want[n][0], want[n][1][0]))
+    _assert_vg_close((got[n][0], got[n][1][1]), (want[n][0], want[n][1][1]))
+    np.testing.assert_array_equal(np.asarray(got[n][1][1])[~mem_valid], 0.0)
