@@ -19,6 +19,7 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from circle_jax import config as config_lib
 from circle_jax.errors import UserError
 
 CONFIG_FILE = "config.json"
@@ -61,8 +62,17 @@ def flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
 
 def config_diff(saved: Dict[str, Any], new: Dict[str, Any]
                 ) -> List[Tuple[str, Any, Any]]:
-  """``(field, saved value, new value)`` for every differing leaf, sorted."""
+  """``(field, saved value, new value)`` for every differing leaf, sorted.
+
+  A field that ``saved`` lacks and ``new`` holds at its schema default
+  (:func:`circle_jax.config.base_config`) is not a difference: it was added
+  to the schema after the run was saved, with a default that keeps the old
+  behaviour.
+  """
   a, b = flatten(saved), flatten(new)
+  defaults = flatten(config_to_dict(config_lib.base_config()))
+  a.update({p: v for p, v in defaults.items()
+            if p not in a and b.get(p, ABSENT) == v})
   out = []
   for path in sorted(set(a) | set(b)):
     va, vb = a.get(path, ABSENT), b.get(path, ABSENT)
