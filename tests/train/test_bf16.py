@@ -77,9 +77,9 @@ def test_bfloat16_embeddings_give_the_float32_loss(bf16_step):
   model, state, entry, hyper, key = bf16_step
   batch = helpers.fake_batch(jax.random.PRNGKey(0), batch_size=40,
                              num_classes=5, size=8)
-  embeddings, _ = model.apply(state_lib.model_variables(state),
-                              batch["image"], train=True,
-                              mutable=["batch_stats"])
+  embeddings, _ = jax.jit(lambda v, x: model.apply(
+      v, x, train=True, mutable=["batch_stats"]))(
+          state_lib.model_variables(state), batch["image"])
   assert embeddings.dtype == jnp.float32
   loss = jax.jit(lambda e: losses_lib.get_loss("circle").apply(
       e, batch["label"], None, key=key, **hyper))
