@@ -18,7 +18,10 @@ float32 ResNet-50 step at batch 16 took about 100 s.)
 CPU bfloat16 timings are not representative of GPUs or TPUs: most CPUs have
 no bfloat16 arithmetic, so XLA:CPU converts to float32 and back around each
 operation, while GPU tensor cores and TPU MXUs run bfloat16 natively at
-several times the float32 rate. The memory figures do carry over.
+several times the float32 rate. The memory figures are XLA:CPU's as well:
+the recorded run shows almost no saving, consistent with XLA:CPU computing
+(and keeping) most bfloat16 intermediates in float32; they do not say what
+a GPU or TPU would use.
 """
 
 from __future__ import annotations
@@ -84,7 +87,8 @@ def report(rows, command, args) -> str:
       "- **CPU bfloat16 timings are not representative of GPU/TPU**: XLA:CPU "
       "has no native bfloat16 arithmetic on this CPU and converts around "
       "each operation; GPUs and TPUs run bfloat16 natively. The memory "
-      "figures carry over.",
+      "figures are XLA:CPU's too (it keeps most bfloat16 intermediates in "
+      "float32), not a GPU/TPU's.",
       "",
       "| model | dtype | peak GiB | temp GiB | step s | compile s | loss "
       "(last timed step) | finite |",
