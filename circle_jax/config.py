@@ -169,6 +169,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.batch.images_per_class = 4     # ... K
   c.batch.size = 0                 # global batch of the random sampler
   c.batch.eval_batch_size = 256    # global batch of the evaluation
+  # GradCache (circle_jax.train.gradcache): embed each device's slice of the
+  # batch this many images at a time, keeping no activations, and re-run each
+  # chunk's forward pass in the backward pass. 0: off (the whole slice).
+  c.batch.embed_chunk_size = 0
+  # BatchNorm in training mode with chunks: "exact" refuses it (use
+  # model.freeze_bn); "per_chunk" normalises each chunk with its own
+  # statistics and averages the chunks' running-statistics updates.
+  c.batch.embed_chunk_bn = "exact"
 
   c.optim = Config()  # see circle_jax.train.optim
   c.optim.name = "adam"            # adam, adamw, sgd, rmsprop

@@ -19,6 +19,7 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from circle_jax import config as config_lib
 from circle_jax.errors import UserError
 
 CONFIG_FILE = "config.json"
@@ -79,7 +80,6 @@ def config_diff(saved: Dict[str, Any], new: Dict[str, Any]
   (``loss.*`` excepted: those depend on the loss), or, for any field, unset
   (None) in the other (an execution option such as ``loss.collective``).
   """
-  from circle_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   a, b = flatten(saved), flatten(new)
   defaults = flatten(config_to_dict(config_lib.base_config()))
   out = []
