@@ -19,6 +19,7 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from circle_jax import config as config_lib
 from circle_jax.errors import UserError
 
 CONFIG_FILE = "config.json"
@@ -61,11 +62,19 @@ def flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
 
 def config_diff(saved: Dict[str, Any], new: Dict[str, Any]
                 ) -> List[Tuple[str, Any, Any]]:
-  """``(field, saved value, new value)`` for every differing leaf, sorted."""
+  """``(field, saved value, new value)`` for every differing leaf, sorted.
+
+  A field that `saved` lacks (written before the field existed) and that
+  `new` holds at its schema default (``circle_jax.config.base_config``) is no
+  difference: the old run trained with that default.
+  """
   a, b = flatten(saved), flatten(new)
+  defaults = flatten(config_to_dict(config_lib.base_config()))
   out = []
   for path in sorted(set(a) | set(b)):
     va, vb = a.get(path, ABSENT), b.get(path, ABSENT)
+    if va == ABSENT and path in defaults and defaults[path] == vb:
+      continue
     if va != vb:
       out.append((path, va, vb))
   return out
