@@ -18,8 +18,8 @@ Presets (``get_preprocess(name, train=...)``):
   One channel in [0, 1] (white = 1), resized to ``image_size`` (e.g. 28 or
   105 for Omniglot); for Omniglot and digits.
 ``grayscale_affine``
-  ``grayscale`` whose train variant first applies a small random affine map
-  to the decoded image (:func:`random_affine`): a shift of up to
+  ``grayscale`` whose train variant then applies a small random affine map
+  to the resized image (:func:`random_affine`): a shift of up to
   ``affine_shift`` of the image size, a rotation of up to ``affine_degrees``,
   a scale in ``affine_scale`` and an x-shear of up to ``affine_shear``
   degrees about the centre, filling with the border's most common value
@@ -37,7 +37,7 @@ Train / eval variants (the torchvision transforms of the papers' code):
   then centre-crop ``image_size`` (224, or 227 for the MS/Circle setting).
 * grayscale: resize to ``image_size`` x ``image_size`` in both variants (no
   random augmentation unless ``flip=True`` is asked for; ``grayscale_affine``
-  applies its random affine map before the resize).
+  applies its random affine map after the resize, where it is cheap).
 
 Resizing uses PIL's bilinear filter, which antialiases when downsampling
 (the behaviour of torchvision's PIL backend the papers used).
@@ -253,12 +253,12 @@ class Preprocess:
     size = self.image_size
     if self.preset in _GRAY:
       im = decode(data, "L", where)
+      if im.size != (size, size):
+        im = im.resize((size, size), Image.BILINEAR)
       if self.train:
         im = random_affine(im, rng, shift=self.affine_shift,
                            degrees=self.affine_degrees,
                            scale=self.affine_scale, shear=self.affine_shear)
-      if im.size != (size, size):
-        im = im.resize((size, size), Image.BILINEAR)
       if self.train and self.flip and rng.random() < 0.5:
         im = im.transpose(Image.FLIP_LEFT_RIGHT)
       x = np.asarray(im, np.float32)[..., None] * np.float32(1.0 / 255.0)

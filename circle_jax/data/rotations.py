@@ -45,7 +45,7 @@ def rotate_encoded(data: bytes, quarter_turns: int) -> bytes:
     im.load()
     rotated = im.transpose(_TRANSPOSE[quarter_turns])
   out = io.BytesIO()
-  rotated.save(out, format="PNG")
+  rotated.save(out, format="PNG", compress_level=0)  # fast; never stored
   return out.getvalue()
 
 
