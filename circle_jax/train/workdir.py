@@ -19,7 +19,6 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from circle_jax import config as config_lib
 from circle_jax.errors import UserError
 
 CONFIG_FILE = "config.json"
@@ -32,7 +31,7 @@ RESUMABLE_FIELDS = (
     "checkpoint_every_steps", "eval_at_init", "eval_ks", "eval_clustering",
     "async_checkpoints", "parallelism", "dataset.data_dir",
     "dataset.manual_dir", "dataset.num_workers", "dataset.num_threads",
-    "batch.eval_batch_size",
+    "batch.eval_batch_size", "fewshot",
 )
 
 # The value shown for a field that one of two configs lacks.
@@ -64,18 +63,19 @@ def config_diff(saved: Dict[str, Any], new: Dict[str, Any]
                 ) -> List[Tuple[str, Any, Any]]:
   """``(field, saved value, new value)`` for every differing leaf, sorted.
 
-  A field that `saved` lacks (written before the field existed) and that
-  `new` holds at its schema default (``circle_jax.config.base_config``) is no
-  difference: the old run trained with that default.
+  A field that one config lacks (saved before the field existed) counts as
+  at its schema default, as :func:`circle_jax.config.from_dict` reads it
+  (``loss.*`` excepted: those depend on the loss).
   """
+  from circle_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   a, b = flatten(saved), flatten(new)
   defaults = flatten(config_to_dict(config_lib.base_config()))
   out = []
   for path in sorted(set(a) | set(b)):
     va, vb = a.get(path, ABSENT), b.get(path, ABSENT)
-    if va == ABSENT and path in defaults and defaults[path] == vb:
-      continue
-    if va != vb:
+    if va != vb and not (ABSENT in (va, vb) and not path.startswith("loss.")
+                         and path in defaults
+                         and defaults[path] == (vb if va == ABSENT else va)):
       out.append((path, va, vb))
   return out
 
