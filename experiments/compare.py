@@ -57,6 +57,7 @@ commands without training anything.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import datetime
 import json
@@ -463,6 +464,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   p.add_argument("--notes", default="",
                  help="a Markdown file appended to OUT.md (published "
                       "numbers, how the recipe was chosen)")
+  p.add_argument("--jobs", type=int, default=1,
+                 help="runs trained at the same time (each a process; their "
+                      "timings then include the contention)")
   p.add_argument("--dry-run", action="store_true",
                  help="list the runs (reused / to train / conflicting) and "
                       "their commands; train nothing, write nothing")
@@ -479,6 +483,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args.ablation_loss = args.ablation_loss or losses[0]
     parse_losses(args.ablation_loss)
     ablations = parse_ablations(args.ablation, losses)
+    if args.jobs < 1:
+      raise ValueError(f"--jobs must be >= 1; got {args.jobs}.")
     if args.notes and not os.path.isfile(args.notes):
       raise ValueError(f"--notes {args.notes}: no such file.")
     runs = build_runs(args, overrides, ablations)
@@ -506,20 +512,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"         {r.error}")
     return 0
   env = child_env(args.workdir, args.compilation_cache)
-  for i, run in enumerate(todo):
+
+  def train(i_run):
+    i, run = i_run
     print(f"[compare] {i + 1}/{len(todo)} {_label(run)} seed {run.seed} ...",
           flush=True)
-    try:
-      execute(run, env)
-    except KeyboardInterrupt:
-      print("\n[compare] interrupted; run the same command again to resume:\n"
-            f"  {canonical_command(args, overrides)}", file=sys.stderr)
-      return 130
+    execute(run, env)
     if run.status == "failed":
       print(f"[compare] FAILED {_label(run)} seed {run.seed}: {run.error}",
             file=sys.stderr, flush=True)
     else:
-      print(f"[compare]   {_summary_line(run)}", flush=True)
+      print(f"[compare]   {_label(run)} seed {run.seed} "
+            f"{_summary_line(run)}", flush=True)
+
+  try:
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+      list(pool.map(train, enumerate(todo)))
+  except KeyboardInterrupt:
+    print("\n[compare] interrupted; run the same command again to resume:\n"
+          f"  {canonical_command(args, overrides)}", file=sys.stderr)
+    return 130
   md_path, png_path = compare_report.report(
       args.out, command=canonical_command(args, overrides),
       config_name=args.config, losses=losses, seeds=seeds, runs=runs,

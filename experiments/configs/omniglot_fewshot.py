@@ -36,6 +36,7 @@ def get_config():
   c.dataset.preprocess.preset = "grayscale_affine"
   c.dataset.validation_fraction = 0.2
   c.model.name = "conv4"
+  c.model.kwargs.width = 64        # the papers' conv4
   c.model.embedding_dim = 64
   c.model.sync_bn = True
   c.loss = config_lib.loss_config("circle", gamma=80.0, margin=0.4)
@@ -43,7 +44,13 @@ def get_config():
   c.batch.images_per_class = 4
   c.optim.name = "adam"
   c.optim.learning_rate = 1e-3
-  c.num_train_steps = 1000
+  c.num_train_steps = 750
   c.eval_every_steps = 250
+  c.eval_at_init = False
   c.checkpoint_every_steps = 250
+  c.fewshot.ways = (5, 20)
+  c.fewshot.shots = (1, 5)
+  # The step is selected on the held-out characters' 20-way 1-shot accuracy
+  # (their recall@1 saturates near 0.97 by step 500).
+  c.best_metric = "fewshot_20way_1shot"
   return c
