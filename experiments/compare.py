@@ -414,14 +414,16 @@ def _label(run: Run) -> str:
 
 def build_runs(args, overrides: Sequence[str],
                ablations: Sequence[Tuple[str, List[str]]] = ()) -> List[Run]:
-  """Every (loss, seed) run with its command and resolved config, then the
-  ablations' runs: ``args.ablation_loss`` x seeds with each ablation's
-  overrides after the common ones (in ``WORKDIR/ablation_NAME/``)."""
-  cells = [("", loss, args.workdir, list(overrides))
-           for loss in parse_losses(args.losses)]
-  cells += [(name, args.ablation_loss,
-             os.path.join(args.workdir, f"ablation_{name}"),
-             [*overrides, *more]) for name, more in ablations]
+  """Every (loss, seed) run with its command and resolved config; right
+  after the runs of ``args.ablation_loss``, the ablations' runs: that loss x
+  seeds with each ablation's overrides after the common ones (in
+  ``WORKDIR/ablation_NAME/``)."""
+  cells = []
+  for loss in parse_losses(args.losses):
+    cells.append(("", loss, args.workdir, list(overrides)))
+    if loss == args.ablation_loss:
+      cells += [(name, loss, os.path.join(args.workdir, f"ablation_{name}"),
+                 [*overrides, *more]) for name, more in ablations]
   runs = []
   for variant, loss, root, flags_ in cells:
     for seed in parse_seeds(args.seeds):
@@ -481,7 +483,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     check_overrides(overrides)
     losses, seeds = parse_losses(args.losses), parse_seeds(args.seeds)
     args.ablation_loss = args.ablation_loss or losses[0]
-    parse_losses(args.ablation_loss)
+    if args.ablation and args.ablation_loss not in losses:
+      raise ValueError(f"--ablation-loss {args.ablation_loss!r} must be one "
+                       "of --losses.")
     ablations = parse_ablations(args.ablation, losses)
     if args.jobs < 1:
       raise ValueError(f"--jobs must be >= 1; got {args.jobs}.")

@@ -44,7 +44,7 @@ def get_config():
   c.batch.images_per_class = 4
   c.optim.name = "adam"
   c.optim.learning_rate = 1e-3
-  c.num_train_steps = 750
+  c.num_train_steps = 500
   c.eval_every_steps = 250
   c.eval_at_init = False
   c.checkpoint_every_steps = 250

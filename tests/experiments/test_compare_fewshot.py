@@ -124,10 +124,11 @@ def test_ablation_runs_and_arguments(tmp_path):
                                ablation_loss="circle"))
   runs = compare.build_runs(args, ["--config.num_train_steps=7"],
                             [("fast", ["--config.num_train_steps=3"])])
+  # The ablation runs come right after their loss's runs.
   assert [(r.variant, r.loss, r.seed) for r in runs] == [
-      ("", "circle", 0), ("", "circle", 1), ("", "triplet", 0),
-      ("", "triplet", 1), ("fast", "circle", 0), ("fast", "circle", 1)]
-  assert runs[4].workdir == os.path.join(tmp_path, "ablation_fast", "circle",
+      ("", "circle", 0), ("", "circle", 1), ("fast", "circle", 0),
+      ("fast", "circle", 1), ("", "triplet", 0), ("", "triplet", 1)]
+  assert runs[2].workdir == os.path.join(tmp_path, "ablation_fast", "circle",
                                          "seed_0")
-  assert [r.config["num_train_steps"] for r in runs] == [7] * 4 + [3] * 2
+  assert [r.config["num_train_steps"] for r in runs] == [7, 7, 3, 3, 7, 7]
 
