@@ -26,24 +26,15 @@ validation split, never on the test characters: the candidates and their
 validation numbers are in experiments/results/omniglot_fewshot.md.
 """
 
-from circle_jax import config as config_lib
+from experiments.configs import omniglot_small
 
 
 def get_config():
-  c = config_lib.base_config()
-  c.dataset.name = "omniglot_small"
+  c = omniglot_small.get_config()  # conv4 64-d, Circle, P x K = 16 x 4, adam
   c.dataset.rotations = 4
   c.dataset.preprocess.preset = "grayscale_affine"
   c.dataset.validation_fraction = 0.2
-  c.model.name = "conv4"
   c.model.kwargs.width = 64        # the papers' conv4
-  c.model.embedding_dim = 64
-  c.model.sync_bn = True
-  c.loss = config_lib.loss_config("circle", gamma=80.0, margin=0.4)
-  c.batch.classes_per_batch = 16
-  c.batch.images_per_class = 4
-  c.optim.name = "adam"
-  c.optim.learning_rate = 1e-3
   c.num_train_steps = 500
   c.eval_every_steps = 250
   c.eval_at_init = False
