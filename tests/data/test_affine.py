@@ -122,3 +122,22 @@ def test_affine_ranges_only_for_grayscale_affine():
   with pytest.raises(ValueError, match="only apply to the 'grayscale_affine'"):
     data.get_preprocess("grayscale", train=True, affine_shift=0.1)
   assert data.get_preprocess("grayscale", train=True).affine_shift == 0.0
+
+
+def test_config_checks_name_the_preprocess_field():
+  from circle_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from circle_jax.train import config_checks  # pylint: disable=g-import-not-at-top
+  c = config_lib.base_config()
+  c.dataset.name = "omniglot_small"
+  c.dataset.preprocess.preset = "grayscale_affine"
+  config_checks.check_config(c, device_count=1)
+  c.dataset.preprocess.affine_degrees = 200.0
+  with pytest.raises(config_checks.ConfigError,
+                     match=r"^config\.dataset\.preprocess: `affine_degrees` "
+                           r"must be in \[0, 180\]; got 200.0"):
+    config_checks.check_config(c, device_count=1)
+  c.dataset.preprocess.preset = "grayscale"
+  c.dataset.preprocess.affine_degrees = 5.0
+  with pytest.raises(config_checks.ConfigError,
+                     match="only apply to the 'grayscale_affine' preset"):
+    config_checks.check_config(c, device_count=1)

@@ -142,3 +142,13 @@ def test_default_off_is_unchanged(omniglot_small_dir):
                                           validation_fraction=0.2), info)
   assert isinstance(train, data.ClassSubset)
   assert config_checks.num_classes(c, info) == 136
+
+
+@pytest.mark.parametrize("bad", [3, 0, -4, True])
+def test_config_rejects_other_rotation_counts(bad):
+  c = _config(rotations=bad)
+  with pytest.raises(config_checks.ConfigError,
+                     match=r"^config\.dataset\.rotations: must be one of "
+                           r"\(1, 2, 4\)") as e:
+    config_checks.check_config(c, device_count=1)
+  assert "\n" not in str(e.value)
