@@ -47,6 +47,23 @@ Examples::
       --losses circle,multi_similarity,proxy_anchor --seeds 2 \
       --out /tmp/compare_smoke --config.num_train_steps=50
 
+Ablations and few-shot accuracy::
+
+  # 6 losses x 3 seeds, and Circle x 3 seeds without rotations / without
+  # the affine augmentation, 8 runs at a time, with published numbers
+  python -m experiments.compare --config experiments/configs/omniglot_fewshot.py \
+      --losses circle,multi_similarity,ranked_list,contrastive,proxy_anchor,triplet \
+      --ablation "no_rotations:--config.dataset.rotations=1" \
+      --ablation "no_affine:--config.dataset.preprocess.preset=grayscale" \
+      --notes experiments/results/omniglot_fewshot_notes.md --jobs 8 ...
+
+An ablation ``NAME:OVERRIDES`` trains ``--ablation-loss`` (default: the first
+loss) for every seed with those overrides after the common ones, in
+``WORKDIR/ablation_NAME/``; when the runs report few-shot accuracy
+(``config.fewshot``), the report adds a few-shot table with a row per loss
+and per ablation. ``--notes FILE`` is appended to the report. ``--jobs N``
+trains N runs at once (their timings then include the contention).
+
 Writes ``OUT.md`` and ``OUT.png`` (default ``OUT``:
 ``experiments/results/compare_<config name>``); the runs live under
 ``--workdir`` (default ``/tmp/circle_jax_compare/<config name>``).
