@@ -21,9 +21,15 @@ few-shot practice on Omniglot:
 * model selection on 20 % of the train characters held out (with all their
   rotations) as a class-disjoint validation split.
 
+* few-shot evaluation (``config.fewshot``): 5- and 20-way, 1- and 5-shot
+  episodes of the test characters (and of the held-out ones, which select
+  the reported step on their 20-way 1-shot accuracy).
+
 The trunk width, embedding size and step count were chosen on that
 validation split, never on the test characters: the candidates and their
-validation numbers are in experiments/results/omniglot_fewshot.md.
+validation numbers, and the results of 6 losses with this recipe and its
+ablations, are in experiments/results/omniglot_fewshot.md. 500 steps and a
+single evaluation keep 24 runs within a shared 2-core CPU's time.
 """
 
 from experiments.configs import omniglot_small
