@@ -61,7 +61,7 @@ An ablation ``NAME:OVERRIDES`` trains ``--ablation-loss`` (default: the first
 loss) for every seed with those overrides after the common ones, in
 ``WORKDIR/ablation_NAME/``; when the runs report few-shot accuracy
 (``config.fewshot``), the report adds a few-shot table with a row per loss
-and per ablation. ``--notes FILE`` is appended to the report. ``--jobs N``
+and per ablation. ``--notes FILE`` follows the report's results tables. ``--jobs N``
 trains N runs at once (their timings then include the contention).
 
 Writes ``OUT.md`` and ``OUT.png`` (default ``OUT``:
@@ -481,8 +481,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                  help="the loss of the ablations (default: the first of "
                       "--losses)")
   p.add_argument("--notes", default="",
-                 help="a Markdown file appended to OUT.md (published "
-                      "numbers, how the recipe was chosen)")
+                 help="a Markdown file put after the results tables of "
+                      "OUT.md (published numbers, how the recipe was chosen)")
   p.add_argument("--jobs", type=int, default=1,
                  help="runs trained at the same time (each a process; their "
                       "timings then include the contention)")

@@ -241,7 +241,7 @@ def write_markdown(path: pathlib.Path, *, command: str, config_name: str,
 
   ``runs`` holds the ablations' runs too (``run.variant`` their name);
   ``ablations`` is ``[(NAME, overrides)]``; ``notes`` a Markdown file
-  appended at the end.
+  placed after the results tables.
   """
   every_run, runs = runs, [r for r in runs if not _variant(r)]
   cfg = runs[0].config
@@ -295,6 +295,8 @@ def write_markdown(path: pathlib.Path, *, command: str, config_name: str,
   if plot_name:
     lines += [f"![R@1 and MAP@R per loss]({plot_name})", ""]
   lines += _fewshot_lines(every_run, losses, ablations)
+  if notes:
+    lines += [pathlib.Path(notes).read_text().rstrip(), ""]
   lines += ["## Hyperparameters", "",
             "From each loss's `metrics.json` config; the source is the "
             "registry's reference (`circle_jax.losses.LOSSES`).", ""]
@@ -333,8 +335,6 @@ def write_markdown(path: pathlib.Path, *, command: str, config_name: str,
     lines += ["", "## Failed runs", ""]
     lines += [f"- `{r.loss}` seed {r.seed}: {r.error.splitlines()[0]}"
               for r in failed]
-  if notes:
-    lines += ["", pathlib.Path(notes).read_text().rstrip()]
   text = "\n".join(lines) + "\n"
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(text)

@@ -83,7 +83,7 @@ def test_report_has_fewshot_table_ablation_rows_and_notes(tmp_path):
       "| train s | wall s |",
       "| `circle (norot)` | 2 | 3 (validation) | 60.0 | 30.0 | 40.0 | "
       "95.0 ± 0.4 | 87.0 ± 0.3 | 10 | 30 |",
-      "## Published\n\nBPL 3.3 % error.\n",
+      "## Published\n\nBPL 3.3 % error.\n\n## Hyperparameters",
   ):
     assert fragment in md, fragment
   # The retrieval table has the losses only; the ablation is not a loss row.
