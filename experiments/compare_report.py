@@ -132,6 +132,13 @@ def fewshot_rows(runs: Sequence[Any], losses: Sequence[str],
   return summary, counts
 
 
+def chart_panels(runs: Sequence[Any]) -> Tuple[Tuple[str, str], ...]:
+  """The chart's ``(key, title)`` panels: :data:`PLOT_METRICS`, or R@1 and
+  the hardest 1-shot accuracy (largest N) when the runs report few-shot."""
+  one_shot = [c for c in fewshot_columns(runs) if c[0].endswith("way_1shot")]
+  return (PLOT_METRICS[0], one_shot[-1]) if one_shot else PLOT_METRICS
+
+
 def _fewshot_lines(runs, losses, ablations) -> List[str]:
   """The few-shot section ([] when the runs report no few-shot accuracy)."""
   columns = fewshot_columns(runs)
@@ -293,7 +300,8 @@ def write_markdown(path: pathlib.Path, *, command: str, config_name: str,
       "",
   ]
   if plot_name:
-    lines += [f"![R@1 and MAP@R per loss]({plot_name})", ""]
+    shown = " and ".join(t for _, t in chart_panels(runs))
+    lines += [f"![{shown} per loss]({plot_name})", ""]
   lines += _fewshot_lines(every_run, losses, ablations)
   if notes:
     lines += [pathlib.Path(notes).read_text().rstrip(), ""]
@@ -353,9 +361,9 @@ def report(out: str, *, command: str, config_name: str,
   runs = [r for r in runs if not _variant(r)]
   from experiments import plots  # pylint: disable=g-import-not-at-top
   cfg = runs[0].config
-  columns = metric_columns(runs)
+  columns = metric_columns(runs) + fewshot_columns(runs)
   summary = summarize(runs, losses, [k for k, _ in columns])
-  plots.write_bars(png_path, summary, PLOT_METRICS,
+  plots.write_bars(png_path, summary, chart_panels(runs),
              f"{cfg['dataset']['name']}, {cfg['model']['name']} "
              f"{cfg['model']['embedding_dim']}-d, {cfg['num_train_steps']} "
              f"steps, {plural(len(seeds), 'seed')} (only the loss changes)")

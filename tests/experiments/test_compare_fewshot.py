@@ -92,6 +92,24 @@ def test_report_has_fewshot_table_ablation_rows_and_notes(tmp_path):
   assert png_path.read_bytes()[:8] == base.PNG_SIGNATURE
 
 
+def test_chart_panels_are_recall_and_the_hardest_one_shot(tmp_path,
+                                                          monkeypatch):
+  from experiments import plots  # pylint: disable=g-import-not-at-top
+  drawn = {}
+  monkeypatch.setattr(plots, "write_bars",
+                      lambda path, summary, metrics, title: drawn.update(
+                          metrics=metrics, summary=summary))
+  runs = _runs(tmp_path)
+  compare_report.report(str(tmp_path / "fs"), command="c", config_name="d",
+                        losses=["circle", "proxy_anchor"], seeds=[0, 1, 2],
+                        runs=runs, elapsed=1.0, ablations=[ABLATION])
+  assert drawn["metrics"] == (("recall@1", "R@1"),
+                              ("fewshot_20way_1shot", "20-way 1-shot"))
+  assert list(drawn["summary"]) == ["circle", "proxy_anchor"]
+  assert drawn["summary"]["circle"]["fewshot_20way_1shot"].mean == (
+      pytest.approx(0.92))
+
+
 def test_no_fewshot_keys_no_fewshot_section(tmp_path):
   run = base._run(tmp_path, "circle", 0)
   base._write_run(tmp_path, "circle", 0, base._test_metrics(0.6, 0.3, 0.4))
