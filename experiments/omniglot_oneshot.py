@@ -20,26 +20,17 @@ if __package__ in (None, ""):  # python experiments/omniglot_oneshot.py
       __file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import app
-from absl import flags
+import argparse
+from typing import Optional, Sequence
 
 from circle_jax.evaluation import omniglot_oneshot
 from circle_jax.train import console
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "A training run's folder.",
-                               required=True)
-_RUNS = flags.DEFINE_string("runs", None, "all_runs.zip or its folder.",
-                            required=True)
-_WHICH = flags.DEFINE_enum("which", None, ["best", "latest"],
-                           "Checkpoint (default: best if the run kept one).")
-_VERBOSE = flags.DEFINE_bool("verbose", False,
-                             "Library INFO logs and full tracebacks.")
 
-
-def _run():
-  result, info = omniglot_oneshot.evaluate_workdir(
-      _WORKDIR.value, _RUNS.value, which=_WHICH.value)
+def _run(args):
+  result, info = omniglot_oneshot.evaluate_workdir(args.workdir, args.runs,
+                                                   which=args.which)
   print(f"{info['workdir']} ({info['dataset']}), {info['which']} checkpoint "
         f"at step {info['step']}: 1-NN (cosine) one-shot error")
   for name, error in zip(result.runs, result.errors):
@@ -47,14 +38,18 @@ def _run():
   print(f"mean   {result.mean_error:6.2f}% over {len(result.runs)} runs")
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  console.configure_logging(_VERBOSE.value)
-  status = console.run_tool(_run, verbose=_VERBOSE.value)
-  if status:
-    sys.exit(status)
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--workdir", required=True, help="a training run's folder")
+  p.add_argument("--runs", required=True, help="all_runs.zip or its folder")
+  p.add_argument("--which", choices=("best", "latest"), default=None,
+                 help="checkpoint (default: best if the run kept one)")
+  p.add_argument("--verbose", action="store_true",
+                 help="library INFO logs and full tracebacks")
+  args = p.parse_args(argv)
+  console.configure_logging(args.verbose)
+  return console.run_tool(lambda: _run(args), verbose=args.verbose)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  sys.exit(main())

@@ -1,10 +1,8 @@
 """Specification of circle_jax.evaluation.omniglot_oneshot.
 
 The official runs are not shipped: each test writes a tiny copy in their
-layout (3 runs of 4, 4 and 3 classes; synthetic 1-bit 105 x 105 glyphs) as a
-folder or a zip. Some test images are exact copies of *another* class's
-training image, so their 1-NN answer is wrong whatever the embedding: the
-errors are known by construction, 0%, 25% and 66.7%.
+layout (``tests/evaluation/oneshot_fixture.py``), whose errors are known by
+construction.
 """
 
 import io
@@ -13,75 +11,15 @@ import zipfile
 
 import numpy as np
 import pytest
-from PIL import Image, ImageDraw
+from PIL import Image
 
 from circle_jax.evaluation import omniglot_oneshot as oneshot
-
-# run -> (number of classes, {test item position: class whose training image
-# it copies instead of its own class's}).
-RUNS = {"run01": (4, {}), "run02": (4, {2: 0}), "run03": (3, {0: 1, 1: 2})}
-ERRORS = (0.0, 25.0, 200.0 / 3)
-
-
-def _glyph(rng):
-  """Three random strokes, black on white, 1-bit like the official PNGs."""
-  im = Image.new("L", (105, 105), 255)
-  draw = ImageDraw.Draw(im)
-  for _ in range(3):
-    draw.line([tuple(int(v) for v in rng.integers(10, 95, 2))
-               for _ in range(3)], fill=0, width=4)
-  return im.convert("1")
-
-
-def _png(im):
-  buf = io.BytesIO()
-  im.save(buf, format="PNG")
-  return buf.getvalue()
-
-
-def make_runs(root, *, as_zip, top_folder, run_relative, seed=0):
-  """Writes the runs; returns ``{run: [(test file, answer file)]}`` (paths
-  relative to the run) and the path to give :func:`read_runs`."""
-  rng = np.random.default_rng(seed)
-  files, truth = {}, {}
-  top = "all_runs/" if top_folder else ""
-  for run, (n, wrong) in RUNS.items():
-    glyphs = [_glyph(rng) for _ in range(n)]
-    order = rng.permutation(n)  # test item i is of class order[i]
-    lines, truth[run] = [], []
-    for c, g in enumerate(glyphs):
-      files[f"{top}{run}/training/class{c + 1:02d}.png"] = _png(g)
-    for i, c in enumerate(order):
-      if i in wrong:
-        data = files[f"{top}{run}/training/class{wrong[i] + 1:02d}.png"]
-      else:
-        data = _png(_perturbed(glyphs[c], rng))
-      test, answer = f"test/item{i + 1:02d}.png", f"training/class{c + 1:02d}.png"
-      files[f"{top}{run}/{test}"] = data
-      prefix = "" if run_relative else f"{run}/"
-      lines.append(f"{prefix}{test} {prefix}{answer}")
-      truth[run].append((test, answer))
-    files[f"{top}{run}/class_labels.txt"] = ("\n".join(lines) + "\n").encode()
-  if as_zip:
-    path = os.path.join(root, "all_runs.zip")
-    with zipfile.ZipFile(path, "w") as zf:
-      for name, data in files.items():
-        zf.writestr(name, data)
-    return truth, path
-  for name, data in files.items():
-    os.makedirs(os.path.dirname(os.path.join(root, name)), exist_ok=True)
-    with open(os.path.join(root, name), "wb") as f:
-      f.write(data)
-  return truth, str(root)
-
-
-def _perturbed(glyph, rng):
-  """The glyph with a few pixels flipped (another drawing of the class)."""
-  x = np.array(glyph.convert("L"))
-  for _ in range(3):
-    i, j = rng.integers(20, 85, 2)
-    x[i:i + 2, j:j + 2] = 255 - x[i:i + 2, j:j + 2]
-  return Image.fromarray(x).convert("1")
+from tests.evaluation.oneshot_fixture import (
+    ERRORS,
+    RUNS,
+    make_runs,
+    train_tiny_workdir,
+)
 
 
 def pixels(images):
@@ -165,3 +103,39 @@ def test_bad_runs(tmp_path):
     f.write("test/item01.png\n")
   _one_line(r"run01/class_labels.txt .*, line 5: expected", lambda:
             oneshot.read_runs(path))
+
+
+@pytest.fixture(scope="module")
+def trained_workdir(tmp_path_factory):
+  return train_tiny_workdir(str(tmp_path_factory.mktemp("oneshot_run")))
+
+
+def test_workdir_model_errors(trained_workdir, tmp_path):
+  """The workdir's model: the errors equal a 1-NN over the model applied
+  directly to each preprocessed image; the copied images are wrong."""
+  from circle_jax.train import run as run_lib  # pylint: disable=g-import-not-at-top
+  _, path = make_runs(tmp_path, as_zip=True, top_folder=True,
+                      run_relative=False)
+  result, info = oneshot.evaluate_workdir(trained_workdir, path,
+                                          which="latest")
+  assert (info["which"], info["step"], info["dataset"]) == ("latest", 2,
+                                                            "digits")
+  run = run_lib.restore_run(trained_workdir, "latest")
+  preprocess = run_lib.eval_preprocess(run.config, run.info)
+
+  def direct(images):
+    x = np.stack([preprocess(b, None, "image") for b in images])
+    return np.array(run.model.apply(run.variables, x, train=False))
+
+  for r, errors, pred in zip(oneshot.read_runs(path), result.errors,
+                             result.predictions):
+    train, test = direct(r.training_images), direct(r.test_images)
+    train /= np.linalg.norm(train, axis=1, keepdims=True)
+    test /= np.linalg.norm(test, axis=1, keepdims=True)
+    want = [int(np.argmax([q @ t for t in train])) for q in test]
+    assert list(pred) == want
+    assert errors == pytest.approx(
+        100.0 * np.mean(np.asarray(want) != np.asarray(r.answers)))
+    for i, wrong in RUNS[r.name][1].items():
+      assert pred[i] == wrong
+  assert result.mean_error == pytest.approx(np.mean(result.errors))
