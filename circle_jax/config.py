@@ -150,6 +150,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.dataset.validation_fraction = 0.0
   c.dataset.validation_seed = 0    # which classes are held out
   c.dataset.num_threads = 4        # decoding threads of the data pipeline
+  # Rotation classes (circle_jax.data.RotatedClasses): each *trained* class
+  # becomes this many classes, rotated by multiples of 360/rotations degrees
+  # (1, 2 or 4; 1: off). Validation and test classes stay upright.
+  c.dataset.rotations = 1
 
   c.model = Config()
   c.model.name = "conv4"           # a circle_jax.models.MODELS name

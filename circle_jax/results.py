@@ -267,12 +267,16 @@ def describe_data(cfg: Mapping[str, Any],
     queries = metrics[0]["result"]["test"].get("num_queries")
   images = queries or sum(spec.num_images[s] for s in spec.eval_splits)
   val = metrics[0].get("validation") if metrics else None
-  train = f"train on {spec.num_train_classes} classes"
+  kept = spec.num_train_classes - (val["num_classes"] if val else 0)
+  rotations = cfg["dataset"].get("rotations", 1)
+  train = f"train on {kept} classes"
+  if rotations > 1:
+    train = (f"train on {kept} classes x {rotations} rotations = "
+             f"{kept * rotations} classes (dataset.rotations={rotations})")
   if val:
-    train = (f"train on {spec.num_train_classes - val['num_classes']} "
-             f"classes, select on {val['num_classes']} held-out train classes "
-             f"({val['num_images']} images, "
-             f"dataset.validation_fraction={val['fraction']:g})")
+    train += (f", select on {val['num_classes']} held-out train classes "
+              f"({val['num_images']} images, "
+              f"dataset.validation_fraction={val['fraction']:g})")
   if "query" in spec.eval_splits:
     test = (f"{int(images)} query images, retrieved among "
             f"{spec.num_images['gallery']} gallery images")

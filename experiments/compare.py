@@ -47,6 +47,23 @@ Examples::
       --losses circle,multi_similarity,proxy_anchor --seeds 2 \
       --out /tmp/compare_smoke --config.num_train_steps=50
 
+Ablations and few-shot accuracy::
+
+  # 6 losses x 3 seeds, and Circle x 3 seeds without rotations / without
+  # the affine augmentation, 8 runs at a time, with published numbers
+  python -m experiments.compare --config experiments/configs/omniglot_fewshot.py \
+      --losses circle,multi_similarity,ranked_list,contrastive,proxy_anchor,triplet \
+      --ablation "no_rotations:--config.dataset.rotations=1" \
+      --ablation "no_affine:--config.dataset.preprocess.preset=grayscale" \
+      --notes experiments/results/omniglot_fewshot_notes.md --jobs 8 ...
+
+An ablation ``NAME:OVERRIDES`` trains ``--ablation-loss`` (default: the first
+loss) for every seed with those overrides after the common ones, in
+``WORKDIR/ablation_NAME/``; when the runs report few-shot accuracy
+(``config.fewshot``), the report adds a few-shot table with a row per loss
+and per ablation. ``--notes FILE`` follows the report's results tables. ``--jobs N``
+trains N runs at once (their timings then include the contention).
+
 Writes ``OUT.md`` and ``OUT.png`` (default ``OUT``:
 ``experiments/results/compare_<config name>``); the runs live under
 ``--workdir`` (default ``/tmp/circle_jax_compare/<config name>``).
@@ -57,6 +74,7 @@ commands without training anything.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import datetime
 import json
@@ -118,6 +136,9 @@ class Run:
     wall_seconds: wall time of the process that completed the run (None if
       unknown, e.g. a run made by hand).
     error: why the run failed (with the tail of its stderr).
+    info: ``compare_run.json`` (command, wall time, machine).
+    variant: the ablation it belongs to (``--ablation NAME:...``), "" for
+      the comparison's own runs.
   """
 
   loss: str
@@ -130,6 +151,7 @@ class Run:
   wall_seconds: Optional[float] = None
   error: str = ""
   info: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  variant: str = ""
 
   @property
   def complete(self) -> bool:
@@ -161,6 +183,31 @@ def parse_seeds(text: str) -> List[int]:
     raise ValueError(f"--seeds: expected a count >= 1 or distinct seeds "
                      f">= 0; got {text!r}.")
   return seeds
+
+
+def parse_ablations(texts: Sequence[str], losses: Sequence[str]
+                    ) -> List[Tuple[str, List[str]]]:
+  """``--ablation 'NAME:--config.A=1 --config.B=2'`` -> ``(NAME, overrides)``.
+
+  Raises:
+    ValueError: a malformed, repeated or loss-named NAME, or bad overrides.
+  """
+  out = []
+  for text in texts:
+    name, sep, rest = text.partition(":")
+    name = name.strip()
+    if not sep or not re.fullmatch(r"[a-z0-9_]+", name):
+      raise ValueError(
+          f"--ablation {text!r}: expected 'NAME:--config.FIELD=VALUE ...' "
+          "with NAME in lower-case letters, digits and _.")
+    if name in losses or name in (n for n, _ in out):
+      raise ValueError(f"--ablation {text!r}: the name {name!r} is taken.")
+    overrides = shlex.split(rest)
+    if not overrides:
+      raise ValueError(f"--ablation {text!r}: no --config.FIELD=VALUE.")
+    check_overrides(overrides)
+    out.append((name, overrides))
+  return out
 
 
 def check_overrides(overrides: Sequence[str]) -> None:
@@ -347,6 +394,12 @@ def canonical_command(args, overrides: Sequence[str]) -> str:
     cmd += ["--workdir", args.workdir]
   if not args.compilation_cache:
     cmd += ["--no-compilation-cache"]
+  for text in args.ablation:
+    cmd += ["--ablation", text]
+  if args.ablation:
+    cmd += ["--ablation-loss", args.ablation_loss]
+  if args.notes:
+    cmd += ["--notes", args.notes]
   return shlex.join(cmd + list(overrides))
 
 
@@ -372,15 +425,29 @@ def _summary_line(run: Run) -> str:
   return f"{run.status}{wall}: {shown}"
 
 
-def build_runs(args, overrides: Sequence[str]) -> List[Run]:
-  """Every (loss, seed) run with its command and resolved config."""
-  runs = []
+def _label(run: Run) -> str:
+  return f"{run.loss} ({run.variant})" if run.variant else run.loss
+
+
+def build_runs(args, overrides: Sequence[str],
+               ablations: Sequence[Tuple[str, List[str]]] = ()) -> List[Run]:
+  """Every (loss, seed) run with its command and resolved config; right
+  after the runs of ``args.ablation_loss``, the ablations' runs: that loss x
+  seeds with each ablation's overrides after the common ones (in
+  ``WORKDIR/ablation_NAME/``)."""
+  cells = []
   for loss in parse_losses(args.losses):
+    cells.append(("", loss, args.workdir, list(overrides)))
+    if loss == args.ablation_loss:
+      cells += [(name, loss, os.path.join(args.workdir, f"ablation_{name}"),
+                 [*overrides, *more]) for name, more in ablations]
+  runs = []
+  for variant, loss, root, flags_ in cells:
     for seed in parse_seeds(args.seeds):
-      workdir = os.path.join(args.workdir, loss, f"seed_{seed}")
-      cfg_flags = config_args(args.config, loss, seed, overrides)
+      workdir = os.path.join(root, loss, f"seed_{seed}")
+      cfg_flags = config_args(args.config, loss, seed, flags_)
       runs.append(Run(loss, seed, workdir, main_command(cfg_flags, workdir),
-                      resolve_config(cfg_flags)))
+                      resolve_config(cfg_flags), variant=variant))
   return runs
 
 
@@ -406,6 +473,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                  action="store_false",
                  help="do not share a persistent XLA compilation cache "
                       "(WORKDIR/jax_cache) between the runs")
+  p.add_argument("--ablation", action="append", default=[],
+                 metavar="'NAME:--config.FIELD=VALUE ...'",
+                 help="also train --ablation-loss x seeds with these "
+                      "overrides (repeatable); reported in an ablation table")
+  p.add_argument("--ablation-loss", default="",
+                 help="the loss of the ablations (default: the first of "
+                      "--losses)")
+  p.add_argument("--notes", default="",
+                 help="a Markdown file put after the results tables of "
+                      "OUT.md (published numbers, how the recipe was chosen)")
+  p.add_argument("--jobs", type=int, default=1,
+                 help="runs trained at the same time (each a process; their "
+                      "timings then include the contention)")
   p.add_argument("--dry-run", action="store_true",
                  help="list the runs (reused / to train / conflicting) and "
                       "their commands; train nothing, write nothing")
@@ -419,18 +499,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   try:
     check_overrides(overrides)
     losses, seeds = parse_losses(args.losses), parse_seeds(args.seeds)
-    runs = build_runs(args, overrides)
+    args.ablation_loss = args.ablation_loss or losses[0]
+    if args.ablation and args.ablation_loss not in losses:
+      raise ValueError(f"--ablation-loss {args.ablation_loss!r} must be one "
+                       "of --losses.")
+    ablations = parse_ablations(args.ablation, losses)
+    if args.jobs < 1:
+      raise ValueError(f"--jobs must be >= 1; got {args.jobs}.")
+    if args.notes and not os.path.isfile(args.notes):
+      raise ValueError(f"--notes {args.notes}: no such file.")
+    runs = build_runs(args, overrides, ablations)
   except ValueError as e:
     p.error(str(e))
   for run in runs:
     prepare(run)
     if run.status == "failed":
-      print(f"[compare] {run.loss} seed {run.seed}: {run.error}",
+      print(f"[compare] {_label(run)} seed {run.seed}: {run.error}",
             file=sys.stderr)
   todo = [r for r in runs if r.status == "pending"]
   conflicts = sum(r.status == "failed" for r in runs)
   print(f"[compare] {len(runs)} runs ({compare_report.plural(len(losses), 'loss')} x "
-        f"{compare_report.plural(len(seeds), 'seed')}) in {args.workdir}: "
+        f"{compare_report.plural(len(seeds), 'seed')}"
+        + (f" + {compare_report.plural(len(ablations), 'ablation')}"
+           if ablations else "") + f") in {args.workdir}: "
         f"{len(runs) - len(todo) - conflicts} finished, {len(todo)} to train"
         + (f", {conflicts} with another config there" if conflicts else ""),
         flush=True)
@@ -442,31 +533,37 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"         {r.error}")
     return 0
   env = child_env(args.workdir, args.compilation_cache)
-  for i, run in enumerate(todo):
-    print(f"[compare] {i + 1}/{len(todo)} {run.loss} seed {run.seed} ...",
+
+  def train(i_run):
+    i, run = i_run
+    print(f"[compare] {i + 1}/{len(todo)} {_label(run)} seed {run.seed} ...",
           flush=True)
-    try:
-      execute(run, env)
-    except KeyboardInterrupt:
-      print("\n[compare] interrupted; run the same command again to resume:\n"
-            f"  {canonical_command(args, overrides)}", file=sys.stderr)
-      return 130
+    execute(run, env)
     if run.status == "failed":
-      print(f"[compare] FAILED {run.loss} seed {run.seed}: {run.error}",
+      print(f"[compare] FAILED {_label(run)} seed {run.seed}: {run.error}",
             file=sys.stderr, flush=True)
     else:
-      print(f"[compare]   {_summary_line(run)}", flush=True)
+      print(f"[compare]   {_label(run)} seed {run.seed} "
+            f"{_summary_line(run)}", flush=True)
+
+  try:
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+      list(pool.map(train, enumerate(todo)))
+  except KeyboardInterrupt:
+    print("\n[compare] interrupted; run the same command again to resume:\n"
+          f"  {canonical_command(args, overrides)}", file=sys.stderr)
+    return 130
   md_path, png_path = compare_report.report(
       args.out, command=canonical_command(args, overrides),
       config_name=args.config, losses=losses, seeds=seeds, runs=runs,
-      elapsed=time.time() - started)
+      elapsed=time.time() - started, ablations=ablations, notes=args.notes)
   print(f"[compare] wrote {md_path} and {png_path}")
   failed = [r for r in runs if r.status == "failed"]
   if failed:
     print(f"[compare] {len(failed)} of {len(runs)} runs failed:",
           file=sys.stderr)
     for r in failed:
-      print(f"  {r.loss} seed {r.seed}: {r.workdir}\n    "
+      print(f"  {_label(r)} seed {r.seed}: {r.workdir}\n    "
             + r.error.replace("\n", "\n    "), file=sys.stderr)
     return 1
   return 0

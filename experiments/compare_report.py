@@ -3,13 +3,16 @@
 From the runs of ``experiments/compare.py`` (its ``Run`` objects: loss,
 seed, config, status, ``metrics.json``, wall time, machine), writes the
 protocol (``circle_jax.results.describe_*``), the results table
-(:func:`circle_jax.results.table_markdown`), the hyperparameters, every run,
-and the bar chart (``experiments/plots.py``).
+(:func:`circle_jax.results.table_markdown`), the few-shot table when the
+runs report episodic few-shot accuracy (``fewshot_{N}way_{K}shot`` keys of
+``metrics.json``) with a row per ablation, the hyperparameters, every run,
+optional notes, and the bar chart (``experiments/plots.py``).
 """
 
 from __future__ import annotations
 
 import datetime
+import math
 import pathlib
 import re
 import statistics
@@ -25,6 +28,11 @@ _HEAD_METRICS = (("precision@1", "P@1"),)
 _TAIL_METRICS = (("map@r", "MAP@R"), ("nmi", "NMI"))
 # The chart's panels.
 PLOT_METRICS = (("recall@1", "R@1"), ("map@r", "MAP@R"))
+_FEWSHOT = re.compile(r"fewshot_(\d+)way_(\d+)shot")
+
+
+def _variant(run) -> str:
+  return getattr(run, "variant", "")
 
 
 # ----------------------------------------------------------------------------
@@ -68,6 +76,104 @@ def summarize(runs: Sequence[Any], losses: Sequence[str],
   return out
 
 
+def fewshot_columns(runs: Sequence[Any]) -> List[Tuple[str, str]]:
+  """``(key, title)`` of every ``fewshot_{N}way_{K}shot`` accuracy the runs
+  report, by N then K (``[]`` when none does)."""
+  found = set()
+  for r in runs:
+    if r.metrics is not None:
+      for key in r.metrics["result"]["test"]:
+        m = _FEWSHOT.fullmatch(key)
+        if m:
+          found.add((int(m.group(1)), int(m.group(2))))
+  return [(f"fewshot_{n}way_{k}shot", f"{n}-way {k}-shot")
+          for n, k in sorted(found)]
+
+
+def t95(n: int) -> float:
+  """Student's t quantile 0.975 with ``n - 1`` degrees of freedom."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  return float(stats.t.ppf(0.975, n - 1))
+
+
+def seed_ci95(stat: Optional[Stat]) -> Optional[Stat]:
+  """``stat`` with the half-width of the 95 % Student-t confidence interval
+  of the mean over the seeds, ``t95(n) * std / sqrt(n)``, in place of the
+  standard deviation (unchanged for one seed)."""
+  if stat is None or stat.std is None:
+    return stat
+  return Stat(stat.mean, t95(stat.n) * stat.std / math.sqrt(stat.n), stat.n)
+
+
+def variant_groups(runs: Sequence[Any], losses: Sequence[str],
+                   ablations: Sequence[Tuple[str, Sequence[str]]]
+                   ) -> List[Tuple[str, List[Any]]]:
+  """``(row label, runs)``: each loss, then each ablation as ``loss (NAME)``."""
+  groups = [(loss, [r for r in runs if not _variant(r) and r.loss == loss])
+            for loss in losses]
+  for name, _ in ablations:
+    rs = [r for r in runs if _variant(r) == name]
+    if rs:
+      groups.append((f"{rs[0].loss} ({name})", rs))
+  return groups
+
+
+def fewshot_rows(runs: Sequence[Any], losses: Sequence[str],
+                 ablations: Sequence[Tuple[str, Sequence[str]]],
+                 keys: Sequence[str]):
+  """``(summary, counts)`` for :func:`circle_jax.results.table_markdown`:
+  a row per :func:`variant_groups` group, few-shot cells :func:`seed_ci95`."""
+  summary, counts = {}, {}
+  for label, rs in variant_groups(runs, losses, ablations):
+    row = summarize(rs, [rs[0].loss], keys)[rs[0].loss]
+    summary[label] = {k: seed_ci95(v) if k in keys else v
+                      for k, v in row.items()}
+    counts[label] = (sum(r.metrics is not None for r in rs), len(rs))
+  return summary, counts
+
+
+def chart_panels(runs: Sequence[Any]) -> Tuple[Tuple[str, str], ...]:
+  """The chart's ``(key, title)`` panels: :data:`PLOT_METRICS`, or R@1 and
+  the hardest 1-shot accuracy (largest N) when the runs report few-shot."""
+  one_shot = [c for c in fewshot_columns(runs) if c[0].endswith("way_1shot")]
+  return (PLOT_METRICS[0], one_shot[-1]) if one_shot else PLOT_METRICS
+
+
+def _fewshot_lines(runs, losses, ablations) -> List[str]:
+  """The few-shot section ([] when the runs report no few-shot accuracy)."""
+  columns = fewshot_columns(runs)
+  if not columns:
+    return []
+  keys = [k for k, _ in columns]
+  summary, counts = fewshot_rows(runs, losses, ablations, keys)
+  fs = next(r.metrics for r in runs if r.metrics is not None)["config"].get(
+      "fewshot", {})
+  lines = [
+      "## Few-shot accuracy", "",
+      "Episodic N-way K-shot classification of the test split's unseen "
+      f"classes with the embedding of the reported step: {fs.get('episodes')}"
+      f" episodes per setting, {fs.get('queries')} queries per class, "
+      f"classifier `{fs.get('classifier')}`, episode seed {fs.get('seed')}. "
+      "Cells: accuracy in %, mean over the seeds ± the half-width of the 95 % "
+      "Student-t confidence interval of that mean (t(0.975, n-1) x std / "
+      "sqrt(n), n seeds); the runs table gives each run's episode interval.",
+      "", table_markdown(summary, columns, counts), ""]
+  labels = list(summary)[len(losses):]
+  lines += [f"- `{label}`: `{' '.join(more)}`"
+            for label, (_, more) in zip(labels, ablations)]
+  # The hardest 1-shot setting (largest N): its lowest error.
+  one_shot = [k for k in keys if k.endswith("way_1shot")]
+  if one_shot:
+    key = max(one_shot, key=lambda k: int(_FEWSHOT.fullmatch(k).group(1)))
+    rows = [(lbl, row[key]) for lbl, row in summary.items()
+            if row.get(key) is not None]
+    lbl, st = max(rows, key=lambda lr: lr[1].mean)
+    ci = f" ± {100 * st.std:.1f}" if st.std is not None else ""
+    lines += ["", f"Lowest {dict(columns)[key]} error (100 - accuracy): "
+              f"{100 * (1 - st.mean):.1f}{ci} % (`{lbl}`, {st.n} seeds)."]
+  return lines + [""]
+
+
 # ----------------------------------------------------------------------------
 # Report.
 # ----------------------------------------------------------------------------
@@ -102,6 +208,16 @@ def _machine(runs: Sequence[Any]) -> str:
   return text
 
 
+def _preprocessing(cfg: Dict[str, Any]) -> str:
+  """The preset overrides of the config (train; evaluation: the preset's
+  deterministic variant)."""
+  pre = cfg["dataset"].get("preprocess") or {}
+  if not pre:
+    return "the dataset's default preset"
+  return ", ".join(f"{k}={v}" for k, v in sorted(pre.items())) + (
+      " (train; the evaluation uses the preset's deterministic variant)")
+
+
 def _times(runs: Sequence[Any], elapsed: float) -> str:
   walls = [r.wall_seconds for r in runs if r.wall_seconds is not None]
   trains = [r.metrics["train_seconds"] for r in runs
@@ -125,8 +241,16 @@ def _times(runs: Sequence[Any], elapsed: float) -> str:
 def write_markdown(path: pathlib.Path, *, command: str, config_name: str,
                    losses: Sequence[str], seeds: Sequence[int],
                    runs: Sequence[Any], elapsed: float,
-                   plot_name: Optional[str] = None) -> str:
-  """Writes the comparison's Markdown file and returns its text."""
+                   plot_name: Optional[str] = None,
+                   ablations: Sequence[Tuple[str, Sequence[str]]] = (),
+                   notes: str = "") -> str:
+  """Writes the comparison's Markdown file and returns its text.
+
+  ``runs`` holds the ablations' runs too (``run.variant`` their name);
+  ``ablations`` is ``[(NAME, overrides)]``; ``notes`` a Markdown file
+  placed after the results tables.
+  """
+  every_run, runs = runs, [r for r in runs if not _variant(r)]
   cfg = runs[0].config
   done = [r.metrics for r in runs if r.metrics is not None]
   columns = metric_columns(runs)
@@ -155,6 +279,7 @@ def write_markdown(path: pathlib.Path, *, command: str, config_name: str,
       f"`{config_name}`:",
       "",
       f"- data: {results.describe_data(cfg, done)}",
+      f"- preprocessing: {_preprocessing(cfg)}",
       f"- model: {results.describe_model(cfg)}",
       f"- batch: {results.describe_batch(cfg)}",
       f"- optimiser: {results.describe_optim(cfg)}",
@@ -167,37 +292,53 @@ def write_markdown(path: pathlib.Path, *, command: str, config_name: str,
       "`train s`: seconds in the training loop per run (including the "
       "compilation of the step where the shared compilation cache did not "
       "have it yet)",
-      f"- time: {_times(runs, elapsed)}",
-      f"- machine: {_machine(runs)}",
+      f"- time: {_times(every_run, elapsed)}",
+      f"- machine: {_machine(every_run)}",
       f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
       "",
       table_markdown(summary, columns, counts),
       "",
   ]
   if plot_name:
-    lines += [f"![R@1 and MAP@R per loss]({plot_name})", ""]
+    shown = " and ".join(t for _, t in chart_panels(runs))
+    lines += [f"![{shown} per loss]({plot_name})", ""]
+  lines += _fewshot_lines(every_run, losses, ablations)
+  if notes:
+    lines += [pathlib.Path(notes).read_text().rstrip(), ""]
   lines += ["## Hyperparameters", "",
             "From each loss's `metrics.json` config; the source is the "
             "registry's reference (`circle_jax.losses.LOSSES`).", ""]
   lines += results.hyperparameter_lines(
       {loss: _loss_config(loss, runs) for loss in losses})
-  lines += ["", "## Runs", "",
-            "| loss | seed | step | R@1 | MAP@R | NMI | train s | wall s |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-  for r in runs:
+  few = fewshot_columns(every_run)
+  lines += ["", "## Runs", ""]
+  if few:
+    lines += ["Few-shot cells: accuracy ± the 95 % interval over that run's "
+              "episodes (`_ci95` in metrics.json).", ""]
+  lines += ["| loss | seed | step | R@1 | MAP@R | NMI | "
+            + "".join(f"{t} | " for _, t in few) + "train s | wall s |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | "
+            + "---: | " * len(few) + "---: | ---: |"]
+  for r in every_run:
+    label = f"{r.loss} ({_variant(r)})" if _variant(r) else r.loss
     if r.metrics is None:
-      lines.append(f"| `{r.loss}` | {r.seed} | failed |" + " – |" * 5)
+      lines.append(f"| `{label}` | {r.seed} | failed |"
+                   + " – |" * (5 + len(few)))
       continue
     res = r.metrics["result"]
     cells = [format_stat(aggregate([res["test"][k]])) if k in res["test"]
              else "–" for k in ("recall@1", "map@r", "nmi")]
+    for k, _ in few:
+      acc, ci = res["test"].get(k), res["test"].get(k + "_ci95")
+      cells.append("–" if acc is None else f"{100 * acc:.1f}" + (
+          "" if ci is None else f" ± {100 * ci:.1f}"))
     train = r.metrics.get("train_seconds")
     lines.append(
-        f"| `{r.loss}` | {r.seed} | {res['step']} ({res['selection']}) | "
+        f"| `{label}` | {r.seed} | {res['step']} ({res['selection']}) | "
         f"{' | '.join(cells)} | "
         f"{'–' if train is None else f'{train:.0f}'} | "
         f"{'–' if r.wall_seconds is None else f'{r.wall_seconds:.0f}'} |")
-  failed = [r for r in runs if r.status == "failed"]
+  failed = [r for r in every_run if r.status == "failed"]
   if failed:
     lines += ["", "## Failed runs", ""]
     lines += [f"- `{r.loss}` seed {r.seed}: {r.error.splitlines()[0]}"
@@ -210,17 +351,19 @@ def write_markdown(path: pathlib.Path, *, command: str, config_name: str,
 
 def report(out: str, *, command: str, config_name: str,
            losses: Sequence[str], seeds: Sequence[int], runs: Sequence[Any],
-           elapsed: float) -> Tuple[pathlib.Path, pathlib.Path]:
+           elapsed: float, ablations: Sequence[Tuple[str, Sequence[str]]] = (),
+           notes: str = "") -> Tuple[pathlib.Path, pathlib.Path]:
   """Writes ``OUT.md`` and ``OUT.png``; returns their paths."""
   md_path, png_path = pathlib.Path(out + ".md"), pathlib.Path(out + ".png")
   write_markdown(md_path, command=command, config_name=config_name,
                  losses=losses, seeds=seeds, runs=runs, elapsed=elapsed,
-                 plot_name=png_path.name)
+                 plot_name=png_path.name, ablations=ablations, notes=notes)
+  runs = [r for r in runs if not _variant(r)]
   from experiments import plots  # pylint: disable=g-import-not-at-top
   cfg = runs[0].config
-  columns = metric_columns(runs)
+  columns = metric_columns(runs) + fewshot_columns(runs)
   summary = summarize(runs, losses, [k for k, _ in columns])
-  plots.write_bars(png_path, summary, PLOT_METRICS,
+  plots.write_bars(png_path, summary, chart_panels(runs),
              f"{cfg['dataset']['name']}, {cfg['model']['name']} "
              f"{cfg['model']['embedding_dim']}-d, {cfg['num_train_steps']} "
              f"steps, {plural(len(seeds), 'seed')} (only the loss changes)")

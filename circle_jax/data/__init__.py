@@ -7,8 +7,11 @@
   functions of ``(seed, step)``.
 * :func:`split_classes`: a class-disjoint validation split of the train
   classes, for model selection.
+* :class:`RotatedClasses`: each train class and its rotations by 90, 180,
+  270 degrees as classes (the few-shot practice on Omniglot).
 * :func:`get_preprocess`: the papers' preprocessing (``bninception``,
-  ``imagenet``, ``grayscale``; train and eval variants).
+  ``imagenet``, ``grayscale``, ``grayscale_affine``; train and eval
+  variants).
 * :func:`train_iterator`, :func:`eval_iterator`, :func:`global_batch`: grain
   pipelines and multi-host batch assembly.
 
@@ -33,6 +36,8 @@ from circle_jax.data.registry import get_builder
 from circle_jax.data.registry import get_dataset_info
 from circle_jax.data.registry import is_prepared
 from circle_jax.data.registry import load_split
+from circle_jax.data.rotations import ROTATIONS
+from circle_jax.data.rotations import RotatedClasses
 from circle_jax.data.samplers import PKSampler
 from circle_jax.data.samplers import RandomSampler
 from circle_jax.data.splits import ClassSubset

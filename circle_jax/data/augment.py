@@ -17,6 +17,15 @@ Presets (``get_preprocess(name, train=...)``):
 ``grayscale``
   One channel in [0, 1] (white = 1), resized to ``image_size`` (e.g. 28 or
   105 for Omniglot); for Omniglot and digits.
+``grayscale_affine``
+  ``grayscale`` whose train variant then applies a small random affine map
+  to the resized image (:func:`random_affine`): a shift of up to
+  ``affine_shift`` of the image size, a rotation of up to ``affine_degrees``,
+  a scale in ``affine_scale`` and an x-shear of up to ``affine_shear``
+  degrees about the centre, filling with the border's most common value
+  (the paper background); the distortions of Koch, Zemel, Salakhutdinov,
+  "Siamese Neural Networks for One-shot Image Recognition", ICML Deep
+  Learning Workshop 2015. Its eval variant is ``grayscale``'s.
 
 Train / eval variants (the torchvision transforms of the papers' code):
 
@@ -27,7 +36,8 @@ Train / eval variants (the torchvision transforms of the papers' code):
 * eval (RGB presets): resize the shorter side to ``resize_size`` (256)
   then centre-crop ``image_size`` (224, or 227 for the MS/Circle setting).
 * grayscale: resize to ``image_size`` x ``image_size`` in both variants (no
-  random augmentation unless ``flip=True`` is asked for).
+  random augmentation unless ``flip=True`` is asked for; ``grayscale_affine``
+  applies its random affine map after the resize, where it is cheap).
 
 Resizing uses PIL's bilinear filter, which antialiases when downsampling
 (the behaviour of torchvision's PIL backend the papers used).
@@ -49,7 +59,12 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 BNINCEPTION_MEAN_BGR = (104.0, 117.0, 128.0)
 
-PRESETS = ("bninception", "imagenet", "grayscale")
+PRESETS = ("bninception", "imagenet", "grayscale", "grayscale_affine")
+_GRAY = ("grayscale", "grayscale_affine")
+# grayscale_affine's default ranges: shift (fraction of the size), rotation
+# (degrees), scale, x-shear (degrees).
+AFFINE_DEFAULTS = dict(affine_shift=0.1, affine_degrees=10.0,
+                       affine_scale=(0.9, 1.1), affine_shear=10.0)
 
 
 class ImageDecodeError(UserError, ValueError):
@@ -123,6 +138,63 @@ def center_crop(im: Image.Image, size: int) -> Image.Image:
   return im.crop((left, top, left + size, top + size))
 
 
+def affine_transform(im: Image.Image, *, shift=(0.0, 0.0), degrees=0.0,
+                     scale=1.0, shear=0.0, fill=0) -> Image.Image:
+  """`im` under an affine map about its centre (PIL bilinear, same size).
+
+  The forward map sends a point ``p`` to ``c + t + R S H (p - c)``, with
+  ``c`` the image centre, ``t = shift`` in pixels ``(dx, dy)`` (right,
+  down), ``R`` a counter-clockwise rotation by `degrees` as seen on the
+  screen, ``S`` the isotropic `scale` and ``H`` the x-shear ``[[1,
+  tan(shear)], [0, 1]]`` (`shear` in degrees). Pixels that come from outside
+  the image are `fill`. An integer shift with the other parameters at their
+  identity moves the pixels exactly.
+  """
+  cx, cy = im.size[0] / 2.0, im.size[1] / 2.0
+  a = math.radians(degrees)
+  # y points down: a counter-clockwise screen rotation is [[c, s], [-s, c]].
+  rot = np.array([[math.cos(a), math.sin(a)], [-math.sin(a), math.cos(a)]])
+  forward = rot @ np.array([[1.0, math.tan(math.radians(shear))],
+                            [0.0, 1.0]]) * float(scale)
+  inverse = np.linalg.inv(forward)
+  # PIL wants output -> input: p = c + inverse (q - c - t).
+  offset = np.array([cx, cy]) - inverse @ (np.array([cx, cy]) +
+                                           np.asarray(shift, float))
+  coeffs = (inverse[0, 0], inverse[0, 1], offset[0],
+            inverse[1, 0], inverse[1, 1], offset[1])
+  return im.transform(im.size, Image.Transform.AFFINE, coeffs,
+                      resample=Image.BILINEAR, fillcolor=fill)
+
+
+def border_mode(im: Image.Image) -> int:
+  """The most common value of the outermost pixels of a mode-'L' image."""
+  a = np.asarray(im, np.uint8)
+  border = np.concatenate([a[0], a[-1], a[1:-1, 0], a[1:-1, -1]])
+  return int(np.bincount(border, minlength=256).argmax())
+
+
+def random_affine(im: Image.Image, rng: np.random.Generator, *,
+                  shift: float, degrees: float, scale: Tuple[float, float],
+                  shear: float) -> Image.Image:
+  """:func:`affine_transform` with parameters drawn uniformly from `rng`.
+
+  Draws, in this order, ``dx, dy`` in ``[-shift, shift] x size``, the
+  rotation in ``[-degrees, degrees]``, the scale in ``scale`` and the shear in
+  ``[-shear, shear]``; fills with :func:`border_mode`. All ranges at their
+  identity return `im` itself (no resampling, no draw).
+  """
+  if not (shift or degrees or shear) and scale[0] == scale[1] == 1.0:
+    return im
+  w, h = im.size
+  u = rng.uniform(-1.0, 1.0, size=2)
+  angle = rng.uniform(-degrees, degrees)
+  s = rng.uniform(scale[0], scale[1])
+  sh = rng.uniform(-shear, shear)
+  return affine_transform(im, shift=(u[0] * shift * w, u[1] * shift * h),
+                          degrees=angle, scale=s, shear=sh,
+                          fill=border_mode(im))
+
+
 @dataclasses.dataclass(frozen=True)
 class Preprocess:
   """A preprocessing function ``(bytes, rng) -> float32 [H, W, C]``.
@@ -138,6 +210,9 @@ class Preprocess:
     scale: train RGB presets: area fraction range of the random crop.
     ratio: train RGB presets: aspect-ratio range of the random crop.
     flip: whether the train variant flips horizontally with probability 1/2.
+    affine_shift, affine_degrees, affine_scale, affine_shear: train
+      ``grayscale_affine``: the ranges of :func:`random_affine` (identity for
+      the other presets).
   """
 
   preset: str
@@ -147,10 +222,14 @@ class Preprocess:
   scale: Tuple[float, float]
   ratio: Tuple[float, float]
   flip: bool
+  affine_shift: float = 0.0
+  affine_degrees: float = 0.0
+  affine_scale: Tuple[float, float] = (1.0, 1.0)
+  affine_shear: float = 0.0
 
   @property
   def channels(self) -> int:
-    return 1 if self.preset == "grayscale" else 3
+    return 1 if self.preset in _GRAY else 3
 
   @property
   def output_shape(self) -> Tuple[int, int, int]:
@@ -172,10 +251,14 @@ class Preprocess:
       raise ValueError("The train variant of a preset needs `rng` "
                        "(a numpy.random.Generator).")
     size = self.image_size
-    if self.preset == "grayscale":
+    if self.preset in _GRAY:
       im = decode(data, "L", where)
       if im.size != (size, size):
         im = im.resize((size, size), Image.BILINEAR)
+      if self.train:
+        im = random_affine(im, rng, shift=self.affine_shift,
+                           degrees=self.affine_degrees,
+                           scale=self.affine_scale, shear=self.affine_shear)
       if self.train and self.flip and rng.random() < 0.5:
         im = im.transpose(Image.FLIP_LEFT_RIGHT)
       x = np.asarray(im, np.float32)[..., None] * np.float32(1.0 / 255.0)
@@ -202,11 +285,15 @@ def get_preprocess(preset: str, *, train: bool, image_size: Optional[int] = None
                    resize_size: Optional[int] = None,
                    scale: Tuple[float, float] = (0.08, 1.0),
                    ratio: Tuple[float, float] = (3 / 4, 4 / 3),
-                   flip: Optional[bool] = None) -> Preprocess:
+                   flip: Optional[bool] = None,
+                   affine_shift: Optional[float] = None,
+                   affine_degrees: Optional[float] = None,
+                   affine_scale: Optional[Tuple[float, float]] = None,
+                   affine_shear: Optional[float] = None) -> Preprocess:
   """Returns a preprocessing preset by name.
 
   Args:
-    preset: 'bninception', 'imagenet' or 'grayscale'.
+    preset: 'bninception', 'imagenet', 'grayscale' or 'grayscale_affine'.
     train: the random train variant or the deterministic eval variant.
     image_size: output size (default 224 for RGB presets, 28 for grayscale;
       use 227 for the MS/Circle BN-Inception setting, 105 for full-size
@@ -218,6 +305,14 @@ def get_preprocess(preset: str, *, train: bool, image_size: Optional[int] = None
     ratio: random-resized-crop aspect-ratio range.
     flip: random horizontal flip in the train variant (default True for RGB
       presets, False for grayscale: a mirrored character is another glyph).
+    affine_shift: ``grayscale_affine`` only: largest shift, a fraction of the
+      image size in [0, 0.5] (default 0.1).
+    affine_degrees: ``grayscale_affine`` only: largest rotation in degrees,
+      in [0, 180] (default 10).
+    affine_scale: ``grayscale_affine`` only: scale range ``(min, max)``,
+      ``0 < min <= max`` (default (0.9, 1.1)).
+    affine_shear: ``grayscale_affine`` only: largest x-shear in degrees, in
+      [0, 60] (default 10).
 
   Returns:
     A :class:`Preprocess`.
@@ -228,7 +323,7 @@ def get_preprocess(preset: str, *, train: bool, image_size: Optional[int] = None
   if preset not in PRESETS:
     raise ValueError(f"Unknown preprocessing preset {preset!r}; known presets: "
                      f"{', '.join(PRESETS)}.")
-  rgb = preset != "grayscale"
+  rgb = preset not in _GRAY
   image_size = int(image_size or (224 if rgb else 28))
   resize_size = int(resize_size or (256 if rgb else image_size))
   if image_size <= 0:
@@ -244,6 +339,34 @@ def get_preprocess(preset: str, *, train: bool, image_size: Optional[int] = None
     raise ValueError(f"`ratio` must satisfy 0 < min <= max; got {ratio}.")
   if flip is None:
     flip = rgb
+  affine = _affine_ranges(preset, affine_shift=affine_shift,
+                          affine_degrees=affine_degrees,
+                          affine_scale=affine_scale, affine_shear=affine_shear)
   return Preprocess(preset=preset, train=bool(train), image_size=image_size,
                     resize_size=resize_size, scale=scale, ratio=ratio,
-                    flip=bool(flip))
+                    flip=bool(flip), **affine)
+
+
+def _affine_ranges(preset: str, **given) -> dict:
+  """The checked affine ranges of a preset (identity but for grayscale_affine)."""
+  if preset != "grayscale_affine":
+    named = sorted(k for k, v in given.items() if v is not None)
+    if named:
+      raise ValueError(f"{', '.join(named)} only apply to the "
+                       f"'grayscale_affine' preset; got preset {preset!r}.")
+    return {}
+  r = {k: AFFINE_DEFAULTS[k] if v is None else v for k, v in given.items()}
+  r = dict(affine_shift=float(r["affine_shift"]),
+           affine_degrees=float(r["affine_degrees"]),
+           affine_scale=(float(r["affine_scale"][0]),
+                         float(r["affine_scale"][1])),
+           affine_shear=float(r["affine_shear"]))
+  for name, hi in (("affine_shift", 0.5), ("affine_degrees", 180.0),
+                   ("affine_shear", 60.0)):
+    if not 0.0 <= r[name] <= hi:
+      raise ValueError(f"`{name}` must be in [0, {hi:g}]; got {r[name]}.")
+  lo, hi = r["affine_scale"]
+  if not 0 < lo <= hi:
+    raise ValueError(f"`affine_scale` must satisfy 0 < min <= max; got "
+                     f"{r['affine_scale']}.")
+  return r

@@ -38,11 +38,13 @@ def _fail(field: str, message: str):
 
 def num_classes(config, info) -> Optional[int]:
   """The class count for loss parameters: ``dataset.num_classes``, or the
-  dataset's train classes minus those held out for validation."""
+  dataset's train classes minus those held out for validation, times
+  ``dataset.rotations``."""
   n = config.dataset.num_classes
   if n is None and info is not None:
-    n = info.num_train_classes - data_lib.num_holdout_classes(
+    n = (info.num_train_classes - data_lib.num_holdout_classes(
         info.num_train_classes, config.dataset.validation_fraction)
+         ) * config.dataset.rotations
   return n
 
 
@@ -225,7 +227,16 @@ def check_config(config, *, device_count: Optional[int] = None,
     held_out = data_lib.num_holdout_classes(info.num_train_classes, fraction)
   except ValueError as e:
     _fail("dataset.validation_fraction", str(e))
-  train_classes = info.num_train_classes - held_out
+  rotations = config.dataset.rotations
+  if isinstance(rotations, bool) or rotations not in data_lib.ROTATIONS:
+    _fail("dataset.rotations", f"must be one of {data_lib.ROTATIONS} "
+          f"(rotations by multiples of 90 degrees; 1: off); got {rotations!r}.")
+  train_classes = (info.num_train_classes - held_out) * rotations
+  try:
+    info.get_preprocess(train=True, **dict(config.dataset.preprocess))
+  except (TypeError, ValueError) as e:
+    _fail("dataset.preprocess", f"{str(e).rstrip('.')} (the arguments of "
+          "circle_jax.data.get_preprocess).")
   # Model.
   if config.model.name not in models_lib.MODELS:
     _fail("model.name", f"unknown model {config.model.name!r}; known "

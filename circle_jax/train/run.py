@@ -80,7 +80,9 @@ def load_sources(config, info, reporter=None):
   With ``dataset.validation_fraction > 0`` the train split's classes are
   divided class-disjointly (:func:`circle_jax.data.split_classes`): the
   model trains on the kept classes (labels renumbered) and is selected on
-  the held-out ones.
+  the held-out ones. With ``dataset.rotations > 1`` the kept classes, and
+  only they, are then multiplied by their rotations
+  (:class:`circle_jax.data.RotatedClasses`).
   """
   data_dir = config.dataset.data_dir or default_data_dir()
   if reporter is not None and not data_lib.is_prepared(info.name,
@@ -88,11 +90,14 @@ def load_sources(config, info, reporter=None):
     reporter.note(f"Preparing dataset '{info.name}' in {data_dir} (first use "
                   "only) ...")
   source = load_split(config, info, info.train_split)
-  if not config.dataset.validation_fraction:
-    return source, None
-  return data_lib.split_classes(source,
-                                fraction=config.dataset.validation_fraction,
-                                seed=config.dataset.validation_seed)
+  validation = None
+  if config.dataset.validation_fraction:
+    source, validation = data_lib.split_classes(
+        source, fraction=config.dataset.validation_fraction,
+        seed=config.dataset.validation_seed)
+  if config.dataset.rotations > 1:
+    source = data_lib.RotatedClasses(source, config.dataset.rotations)
+  return source, validation
 
 
 def make_sampler(config, train_source):

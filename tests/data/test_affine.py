@@ -1,0 +1,143 @@
+"""The grayscale_affine preset: hand-checked maps, identity, determinism."""
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from circle_jax import data
+from circle_jax.data import augment
+
+
+def png(array):
+  buf = io.BytesIO()
+  Image.fromarray(np.asarray(array, np.uint8)).save(buf, format="PNG")
+  return buf.getvalue()
+
+
+def stroke_image(size=20):
+  """A black 'L' stroke on white paper, like an Omniglot character."""
+  a = np.full((size, size), 255, np.uint8)
+  a[4:15, 6:9] = 0
+  a[12:15, 6:14] = 0
+  return a
+
+
+def test_integer_shift_by_hand():
+  a = np.zeros((5, 6), np.uint8)
+  a[1, 2] = 200
+  a[3, 4] = 100
+  im = Image.fromarray(a)
+  moved = np.asarray(augment.affine_transform(im, shift=(1, 2), fill=7))
+  want = np.full((5, 6), 7, np.uint8)   # right 1, down 2; the rest is fill
+  want[2:, 1:] = a[:3, :5]
+  np.testing.assert_array_equal(moved, want)
+  assert moved[3, 3] == 200 and moved[0, 0] == 7
+  back = np.asarray(augment.affine_transform(im, shift=(-2, 0), fill=0))
+  np.testing.assert_array_equal(back[:, :4], a[:, 2:])
+  np.testing.assert_array_equal(back[:, 4:], 0)
+
+
+def test_quarter_turn_and_identity_by_hand():
+  a = np.arange(16, dtype=np.uint8).reshape(4, 4) * 10
+  im = Image.fromarray(a)
+  np.testing.assert_array_equal(np.asarray(augment.affine_transform(im)), a)
+  # 90 degrees counter-clockwise about the centre of a 4x4 grid = rot90.
+  np.testing.assert_array_equal(
+      np.asarray(augment.affine_transform(im, degrees=90)), np.rot90(a))
+  # Scale 2 about the centre: the centre 2x2 block fills the image.
+  b = np.zeros((4, 4), np.uint8)
+  b[1:3, 1:3] = 255
+  up = np.asarray(augment.affine_transform(Image.fromarray(b), scale=2.0))
+  assert up.min() > 0 and up[1:3, 1:3].min() == 255
+
+
+def test_border_mode_is_the_paper():
+  assert augment.border_mode(Image.fromarray(stroke_image())) == 255
+  assert augment.border_mode(Image.fromarray(np.zeros((4, 4), np.uint8))) == 0
+
+
+def test_zero_ranges_are_the_grayscale_preset():
+  img = png(stroke_image(30))
+  plain = data.get_preprocess("grayscale", train=False, image_size=28)
+  still = data.get_preprocess("grayscale_affine", train=True, image_size=28,
+                              affine_shift=0, affine_degrees=0,
+                              affine_scale=(1, 1), affine_shear=0)
+  for s in range(3):
+    np.testing.assert_array_equal(still(img, np.random.default_rng(s)),
+                                  plain(img))
+  # The eval variant is the plain preset, whatever the ranges.
+  ev = data.get_preprocess("grayscale_affine", train=False, image_size=28)
+  np.testing.assert_array_equal(ev(img), plain(img))
+
+
+def test_train_variant_is_random_deterministic_and_in_range():
+  img = png(stroke_image(30))
+  p = data.get_preprocess("grayscale_affine", train=True, image_size=28)
+  assert (p.affine_shift, p.affine_degrees, p.affine_scale, p.affine_shear) == (
+      0.1, 10.0, (0.9, 1.1), 10.0)
+  plain = data.get_preprocess("grayscale", train=False, image_size=28)(img)
+  outs = [p(img, np.random.default_rng([0, 1, 5, j])) for j in range(4)]
+  for x in outs:
+    assert x.shape == (28, 28, 1) and x.dtype == np.float32
+    assert 0.0 <= x.min() and x.max() <= 1.0
+    assert x[0, 0, 0] == 1.0   # the fill is the white paper
+    # The stroke stays in view, about as large.
+    assert 0.6 < (x < 0.5).sum() / (plain < 0.5).sum() < 1.6
+  np.testing.assert_array_equal(outs[2],
+                                p(img, np.random.default_rng([0, 1, 5, 2])))
+  assert not np.array_equal(outs[0], outs[1])
+  assert not any(np.array_equal(x, plain) for x in outs)
+  with pytest.raises(ValueError, match="needs `rng`"):
+    p(img)
+
+
+def test_random_shift_only_moves_by_the_drawn_amount():
+  a = stroke_image(20)
+  im = Image.fromarray(a)
+  rng = np.random.default_rng(3)
+  out = augment.random_affine(im, rng, shift=0.25, degrees=0.0,
+                              scale=(1.0, 1.0), shear=0.0)
+  u = np.random.default_rng(3).uniform(-1.0, 1.0, size=2) * 0.25 * 20
+  want = augment.affine_transform(im, shift=tuple(u), fill=255)
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
+  # The stroke's centre of mass moves by the drawn shift.
+  mass = lambda x: np.array(np.nonzero(np.asarray(x) < 128)).mean(1)[::-1]
+  np.testing.assert_allclose(mass(out) - mass(a), u, atol=0.6)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(affine_shift=0.6), "affine_shift"),
+    (dict(affine_degrees=-1), "affine_degrees"),
+    (dict(affine_scale=(1.2, 1.1)), "affine_scale"),
+    (dict(affine_shear=90), "affine_shear"),
+])
+def test_bad_ranges(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    data.get_preprocess("grayscale_affine", train=True, **kwargs)
+
+
+def test_affine_ranges_only_for_grayscale_affine():
+  with pytest.raises(ValueError, match="only apply to the 'grayscale_affine'"):
+    data.get_preprocess("grayscale", train=True, affine_shift=0.1)
+  assert data.get_preprocess("grayscale", train=True).affine_shift == 0.0
+
+
+def test_config_checks_name_the_preprocess_field():
+  from circle_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from circle_jax.train import config_checks  # pylint: disable=g-import-not-at-top
+  c = config_lib.base_config()
+  c.dataset.name = "omniglot_small"
+  c.dataset.preprocess.preset = "grayscale_affine"
+  config_checks.check_config(c, device_count=1)
+  c.dataset.preprocess.affine_degrees = 200.0
+  with pytest.raises(config_checks.ConfigError,
+                     match=r"^config\.dataset\.preprocess: `affine_degrees` "
+                           r"must be in \[0, 180\]; got 200.0"):
+    config_checks.check_config(c, device_count=1)
+  c.dataset.preprocess.preset = "grayscale"
+  c.dataset.preprocess.affine_degrees = 5.0
+  with pytest.raises(config_checks.ConfigError,
+                     match="only apply to the 'grayscale_affine' preset"):
+    config_checks.check_config(c, device_count=1)
