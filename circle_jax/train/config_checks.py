@@ -116,6 +116,34 @@ def _check_loss_hyper(entry, hyper: dict, embedding_dim: int,
           re.sub(r"^`\w+` ", "", message) if field else message)
 
 
+def _check_xbm(config, entry, batch: int, device_count: int) -> None:
+  """``config.xbm``: the cross-batch memory (:mod:`circle_jax.train.xbm`)."""
+  size = config.xbm.size
+  if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+    _fail("xbm.size", f"must be an int >= 0 (0: no memory); got {size!r}.")
+  start = config.xbm.start_step
+  if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+    _fail("xbm.start_step", f"must be an int >= 0; got {start!r}.")
+  weight = config.xbm.weight
+  if isinstance(weight, bool) or not isinstance(weight, (int, float)) or (
+      weight < 0):
+    _fail("xbm.weight", f"must be a number >= 0; got {weight!r}.")
+  if config.xbm.dtype not in ("float32", "bfloat16"):
+    _fail("xbm.dtype", "must be 'float32' or 'bfloat16'; got "
+          f"{config.xbm.dtype!r}.")
+  if not size:
+    return
+  # TODO(xbm): entry.supports_ref once the reference-embedding API is merged.
+  if not getattr(entry, "supports_ref", entry.kind == "pair"):
+    _fail("xbm.size", f"loss {entry.name!r} ({entry.kind}) does not compare "
+          "embeddings with reference embeddings, so it cannot use a memory: "
+          "set it to 0 or choose a pair loss.")
+  if size % batch:
+    _fail("xbm.size", f"must be a multiple of the global batch {batch} (each "
+          f"of the {device_count} devices then holds a whole number of its "
+          f"{batch // device_count}-row batch slices); got {size}.")
+
+
 def check_config(config, *, device_count: Optional[int] = None,
                  process_count: Optional[int] = None) -> None:
   """Raises :class:`ConfigError` naming the first invalid field.
@@ -223,6 +251,7 @@ def check_config(config, *, device_count: Optional[int] = None,
   if batch % process_count:
     _fail("batch", f"the global batch {batch} is not divisible by the "
           f"{process_count} processes.")
+  _check_xbm(config, entry, batch, device_count)
   eval_batch = config.batch.eval_batch_size
   if (not isinstance(eval_batch, int) or eval_batch < 1
       or eval_batch % device_count or eval_batch % process_count):

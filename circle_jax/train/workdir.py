@@ -105,7 +105,7 @@ def check_resume(workdir: str, new: Dict[str, Any], *, resume_step: int,
   saved = load_config(workdir)
   if saved is None:
     return []
-  diff = config_diff(saved, new)
+  diff = [d for d in config_diff(saved, new) if not _added_at_default(*d)]
   fixed = [d for d in diff if not _resumable(d[0])]
   if fixed and not force:
     shown = "; ".join(f"{p}: {_short(a)} -> {_short(b)}" for p, a, b in fixed)
@@ -115,6 +115,16 @@ def check_resume(workdir: str, new: Dict[str, Any], *, resume_step: int,
         "this one); to resume it with the new values anyway pass "
         "--force_resume.")
   return diff
+
+
+def _added_at_default(path: str, saved, new) -> bool:
+  """A field that a later version added (absent from the saved config) at
+  its default: the saved run trained as that default does (e.g. ``xbm.*``)."""
+  if saved != ABSENT:
+    return False
+  from circle_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  defaults = flatten(config_to_dict(config_lib.base_config()))
+  return defaults.get(path, ABSENT) == new
 
 
 def _resumable(path: str) -> bool:
