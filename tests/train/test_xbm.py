@@ -12,13 +12,16 @@ import numpy as np
 import optax
 import pytest
 
+from circle_jax import config as config_lib
 from circle_jax import ops
 from circle_jax import parallel
 from circle_jax.losses import _common
+from circle_jax.train import config_checks
 from circle_jax.train import optim
 from circle_jax.train import state as state_lib
 from circle_jax.train import step as step_lib
 from circle_jax.train import xbm as xbm_lib
+from tests import test_config
 from tests.train import helpers
 
 BATCH = 16  # helpers.fake_batch: 16 images of 4 classes; 2 rows per device
@@ -239,3 +242,55 @@ def test_each_device_holds_its_share_of_the_rows(mode, shape):
 def test_bytes_per_device():
   assert xbm_lib.bytes_per_device(2048, 64, "float32", 1) == 2048 * (256 + 4)
   assert xbm_lib.bytes_per_device(2048, 64, "bfloat16", 8) == 256 * (128 + 4)
+
+
+# ----------------------------------------------------------------------------
+# Config checks.
+# ----------------------------------------------------------------------------
+
+
+def _check(**overrides):
+  config_checks.check_config(helpers.digits_config(**overrides),
+                             device_count=8, process_count=1)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"xbm.size": -40}, r"config\.xbm\.size: must be an int >= 0"),
+    ({"xbm.size": 100}, r"config\.xbm\.size: must be a multiple of the global "
+     r"batch 40 \(each of the 8 devices then holds a whole number of its "
+     r"5-row batch slices\); got 100\."),
+    ({"xbm.start_step": -1}, r"config\.xbm\.start_step: must be an int >= 0"),
+    ({"xbm.weight": -0.5}, r"config\.xbm\.weight: must be a number >= 0"),
+    ({"xbm.dtype": "float16"}, r"config\.xbm\.dtype: must be 'float32' or "
+     r"'bfloat16'"),
+])
+def test_bad_xbm_values_name_the_field_and_the_fix(overrides, message):
+  with pytest.raises(config_checks.ConfigError, match=message) as e:
+    _check(**overrides)
+  assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["proxy_anchor", "arcface"])
+def test_a_loss_without_references_cannot_use_a_memory(name):
+  c = helpers.digits_config(**{"xbm.size": 80})
+  c.loss = config_lib.loss_config(name)
+  with pytest.raises(config_checks.ConfigError,
+                     match=rf"config\.xbm\.size: loss '{name}' \(\w+\) does "
+                     "not compare embeddings with reference embeddings"):
+    config_checks.check_config(c, device_count=8, process_count=1)
+  c.xbm.size = 0
+  config_checks.check_config(c, device_count=8, process_count=1)
+
+
+def test_memory_sizes_that_are_whole_batches_pass():
+  for size in (0, 40, 2040):
+    _check(**{"xbm.size": size, "xbm.dtype": "bfloat16", "xbm.weight": 0.0})
+
+
+@pytest.mark.parametrize("loss", ["circle", "contrastive"])
+def test_the_command_line_sets_a_memory_for_a_pair_loss(loss):
+  c = test_config.parse("experiments/configs/digits.py",
+                        f"--config.loss.name={loss}", "--config.xbm.size=80",
+                        "--config.xbm.start_step=3")
+  assert (c.loss.name, c.xbm.size, c.xbm.start_step) == (loss, 80, 3)
+  config_checks.check_config(c, device_count=8, process_count=1)
