@@ -5,6 +5,13 @@ keywords (written here with ``_common``, independent of the registry's
 losses); the trainer-level tests run the digits job with a registry loss.
 """
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -16,12 +23,15 @@ from circle_jax import config as config_lib
 from circle_jax import ops
 from circle_jax import parallel
 from circle_jax.losses import _common
+from circle_jax.train import checkpoint as ckpt_lib
 from circle_jax.train import config_checks
+from circle_jax.train import loop
 from circle_jax.train import optim
 from circle_jax.train import state as state_lib
 from circle_jax.train import step as step_lib
 from circle_jax.train import xbm as xbm_lib
 from tests import test_config
+from tests.conftest import REPO_ROOT
 from tests.train import helpers
 
 BATCH = 16  # helpers.fake_batch: 16 images of 4 classes; 2 rows per device
@@ -289,8 +299,100 @@ def test_memory_sizes_that_are_whole_batches_pass():
 
 @pytest.mark.parametrize("loss", ["circle", "contrastive"])
 def test_the_command_line_sets_a_memory_for_a_pair_loss(loss):
-  c = test_config.parse("experiments/configs/digits.py",
+  c = test_config.parse(str(REPO_ROOT / "experiments/configs/digits.py"),
                         f"--config.loss.name={loss}", "--config.xbm.size=80",
                         "--config.xbm.start_step=3")
   assert (c.loss.name, c.xbm.size, c.xbm.start_step) == (loss, 80, 3)
   config_checks.check_config(c, device_count=8, process_count=1)
+
+
+# ----------------------------------------------------------------------------
+# The trainer: checkpoints and resume.
+# ----------------------------------------------------------------------------
+
+RUN_STEPS = 8
+# The digits job (global batch 40) with a memory of 2 batches filled from
+# step 2, so the killed run's checkpoint at step 4 holds a full memory.
+RUN_FLAGS = [
+    f"--config.num_train_steps={RUN_STEPS}", "--config.checkpoint_every_steps=4",
+    "--config.eval_every_steps=0", "--config.eval_at_init=False",
+    "--config.eval_clustering=False", "--config.best_metric=",
+    "--config.log_every_steps=4", "--config.dataset.num_threads=2",
+    "--config.xbm.size=80", "--config.xbm.start_step=2"]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("tfds_xbm"))
+
+
+def _main(workdir, data_dir):
+  """The digits job with a memory, in a process of its own (8 CPU devices,
+  as this test process: tests/conftest.py's XLA_FLAGS are inherited)."""
+  return subprocess.Popen(
+      [sys.executable, "-m", "experiments.main",
+       "--config=experiments/configs/digits.py", f"--workdir={workdir}",
+       f"--config.dataset.data_dir={data_dir}", *RUN_FLAGS],
+      cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+      env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+          [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])))
+
+
+def _finish(proc):
+  _, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, err.decode()[-3000:]
+
+
+def _saved(workdir, step=RUN_STEPS):
+  ckpts = ckpt_lib.Checkpoints(os.path.join(workdir, "checkpoints"))
+  assert ckpts.latest_step() == step
+  tree = ckpts.restore()[0]
+  ckpts.close()
+  return tree
+
+
+def test_sigkill_then_rerun_with_a_memory_is_bitwise_identical(data_dir,
+                                                                tmp_path):
+  reference = str(tmp_path / "reference")
+  _finish(_main(reference, data_dir))
+  want = _saved(reference)
+  assert int(want["xbm"]["filled"]) == 80 and (want["xbm"]["labels"] >= 0).all()
+  killed = str(tmp_path / "killed")
+  proc = _main(killed, data_dir)
+  first = os.path.join(killed, "checkpoints", "latest", "4",
+                       "_CHECKPOINT_METADATA")
+  deadline = time.time() + 240
+  while not os.path.exists(first) and proc.poll() is None:
+    assert time.time() < deadline, "no checkpoint written"
+    time.sleep(0.02)
+  proc.send_signal(signal.SIGKILL)  # kill -9: nothing is saved on the way out
+  assert proc.wait() == -signal.SIGKILL
+  latest = os.listdir(os.path.join(killed, "checkpoints", "latest"))
+  assert str(RUN_STEPS) not in latest, "killed too late to test anything"
+  at_kill = _saved(killed, 4)["xbm"]
+  assert int(at_kill["filled"]) == 80  # the memory was saved mid-run
+  _finish(_main(killed, data_dir))
+  chex.assert_trees_all_equal(_saved(killed), want)
+
+
+def test_a_workdir_from_before_the_memory_resumes_unchanged(data_dir,
+                                                           tmp_path):
+  """A run whose config.json has no xbm section (written by a version
+  without XBM) resumes, and its checkpoints stay without a memory."""
+  c = helpers.digits_config(**{
+      "dataset.data_dir": data_dir, "dataset.num_threads": 2,
+      "num_train_steps": 2, "checkpoint_every_steps": 2,
+      "eval_every_steps": 0, "eval_at_init": False, "eval_clustering": False,
+      "best_metric": ""})
+  workdir = str(tmp_path / "old")
+  loop.train_and_evaluate(c, workdir)
+  path = os.path.join(workdir, "config.json")
+  with open(path) as f:
+    saved = json.load(f)
+  del saved["xbm"]
+  with open(path, "w") as f:
+    json.dump(saved, f)
+  c.num_train_steps = 4
+  result = loop.train_and_evaluate(c, workdir)
+  assert result["step"] == 4
+  assert "xbm" not in _saved(workdir, 4)
