@@ -200,7 +200,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   env = compare.child_env(args.workdir, compilation_cache=True)
   for run in runs:
     compare.prepare(run)
-  todo = [r for r in runs if r.status == "pending"]
+  # Seed 0 of every row first: a comparison cut short still has every row.
+  todo = sorted((r for r in runs if r.status == "pending"),
+                key=lambda r: r.seed)
   print(f"[xbm_study] {len(runs)} runs, {len(todo)} to train", flush=True)
   for i, run in enumerate(todo):
     print(f"[xbm_study] {i + 1}/{len(todo)} {run.loss} seed {run.seed} ...",
