@@ -7,10 +7,8 @@ losses); the trainer-level tests run the digits job with a registry loss.
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import chex
 import jax
@@ -361,12 +359,7 @@ def test_sigkill_then_rerun_with_a_memory_is_bitwise_identical(data_dir,
   proc = _main(killed, data_dir)
   first = os.path.join(killed, "checkpoints", "latest", "4",
                        "_CHECKPOINT_METADATA")
-  deadline = time.time() + 240
-  while not os.path.exists(first) and proc.poll() is None:
-    assert time.time() < deadline, "no checkpoint written"
-    time.sleep(0.02)
-  proc.send_signal(signal.SIGKILL)  # kill -9: nothing is saved on the way out
-  assert proc.wait() == -signal.SIGKILL
+  helpers.sigkill_when_exists(proc, first)  # nothing saved on the way out
   latest = os.listdir(os.path.join(killed, "checkpoints", "latest"))
   assert str(RUN_STEPS) not in latest, "killed too late to test anything"
   at_kill = _saved(killed, 4)["xbm"]
