@@ -31,7 +31,10 @@ _REPO = pathlib.Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):  # run as a file: python experiments/X.py
   sys.path.insert(0, str(_REPO))
 
+from circle_jax import config as config_lib  # noqa: E402
+from circle_jax import data as data_lib  # noqa: E402
 from circle_jax import results  # noqa: E402
+from circle_jax.train import config_checks  # noqa: E402
 from circle_jax.train import xbm as xbm_lib  # noqa: E402
 from experiments import compare  # noqa: E402
 from experiments import compare_report  # noqa: E402
@@ -79,6 +82,21 @@ def command(args) -> str:
   return shlex.join(cmd)
 
 
+def memory_scale(done, args) -> str:
+  """How the memory sizes compare with the train images of the runs."""
+  if not done:
+    return ""
+  info = data_lib.get_dataset_info(done[0]["config"]["dataset"]["name"])
+  train = info.num_images["train"] - (done[0]["validation"] or {}).get(
+      "num_images", 0)
+  batch = config_checks.global_batch_size(
+      config_lib.from_dict(done[0]["config"]))
+  return "; ".join(
+      f"M={m} is {m / train:.0%} of the {train:,} train images (filled "
+      f"{m // batch} steps after step {args.start_step})"
+      for m in parse_sizes(args.sizes) if m)
+
+
 def cost_lines(runs: Sequence[compare.Run], rows: Sequence[str]) -> List[str]:
   """Step time and memory footprint per (loss, memory size)."""
   lines = ["| run | ms / step | XBM bytes / device (1 device) | "
@@ -101,7 +119,42 @@ def cost_lines(runs: Sequence[compare.Run], rows: Sequence[str]) -> List[str]:
   return lines
 
 
+DISCUSSION = "## Discussion"
+
+
+def effect_lines(summary, losses: Sequence[str], sizes: Sequence[int]
+                 ) -> List[str]:
+  """R@1 and MAP@R of each memory size minus the loss's run without one."""
+  lines = ["| loss | M | ΔR@1 | ΔMAP@R | seeds' std of R@1 (M=0, M) |",
+           "| --- | ---: | ---: | ---: | ---: |"]
+  for loss in losses:
+    base = summary.get(label(loss, 0), {})
+    for size in sizes:
+      row = summary.get(label(loss, size), {})
+      if not size or not base.get("recall@1") or not row.get("recall@1"):
+        continue
+      d = {k: 100 * (row[k].mean - base[k].mean) for k in ("recall@1",
+                                                           "map@r")}
+      stds = ", ".join("–" if s.std is None else f"{100 * s.std:.1f}"
+                       for s in (base["recall@1"], row["recall@1"]))
+      lines.append(f"| `{loss}` | {size} | {d['recall@1']:+.1f} | "
+                   f"{d['map@r']:+.1f} | {stds} |")
+  return lines
+
+
+def _kept_discussion(md_path: pathlib.Path) -> List[str]:
+  """The hand-written discussion of an earlier version of the file."""
+  if not md_path.exists():
+    return []
+  text = md_path.read_text()
+  if DISCUSSION not in text:
+    return []
+  return [DISCUSSION + text.split(DISCUSSION, 1)[1].rstrip("\n"), ""]
+
+
 def write_report(out: str, args, runs, rows, elapsed: float) -> None:
+  """Writes ``OUT.md`` (keeping its hand-written discussion) and ``OUT.png``.
+  """
   md_path, png_path = pathlib.Path(out + ".md"), pathlib.Path(out + ".png")
   cfg = runs[0].config
   done = [r.metrics for r in runs if r.metrics is not None]
@@ -136,7 +189,7 @@ def write_report(out: str, args, runs, rows, elapsed: float) -> None:
       f"- reported step: {results.describe_selection(cfg, done)}",
       f"- memory: M rows of the last train embeddings, enqueued from step "
       f"{args.start_step} on, loss = L(batch, batch) + 1.0 x L(batch, "
-      "memory) (circle_jax/train/xbm.py)",
+      f"memory) (circle_jax/train/xbm.py); {memory_scale(done, args)}",
       "- values: test-split metrics in %, mean ± sample standard deviation "
       "(ddof=1) over the seeds; the best mean of each column in bold",
       f"- time: {len(walls)} timed runs, {sum(walls):.0f} s in all, "
@@ -148,6 +201,14 @@ def write_report(out: str, args, runs, rows, elapsed: float) -> None:
       results.table_markdown(summary, columns, counts),
       "",
       f"![R@1 and MAP@R per loss and memory size]({png_path.name})",
+      "",
+      "## Effect of the memory",
+      "",
+      "Mean over the seeds with the memory minus mean without (percentage "
+      "points), and the seeds' standard deviations for scale.",
+      "",
+      *effect_lines(summary, compare.parse_losses(args.losses),
+                    parse_sizes(args.sizes)),
       "",
       "## Cost",
       "",
@@ -177,6 +238,8 @@ def write_report(out: str, args, runs, rows, elapsed: float) -> None:
         f"{r.metrics['train_seconds']:.0f} | "
         f"{'–' if r.wall_seconds is None else f'{r.wall_seconds:.0f}'} |")
   md_path.parent.mkdir(parents=True, exist_ok=True)
+  lines = lines[:lines.index("## Runs")] + _kept_discussion(md_path) + lines[
+      lines.index("## Runs"):]
   md_path.write_text("\n".join(lines) + "\n")
   from experiments import plots  # pylint: disable=g-import-not-at-top
   plots.write_bars(png_path, summary, compare_report.PLOT_METRICS,
@@ -193,6 +256,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                  default=START_STEP)
   p.add_argument("--out", default="experiments/results/xbm_omniglot_small")
   p.add_argument("--workdir", default="/tmp/circle_jax_compare/xbm_study")
+  p.add_argument("--report-only", dest="report_only", action="store_true",
+                 help="write the report of the finished runs, train nothing")
   args = p.parse_args(argv)
   started = time.time()
   runs = build_runs(args)
@@ -204,6 +269,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   todo = sorted((r for r in runs if r.status == "pending"),
                 key=lambda r: r.seed)
   print(f"[xbm_study] {len(runs)} runs, {len(todo)} to train", flush=True)
+  if args.report_only:
+    todo = []
   for i, run in enumerate(todo):
     print(f"[xbm_study] {i + 1}/{len(todo)} {run.loss} seed {run.seed} ...",
           flush=True)
