@@ -203,6 +203,16 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_at_init = True            # evaluate the untrained model (step 0)
   c.eval_ks = placeholder(tuple)   # Recall@K's K; None: the dataset's
   c.eval_clustering = True         # NMI / AMI of k-means
+  # Episodic few-shot classification at every evaluation, next to retrieval
+  # (circle_jax.evaluation.fewshot; metrics fewshot_{N}way_{K}shot and
+  # fewshot_{N}way_{K}shot_ci95 for each N of `ways` and K of `shots`).
+  c.fewshot = Config()
+  c.fewshot.ways = ()              # N of each setting, e.g. (5, 20); (): off
+  c.fewshot.shots = (1, 5)         # K of each setting
+  c.fewshot.queries = 15           # most query images per class (Q)
+  c.fewshot.episodes = 1000        # E, episodes per setting
+  c.fewshot.seed = 0               # the episodes drawn
+  c.fewshot.classifier = "prototype"  # "prototype" (Snell et al.) or "nn"
   c.best_metric = "recall@1"       # selects the best step ("" : none)
   c.best_mode = "max"              # or "min"
   c.async_checkpoints = True       # write checkpoints in the background

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax import data as data_lib
+from circle_jax.evaluation import fewshot as fewshot_lib
 from circle_jax.errors import UserError
 from circle_jax import losses as losses_lib
 from circle_jax import models as models_lib
@@ -61,11 +62,50 @@ def global_batch_size(config) -> int:
   return config.batch.classes_per_batch * config.batch.images_per_class
 
 
-def metric_names(ks, clustering: bool):
+def metric_names(ks, clustering: bool, fewshot=None):
+  """The metrics an evaluation computes (``fewshot``: ``config.fewshot``)."""
   names = [f"recall@{k}" for k in ks] + list(RETRIEVAL_METRICS)
   if clustering:
     names += list(CLUSTERING_METRICS)
+  if fewshot is not None and fewshot.ways:
+    names += list(fewshot_lib.metric_names(fewshot.ways, fewshot.shots))
   return names
+
+
+def _is_int(v) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_fewshot(config, info, held_out: int) -> None:
+  """``config.fewshot``: positive ints, a known classifier, and ``N`` ways
+  that the test split (and the validation split) have classes for."""
+  fs = config.fewshot
+  for field, low in (("ways", 2), ("shots", 1)):
+    values = fs[field]
+    if not isinstance(values, (tuple, list)) or not all(
+        _is_int(v) and v >= low for v in values):
+      _fail(f"fewshot.{field}", f"must be a tuple of ints >= {low}, e.g. "
+            f"(5, 20); got {values!r}.")
+  if not fs.ways:
+    return
+  if not fs.shots:
+    _fail("fewshot.shots", "is empty but fewshot.ways is set; give the K of "
+          "each setting, e.g. (1, 5).")
+  for field in ("queries", "episodes"):
+    if not _is_int(fs[field]) or fs[field] < 1:
+      _fail(f"fewshot.{field}", f"must be a positive int; got {fs[field]!r}.")
+  if not _is_int(fs.seed):
+    _fail("fewshot.seed", f"must be an int; got {fs.seed!r}.")
+  if fs.classifier not in fewshot_lib.CLASSIFIERS:
+    _fail("fewshot.classifier", f"must be one of {fewshot_lib.CLASSIFIERS}; "
+          f"got {fs.classifier!r}.")
+  splits = [("test", info.num_test_classes)]
+  if held_out:
+    splits.append(("validation", held_out))
+  for split, classes in splits:
+    if max(fs.ways) > classes:
+      _fail("fewshot.ways", f"{max(fs.ways)}-way episodes but the {split} "
+            f"split of {info.name!r} has {classes} classes; lower it.")
 
 
 def _check_finite(config) -> None:
@@ -267,7 +307,8 @@ def check_config(config, *, device_count: Optional[int] = None,
       _fail(field, f"must be an int >= 0 (0 disables); got {v!r}.")
   # Metric.
   ks = tuple(config.eval_ks or info.ks)
-  names = metric_names(ks, config.eval_clustering)
+  _check_fewshot(config, info, held_out)
+  names = metric_names(ks, config.eval_clustering, config.fewshot)
   best = config.best_metric
   if best and best not in names:
     _fail("best_metric", f"{best!r} is not computed; choose one of {names}.")

@@ -3,9 +3,11 @@ and the run's final table."""
 
 from __future__ import annotations
 
-from typing import Any, Dict
+import re
+from typing import Any, Dict, Tuple
 
 import jax
+import numpy as np
 
 from circle_jax import evaluation as eval_lib
 from circle_jax import parallel
@@ -21,6 +23,9 @@ class Evaluator:
   queries against the gallery; otherwise each image against the others),
   ``evaluator.validation(tree)`` the held-out train classes. ``tree`` is a
   host state tree (``state_to_tree`` then ``to_host``, or a checkpoint).
+  With ``config.fewshot.ways`` set, both add the episodic few-shot accuracies
+  ``fewshot_{N}way_{K}shot`` and their ``_ci95``
+  (:func:`circle_jax.evaluation.fewshot_metrics`).
 
   Args:
     config: the run's config.
@@ -52,6 +57,16 @@ class Evaluator:
     if self.config.eval_clustering:
       out.update(eval_lib.clustering_metrics(
           emb, lab, key=jax.random.PRNGKey(self.config.seed)))
+    fs = self.config.fewshot
+    if fs.ways:
+      # Episodes among all the split's images (In-Shop: queries and gallery).
+      if gallery:
+        emb = np.concatenate([emb, gallery[0]])
+        lab = np.concatenate([lab, gallery[1]])
+      out.update(eval_lib.fewshot_metrics(
+          emb, lab, ways=tuple(fs.ways), shots=tuple(fs.shots),
+          queries=fs.queries, episodes=fs.episodes, seed=fs.seed,
+          classifier=fs.classifier))
     return {k: float(v) for k, v in out.items()}
 
   def test(self, host_tree) -> Dict[str, float]:
@@ -75,9 +90,23 @@ _SHOWN = ("recall@1", "map@r", "nmi")
 _ORDER = ("precision@1", "r_precision", "map@r", "nmi", "ami")
 
 
+def _fewshot_order(names) -> Tuple[str, ...]:
+  """The ``fewshot_{N}way_{K}shot`` metrics among ``names`` by ``(N, K)``,
+  each followed by its ``_ci95``."""
+  found = {}
+  for n in names:
+    m = re.fullmatch(r"fewshot_(\d+)way_(\d+)shot(_ci95)?", n)
+    if m:
+      found[n] = (int(m.group(1)), int(m.group(2)), bool(m.group(3)))
+  return tuple(sorted(found, key=found.get))
+
+
 def summary(metrics: Dict[str, float]) -> str:
-  """``recall@1 0.6100, map@r 0.2700, nmi 0.5000`` (the metrics shown)."""
-  return ", ".join(f"{k} {metrics[k]:.4f}" for k in _SHOWN if k in metrics)
+  """``recall@1 0.6100, map@r 0.2700, nmi 0.5000`` (the metrics shown, and
+  the few-shot accuracies when computed)."""
+  shown = _SHOWN + tuple(n for n in _fewshot_order(metrics)
+                         if not n.endswith("_ci95"))
+  return ", ".join(f"{k} {metrics[k]:.4f}" for k in shown if k in metrics)
 
 
 def result_table(result: Dict[str, Any]) -> str:
@@ -95,7 +124,9 @@ def result_table(result: Dict[str, Any]) -> str:
   lines = [f"{cfg.get('dataset', {}).get('name')} / "
            f"{cfg.get('model', {}).get('name')} / "
            f"{cfg.get('loss', {}).get('name')}: test-split metrics",
-           console_lib.metrics_table(cols, order=_ORDER)]
+           console_lib.metrics_table(
+               cols, order=_ORDER + _fewshot_order(
+                   {n for c in cols.values() for n in c or {}}))]
   if res["selection"] == "validation":
     val = best["validation"]
     lines.append(

@@ -31,7 +31,7 @@ RESUMABLE_FIELDS = (
     "checkpoint_every_steps", "eval_at_init", "eval_ks", "eval_clustering",
     "async_checkpoints", "parallelism", "dataset.data_dir",
     "dataset.manual_dir", "dataset.num_workers", "dataset.num_threads",
-    "batch.eval_batch_size",
+    "batch.eval_batch_size", "fewshot",
 )
 
 # The value shown for a field that one of two configs lacks.
@@ -61,12 +61,21 @@ def flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
 
 def config_diff(saved: Dict[str, Any], new: Dict[str, Any]
                 ) -> List[Tuple[str, Any, Any]]:
-  """``(field, saved value, new value)`` for every differing leaf, sorted."""
+  """``(field, saved value, new value)`` for every differing leaf, sorted.
+
+  A field that one config lacks (saved before the field existed) counts as
+  at its schema default, as :func:`circle_jax.config.from_dict` reads it
+  (``loss.*`` excepted: those depend on the loss).
+  """
+  from circle_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   a, b = flatten(saved), flatten(new)
+  defaults = flatten(config_to_dict(config_lib.base_config()))
   out = []
   for path in sorted(set(a) | set(b)):
     va, vb = a.get(path, ABSENT), b.get(path, ABSENT)
-    if va != vb:
+    if va != vb and not (ABSENT in (va, vb) and not path.startswith("loss.")
+                         and path in defaults
+                         and defaults[path] == (vb if va == ABSENT else va)):
       out.append((path, va, vb))
   return out
 
@@ -105,7 +114,7 @@ def check_resume(workdir: str, new: Dict[str, Any], *, resume_step: int,
   saved = load_config(workdir)
   if saved is None:
     return []
-  diff = [d for d in config_diff(saved, new) if not _added_at_default(*d)]
+  diff = config_diff(saved, new)
   fixed = [d for d in diff if not _resumable(d[0])]
   if fixed and not force:
     shown = "; ".join(f"{p}: {_short(a)} -> {_short(b)}" for p, a, b in fixed)
@@ -115,16 +124,6 @@ def check_resume(workdir: str, new: Dict[str, Any], *, resume_step: int,
         "this one); to resume it with the new values anyway pass "
         "--force_resume.")
   return diff
-
-
-def _added_at_default(path: str, saved, new) -> bool:
-  """A field that a later version added (absent from the saved config) at
-  its default: the saved run trained as that default does (e.g. ``xbm.*``)."""
-  if saved != ABSENT:
-    return False
-  from circle_jax import config as config_lib  # pylint: disable=g-import-not-at-top
-  defaults = flatten(config_to_dict(config_lib.base_config()))
-  return defaults.get(path, ABSENT) == new
 
 
 def _resumable(path: str) -> bool:

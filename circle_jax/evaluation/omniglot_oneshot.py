@@ -1,0 +1,229 @@
+"""The official Omniglot 20-way one-shot classification runs (Lake et al. 2015).
+
+The Omniglot repository's ``python/one-shot-classification/all_runs.zip``
+holds 20 runs ``run01`` .. ``run20``; each has ``training/class01.png`` ..
+``class20.png`` (one image of each of 20 characters), ``test/item01.png`` ..
+``item20.png`` (another drawer's image of each) and ``class_labels.txt``, one
+line per test image naming its training image, with paths relative to the
+folder that holds the runs::
+
+  run01/test/item01.png run01/training/class17.png
+
+Each test image is classified among its run's training images; the run's
+error is the percentage of test images classified to another class, and the
+benchmark's number is the mean over the 20 runs (the paper's Fig. 2 reports
+people at 4.5% error). Here the classifier is 1-nearest neighbour by cosine
+similarity of the embeddings of a trained model (ties go to the first training
+image in sorted file order, the order of the repository's demo).
+
+:func:`read_runs` accepts the extracted folder or the zip, with or without the
+top-level ``all_runs/`` folder, and ``class_labels.txt`` paths relative to the
+runs' folder (the repository's format) or to the run's own folder.
+:func:`oneshot_errors` classifies runs with any embedding function and
+:func:`evaluate_workdir` with a trained workdir's model and its eval
+preprocessing (``experiments/omniglot_oneshot.py`` is the command line).
+
+References:
+  Lake, Salakhutdinov, Tenenbaum, "Human-level concept learning through
+  probabilistic program induction", Science 2015
+  (https://github.com/brendenlake/omniglot).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from circle_jax.data.builders import base as builders_base
+from circle_jax.errors import UserError
+
+LABELS_FILE = "class_labels.txt"
+_RUN = re.compile(r"^(.*?)(run\d+)/" + re.escape(LABELS_FILE) + "$")
+
+
+class OneShotRunsError(UserError, ValueError):
+  """The runs' folder or zip is missing, incomplete or not in the layout."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OneShotRun:
+  """One classification run.
+
+  Attributes:
+    name: ``run01`` ...
+    training: the training images' paths in the runs' tree, sorted.
+    test: the test images' paths, in ``class_labels.txt`` order.
+    answers: ``[len(test)]`` for each test image, the index in ``training``
+      of its class's image.
+    training_images, test_images: the encoded images (PNG bytes).
+  """
+
+  name: str
+  training: Tuple[str, ...]
+  test: Tuple[str, ...]
+  answers: Tuple[int, ...]
+  training_images: Tuple[bytes, ...]
+  test_images: Tuple[bytes, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class OneShotResult:
+  """Errors of :func:`oneshot_errors`.
+
+  Attributes:
+    runs: the runs' names.
+    errors: the error of each run in % (0 to 100).
+    mean_error: their mean, the benchmark's number, in %.
+    predictions: for each run, the index in ``training`` chosen for each test
+      image.
+  """
+
+  runs: Tuple[str, ...]
+  errors: Tuple[float, ...]
+  mean_error: float
+  predictions: Tuple[Tuple[int, ...], ...]
+
+
+def _resolve(names: set, prefix: str, run: str, path: str, where: str) -> str:
+  for candidate in (prefix + path, f"{prefix}{run}/{path}"):
+    if candidate in names:
+      return candidate
+  raise OneShotRunsError(
+      f"{where} names {path!r}, which is not in the runs' files (looked for "
+      f"{prefix + path!r} and {prefix}{run}/{path!r}); the copy is "
+      "incomplete: extract all_runs.zip again.")
+
+
+def read_runs(path: str) -> List[OneShotRun]:
+  """Reads the one-shot runs of a folder or zip in the official layout.
+
+  Args:
+    path: ``all_runs.zip``, or a folder holding ``run01`` ... (or holding
+      ``all_runs/``).
+
+  Returns:
+    The runs, sorted by name.
+
+  Raises:
+    OneShotRunsError: no runs, a malformed ``class_labels.txt`` or a file it
+      names that is missing (one line naming the file).
+  """
+  if not os.path.exists(path):
+    raise OneShotRunsError(
+        f"--runs: {path!r} does not exist; give all_runs.zip of the Omniglot "
+        "repository (python/one-shot-classification) or its extracted folder.")
+  tree = builders_base.open_tree(path)
+  names = set(tree.names())
+  found = sorted((m.group(2), m.group(1)) for m in map(_RUN.match, names) if m)
+  if not found:
+    raise OneShotRunsError(
+        f"--runs: no run*/{LABELS_FILE} in {tree.description}; give "
+        "all_runs.zip of the Omniglot repository or its extracted folder.")
+  runs = []
+  for run, prefix in found:
+    where = f"{prefix}{run}/{LABELS_FILE} in {tree.description}"
+    pairs = []
+    for i, line in enumerate(tree.read_bytes(f"{prefix}{run}/{LABELS_FILE}")
+                             .decode("utf-8").splitlines()):
+      if not line.strip():
+        continue
+      fields = line.split()
+      if len(fields) != 2:
+        raise OneShotRunsError(
+            f"{where}, line {i + 1}: expected 'test/itemNN.png "
+            f"training/classNN.png', got {line.strip()!r}.")
+      pairs.append(tuple(_resolve(names, prefix, run, f, where)
+                         for f in fields))
+    training = sorted(n for n in names if n.startswith(f"{prefix}{run}/"
+                                                       "training/")
+                      and n.lower().endswith(".png"))
+    test = [t for t, _ in pairs]
+    if not pairs or len(set(test)) != len(test):
+      raise OneShotRunsError(
+          f"{where} must list each test image once; got {len(pairs)} lines "
+          f"for {len(set(test))} images.")
+    for _, answer in pairs:
+      if answer not in training:
+        raise OneShotRunsError(
+            f"{where} names {answer!r} as an answer, which is not one of the "
+            f"run's training images ({prefix}{run}/training/*.png).")
+    images = dict(tree.iter_files(sorted(set(training) | set(test))))
+    for name, data in images.items():
+      builders_base.check_image(data, f"{name!r} ({tree.description})")
+    runs.append(OneShotRun(
+        name=run, training=tuple(training), test=tuple(test),
+        answers=tuple(training.index(a) for _, a in pairs),
+        training_images=tuple(images[n] for n in training),
+        test_images=tuple(images[n] for n in test)))
+  return runs
+
+
+def oneshot_errors(embed: Callable[[Sequence[bytes]], np.ndarray],
+                   runs: Sequence[OneShotRun]) -> OneShotResult:
+  """Classifies each run's test images by 1-NN (cosine) among its training
+  images.
+
+  Args:
+    embed: ``embed(list of encoded images) -> [n, D]`` float embeddings.
+    runs: from :func:`read_runs`.
+
+  Returns:
+    A :class:`OneShotResult` (errors in %).
+  """
+  images = [im for r in runs for im in r.training_images + r.test_images]
+  emb = np.asarray(embed(images), np.float64)
+  if emb.ndim != 2 or len(emb) != len(images) or not np.all(np.isfinite(emb)):
+    raise ValueError(f"`embed` must return finite [{len(images)}, D] "
+                     f"embeddings; got shape {emb.shape}.")
+  norms = np.linalg.norm(emb, axis=1, keepdims=True)
+  emb = emb / np.where(norms > 0, norms, 1.0)
+  errors, predictions, start = [], [], 0
+  for r in runs:
+    train = emb[start:start + len(r.training)]
+    test = emb[start + len(r.training):start + len(r.training) + len(r.test)]
+    start += len(r.training) + len(r.test)
+    pred = np.argmax(test @ train.T, axis=1)
+    predictions.append(tuple(int(p) for p in pred))
+    errors.append(100.0 * float(np.mean(pred != np.asarray(r.answers))))
+  return OneShotResult(runs=tuple(r.name for r in runs), errors=tuple(errors),
+                       mean_error=float(np.mean(errors)),
+                       predictions=tuple(predictions))
+
+
+def run_embedder(run) -> Callable[[Sequence[bytes]], np.ndarray]:
+  """``embed(images)`` with a restored run's model and eval preprocessing.
+
+  Args:
+    run: a :class:`circle_jax.train.run.Run` (``restore_run``).
+  """
+  def embed(images: Sequence[bytes]) -> np.ndarray:
+    source = [{"image": data, "label": 0, "path": f"one-shot image {i}"}
+              for i, data in enumerate(images)]
+    return run.embed_split(source=source)[0]
+  return embed
+
+
+def evaluate_workdir(workdir: str, runs_path: str,
+                     which: Optional[str] = None
+                     ) -> Tuple[OneShotResult, Dict[str, object]]:
+  """The one-shot errors of a trained workdir's model.
+
+  Args:
+    workdir: a training run's folder.
+    runs_path: ``all_runs.zip`` or its extracted folder (:func:`read_runs`).
+    which: ``best`` or ``latest`` (default: best if the run kept one).
+
+  Returns:
+    ``(result, {'workdir', 'which', 'step', 'dataset'})``.
+  """
+  # Imported here: the trainer imports this package.
+  from circle_jax.train import run as run_lib  # pylint: disable=g-import-not-at-top
+  runs = read_runs(runs_path)
+  run = run_lib.restore_run(workdir, which)
+  result = oneshot_errors(run_embedder(run), runs)
+  return result, {"workdir": run.workdir, "which": run.which,
+                  "step": run.step, "dataset": run.config.dataset.name}

@@ -1,0 +1,141 @@
+"""Specification of circle_jax.evaluation.omniglot_oneshot.
+
+The official runs are not shipped: each test writes a tiny copy in their
+layout (``tests/evaluation/oneshot_fixture.py``), whose errors are known by
+construction.
+"""
+
+import io
+import os
+import zipfile
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from circle_jax.evaluation import omniglot_oneshot as oneshot
+from tests.evaluation.oneshot_fixture import (
+    ERRORS,
+    RUNS,
+    make_runs,
+    train_tiny_workdir,
+)
+
+
+def pixels(images):
+  """A stub model: the decoded pixels as the embedding."""
+  return np.stack([np.asarray(Image.open(io.BytesIO(b)).convert("L"),
+                              np.float32).ravel() for b in images])
+
+
+@pytest.mark.parametrize("as_zip,top_folder,run_relative", [
+    (False, True, False), (True, True, False), (True, False, True),
+    (False, False, True)], ids=["folder_official", "zip_official",
+                                "zip_bare_run_relative", "folder_bare"])
+def test_layouts_and_errors(tmp_path, as_zip, top_folder, run_relative):
+  truth, path = make_runs(tmp_path, as_zip=as_zip, top_folder=top_folder,
+                          run_relative=run_relative)
+  runs = oneshot.read_runs(path)
+  assert [r.name for r in runs] == list(RUNS)
+  for r in runs:
+    n = RUNS[r.name][0]
+    assert [os.path.basename(t) for t in r.training] == [
+        f"class{c + 1:02d}.png" for c in range(n)]
+    # Each test image's answer, read independently of class_labels' parser.
+    want = [int(a[len("training/class"):-len(".png")]) - 1
+            for _, a in truth[r.name]]
+    assert list(r.answers) == want
+    assert [t.split("/", 1 if not top_folder else 2)[-1] for t in r.test] == [
+        t for t, _ in truth[r.name]]
+  result = oneshot.oneshot_errors(pixels, runs)
+  assert result.runs == tuple(RUNS)
+  np.testing.assert_allclose(result.errors, ERRORS)
+  assert result.mean_error == pytest.approx(np.mean(ERRORS))
+  for r, pred in zip(runs, result.predictions):
+    for i, wrong in RUNS[r.name][1].items():
+      assert pred[i] == wrong
+
+
+def test_errors_match_a_naive_nearest_neighbour(tmp_path):
+  """Another embedding (4 x 4 block means): the 1-NN predictions equal a loop
+  over the files written, in float64."""
+  truth, path = make_runs(tmp_path, as_zip=True, top_folder=True,
+                          run_relative=False, seed=1)
+
+  def blocks(images):
+    x = pixels(images).reshape(-1, 105, 105)[:, :104, :104]
+    return x.reshape(-1, 26, 4, 26, 4).mean(axis=(2, 4)).reshape(len(x), -1)
+
+  result = oneshot.oneshot_errors(blocks, oneshot.read_runs(path))
+  with zipfile.ZipFile(path) as zf:
+    for run, errors in zip(RUNS, result.errors):
+      n = RUNS[run][0]
+      train = [blocks([zf.read(f"all_runs/{run}/training/class{c + 1:02d}.png")
+                       ])[0] for c in range(n)]
+      wrong = 0
+      for test, answer in truth[run]:
+        q = blocks([zf.read(f"all_runs/{run}/{test}")])[0]
+        sims = [q @ t / np.linalg.norm(q) / np.linalg.norm(t) for t in train]
+        wrong += f"training/class{int(np.argmax(sims)) + 1:02d}.png" != answer
+      assert errors == pytest.approx(100.0 * wrong / len(truth[run]))
+
+
+def _one_line(match, fn):
+  with pytest.raises(oneshot.OneShotRunsError, match=match) as e:
+    fn()
+  assert "\n" not in str(e.value)
+
+
+def test_bad_runs(tmp_path):
+  _one_line("does not exist", lambda: oneshot.read_runs(
+      str(tmp_path / "nothing.zip")))
+  (tmp_path / "empty").mkdir()
+  _one_line(r"no run\*/class_labels.txt", lambda: oneshot.read_runs(
+      str(tmp_path / "empty")))
+  _, path = make_runs(tmp_path / "a", as_zip=False, top_folder=True,
+                      run_relative=False)
+  os.remove(os.path.join(path, "all_runs/run02/test/item03.png"))
+  _one_line(r"run02/class_labels.txt .* names 'run02/test/item03.png', which "
+            "is not in the runs' files", lambda: oneshot.read_runs(path))
+  _, path = make_runs(tmp_path / "b", as_zip=False, top_folder=False,
+                      run_relative=True)
+  with open(os.path.join(path, "run01/class_labels.txt"), "a") as f:
+    f.write("test/item01.png\n")
+  _one_line(r"run01/class_labels.txt .*, line 5: expected", lambda:
+            oneshot.read_runs(path))
+
+
+@pytest.fixture(scope="module")
+def trained_workdir(tmp_path_factory):
+  return train_tiny_workdir(str(tmp_path_factory.mktemp("oneshot_run")))
+
+
+def test_workdir_model_errors(trained_workdir, tmp_path):
+  """The workdir's model: the errors equal a 1-NN over the model applied
+  directly to each preprocessed image; the copied images are wrong."""
+  from circle_jax.train import run as run_lib  # pylint: disable=g-import-not-at-top
+  _, path = make_runs(tmp_path, as_zip=True, top_folder=True,
+                      run_relative=False)
+  result, info = oneshot.evaluate_workdir(trained_workdir, path,
+                                          which="latest")
+  assert (info["which"], info["step"], info["dataset"]) == ("latest", 2,
+                                                            "digits")
+  run = run_lib.restore_run(trained_workdir, "latest")
+  preprocess = run_lib.eval_preprocess(run.config, run.info)
+
+  def direct(images):
+    x = np.stack([preprocess(b, None, "image") for b in images])
+    return np.array(run.model.apply(run.variables, x, train=False))
+
+  for r, errors, pred in zip(oneshot.read_runs(path), result.errors,
+                             result.predictions):
+    train, test = direct(r.training_images), direct(r.test_images)
+    train /= np.linalg.norm(train, axis=1, keepdims=True)
+    test /= np.linalg.norm(test, axis=1, keepdims=True)
+    want = [int(np.argmax([q @ t for t in train])) for q in test]
+    assert list(pred) == want
+    assert errors == pytest.approx(
+        100.0 * np.mean(np.asarray(want) != np.asarray(r.answers)))
+    for i, wrong in RUNS[r.name][1].items():
+      assert pred[i] == wrong
+  assert result.mean_error == pytest.approx(np.mean(result.errors))
