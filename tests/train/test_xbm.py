@@ -18,6 +18,7 @@ import optax
 import pytest
 
 from circle_jax import config as config_lib
+from circle_jax import losses as losses_lib
 from circle_jax import ops
 from circle_jax import parallel
 from circle_jax.losses import _common
@@ -351,6 +352,9 @@ def _saved(workdir, step=RUN_STEPS):
 
 def test_sigkill_then_rerun_with_a_memory_is_bitwise_identical(data_dir,
                                                                 tmp_path):
+  # TODO(xbm): drop once the reference-embedding losses are merged.
+  if not getattr(losses_lib.get_loss("circle"), "supports_ref", False):
+    pytest.skip("needs the losses' reference embeddings (branch xref)")
   reference = str(tmp_path / "reference")
   _finish(_main(reference, data_dir))
   want = _saved(reference)
