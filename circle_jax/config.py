@@ -35,7 +35,10 @@ from circle_jax.errors import UserError
 
 # Execution options a loss may accept besides its hyperparameters: they change
 # how the loss is computed (memory), not its value. None = the loss's default.
-EXECUTION_OPTIONS = ("block_size",)
+EXECUTION_OPTIONS = {
+    "block_size": int,   # tiles of the blockwise engine; None: dense
+    "collective": str,   # with devices: "all_gather" (None) or "ring"
+}
 
 # Sections whose keys are free (constructor / preset keyword arguments).
 OPEN_SECTIONS = ("dataset.preprocess", "model.kwargs")
@@ -105,7 +108,8 @@ def loss_config(name: str = "circle", **hyper) -> ml_collections.ConfigDict:
     A ConfigDict with ``name``, every hyperparameter of the loss (its
     registry default, i.e. the paper's, unless given in ``hyper``) and, for
     losses that can be computed blockwise, ``block_size`` (None: the dense
-    ``[B, B]`` computation).
+    ``[B, B]`` computation) and ``collective`` (None: the loss's default,
+    an all-gather of the global batch; ``"ring"``: the device ring).
 
   Raises:
     ValueError: unknown loss or hyperparameter, naming the accepted ones.
@@ -122,7 +126,7 @@ def loss_config(name: str = "circle", **hyper) -> ml_collections.ConfigDict:
   for k, v in entry.defaults.items():
     c[k] = hyper.get(k, v)
   for o in options:
-    c[o] = hyper.get(o, placeholder(int))
+    c[o] = hyper.get(o, placeholder(EXECUTION_OPTIONS[o]))
   _set_paths(c, "config.loss")
   return c.lock()
 
@@ -165,6 +169,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.batch.images_per_class = 4     # ... K
   c.batch.size = 0                 # global batch of the random sampler
   c.batch.eval_batch_size = 256    # global batch of the evaluation
+  # GradCache (circle_jax.train.gradcache): embed each device's slice of the
+  # batch this many images at a time, keeping no activations, and re-run each
+  # chunk's forward pass in the backward pass. 0: off (the whole slice).
+  c.batch.embed_chunk_size = 0
+  # BatchNorm in training mode with chunks: "exact" refuses it (use
+  # model.freeze_bn); "per_chunk" normalises each chunk with its own
+  # statistics and averages the chunks' running-statistics updates.
+  c.batch.embed_chunk_bn = "exact"
 
   c.optim = Config()  # see circle_jax.train.optim
   c.optim.name = "adam"            # adam, adamw, sgd, rmsprop

@@ -88,8 +88,7 @@ def test_loss_config_lists_every_hyperparameter_and_rejects_unknown_ones():
   for name, entry in losses.LOSSES.items():
     c = config_lib.loss_config(name)
     want = dict(entry.defaults, name=name)
-    if entry.execution_options:
-      want["block_size"] = None
+    want.update(dict.fromkeys(entry.execution_options))
     assert dict(c) == want, name
     with pytest.raises(AttributeError, match="does not have this field"):
       c.not_a_hyperparameter = 1.0
@@ -101,7 +100,8 @@ def test_loss_name_swaps_in_that_losses_own_defaults(config_file):
   c = parse(config_file, "--config.loss.name=multi_similarity")
   assert dict(c.loss) == {"name": "multi_similarity", "alpha": 2.0,
                           "beta": 50.0, "base": 0.5, "epsilon": 0.1,
-                          "mining": True, "block_size": None}
+                          "mining": True, "block_size": None,
+                          "collective": None}
   # Circle's class-level variant gets its own gamma/m, not Circle's.
   c = parse(config_file, "--config.loss.name=circle_class_level")
   assert (c.loss.gamma, c.loss.margin) == (256.0, 0.25)
@@ -121,8 +121,10 @@ def test_hyperparameter_overrides_apply_in_any_order(config_file, order):
 def test_the_files_loss_values_stay_without_a_name_change(config_file):
   c = parse(config_file, "--config.loss.gamma=64", "--config.loss.name=circle")
   assert (c.loss.gamma, c.loss.margin) == (64.0, 0.4)
-  c = parse(config_file, "--config.loss.block_size=512")
+  c = parse(config_file, "--config.loss.block_size=512",
+            "--config.loss.collective=ring")
   assert c.loss.block_size == 512 and c.loss.gamma == 80.0
+  assert c.loss.collective == "ring"
 
 
 def test_unknown_loss_or_hyperparameter_names_what_is_accepted(config_file):
@@ -146,8 +148,9 @@ def test_a_config_json_of_the_code_before_the_schema_moved_still_loads():
   assert isinstance(c, ml_collections.ConfigDict) and c.is_locked
   # Fields added since are at their defaults (config_diff reads them so).
   assert workdir_lib.config_diff(old, workdir_lib.config_to_dict(c)) == []
-  assert {k: v for k, v in workdir_lib.config_to_dict(c).items()
-          if k in old} == old
+  new = workdir_lib.flatten(workdir_lib.config_to_dict(c))
+  flat_old = workdir_lib.flatten(old)
+  assert {k: new[k] for k in flat_old} == flat_old
   # ... and is the run the digits config trains: its workdirs resume.
   assert workdir_lib.config_diff(
       old, workdir_lib.config_to_dict(helpers.digits_config())) == []

@@ -174,6 +174,12 @@ def circle_loss(
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
     block_size: Optional[int] = None,
+    collective: str = "all_gather",
+    ref_embeddings: Optional[Array] = None,
+    ref_labels: Optional[Array] = None,
+    ref_valid: Optional[Array] = None,
+    ids: Optional[Array] = None,
+    ref_ids: Optional[Array] = None,
 ) -> Array:
   r"""Pair-wise Circle loss of a batch of embeddings.
 
@@ -207,6 +213,15 @@ def circle_loss(
       is ``O(block_size^2 + B * D)`` instead of ``O(B^2)``; values and gradients
       equal the dense ones to float32 rounding. See
       :mod:`circle_jax.losses.engines`.
+    collective: with ``axis_name``, how the anchors meet the global batch:
+      ``"all_gather"`` (default) gathers it on every device (memory grows
+      with the device count); ``"ring"`` passes column shards around the
+      devices with ``ppermute`` (:mod:`circle_jax.losses.ring`; per-device
+      memory independent of the device count), same value and gradients to
+      float32 rounding. Ignored without ``axis_name``.
+    ref_embeddings, ref_labels, ref_valid, ids, ref_ids: references (e.g. a
+      cross-batch memory) the anchors meet instead of the batch; see
+      :func:`circle_jax.losses.engines.pair_sides` and docs/losses.md.
 
   Returns:
     float32 scalar: the mean over anchors that have at least one positive and
@@ -219,7 +234,9 @@ def circle_loss(
   return engines.embedding_loss(
       Circle(margin=margin, gamma=gamma), embeddings, labels,
       axis_name=axis_name, pos_mask=pos_mask, neg_mask=neg_mask,
-      block_size=block_size)
+      block_size=block_size, collective=collective,
+      ref_embeddings=ref_embeddings, ref_labels=ref_labels,
+      ref_valid=ref_valid, ids=ids, ref_ids=ref_ids)
 
 
 def circle_loss_class_level(
@@ -323,6 +340,12 @@ def unified_loss(
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
     block_size: Optional[int] = None,
+    collective: str = "all_gather",
+    ref_embeddings: Optional[Array] = None,
+    ref_labels: Optional[Array] = None,
+    ref_valid: Optional[Array] = None,
+    ids: Optional[Array] = None,
+    ref_ids: Optional[Array] = None,
 ) -> Array:
   r"""Unified loss of pair similarity (eq. 1) with pair-wise labels.
 
@@ -346,6 +369,12 @@ def unified_loss(
     neg_mask: optional ``[B, B_global]`` bool mask of usable negative pairs.
     block_size: ``None`` (dense) or the block size of the blockwise engine
       (see :func:`circle_loss`).
+    collective: ``"all_gather"`` or ``"ring"``: how the anchors meet the
+      global batch with ``axis_name`` (see
+      :func:`circle_jax.losses.circle_loss`).
+    ref_embeddings, ref_labels, ref_valid, ids, ref_ids: references (e.g. a
+      cross-batch memory) the anchors meet instead of the batch; see
+      :func:`circle_jax.losses.engines.pair_sides` and docs/losses.md.
 
   Returns:
     float32 scalar: the mean over valid anchors (0 when there is none).
@@ -357,7 +386,9 @@ def unified_loss(
   return engines.embedding_loss(
       Unified(gamma=gamma, margin=margin), embeddings, labels,
       axis_name=axis_name, pos_mask=pos_mask, neg_mask=neg_mask,
-      block_size=block_size)
+      block_size=block_size, collective=collective,
+      ref_embeddings=ref_embeddings, ref_labels=ref_labels,
+      ref_valid=ref_valid, ids=ids, ref_ids=ref_ids)
 
 
 def unified_loss_class_level(

@@ -60,13 +60,19 @@ factor is a ``jax.vjp`` of ``combine`` and the last an elementwise
 definition of the gradient too.
 
 Rows and columns. An engine sees rows (the local anchors) and columns (the
-candidates) as :class:`PairSide` s: normalised embeddings, labels and *ids*.
-A row and a column with the same id are the same sample (not a positive
-pair); ids place the anchors among candidates that may come from elsewhere.
+candidates) as :class:`PairSide` s: normalised embeddings, labels, *ids* and
+an optional column *valid* mask. A row and a column with the same id are the
+same sample (a self pair: neither positive nor negative) and a column whose
+``valid`` is False takes no part in any pair; ids place the anchors among
+candidates that may come from elsewhere. :func:`pair_sides` builds both for
+every embedding form: the columns are the batch gathered over ``axis_name``
+(ids: the global row indices), or, with reference embeddings (e.g. a
+cross-batch memory, Wang et al., CVPR 2020), the references gathered over
+``axis_name`` with their ``ref_ids`` and ``ref_valid``. References are just
+other columns, so every rule and engine runs on them unchanged.
 
 Adding an engine. A third engine (e.g. a device ring that passes column
-blocks around the devices with ``jax.lax.ppermute``, or columns that include
-reference embeddings of a cross-batch memory with their own ids) is a new
+blocks around the devices with ``jax.lax.ppermute``) is a new
 function ``(rule, rows, cols, ...) -> (per_anchor, valid)`` built from the
 tile-level pieces below, with no change to any loss: :func:`prepass_update`
 for the pre-pass, :func:`stats_init` / :func:`stats_update` /
@@ -74,8 +80,13 @@ for the pre-pass, :func:`stats_init` / :func:`stats_update` /
 ``rule.combine`` for the per-anchor loss, and :func:`tile_cotangent` for the
 ``dL/ds`` of a tile in its backward pass. :func:`reduce_per_anchor` gives the
 rule's (global-batch) reduction. Every embedding form of a rule-based loss
-goes through :func:`embedding_loss`, which picks the engine (today from
-``block_size``), so the new engine is selected there, once for all losses.
+goes through :func:`embedding_loss`, which picks the engine (from
+``block_size`` and ``collective``), so a new engine is selected there, once
+for all losses. The device ring (:mod:`circle_jax.losses.ring`,
+``collective="ring"``) is such an engine: the column shards travel around the
+devices with ``ppermute``, each tile folded into the rows' online statistics
+as it passes, and its ``custom_vjp`` sends each shard's ``dL/dz`` around with
+the shard.
 """
 
 from __future__ import annotations
@@ -403,12 +414,39 @@ class PairSide(NamedTuple):
     z: ``[K, D]`` float32 L2-normalised embeddings.
     labels: ``[K]`` int32 labels.
     ids: ``[K]`` int32 sample ids; a row and a column with the same id are the
-      same sample (never a positive pair).
+      same sample (a self pair: neither positive nor negative).
+    valid: optional ``[K]`` bool; a column with False takes no part in any
+      pair (an empty memory slot). ``None``: all valid.
   """
 
   z: Array
   labels: Array
   ids: Array
+  valid: Optional[Array] = None
+
+
+def pair_masks_of(row_labels, row_ids, col_labels, col_ids, ok=None):
+  """``(pos, neg)`` of rows x columns: same / other label, not a self pair.
+
+  ``ok`` (broadcastable to the block) marks the usable pairs (e.g. valid
+  columns, or not padding).
+  """
+  same = row_labels[:, None] == col_labels[None, :]
+  usable = row_ids[:, None] != col_ids[None, :]
+  if ok is not None:
+    usable = usable & ok
+  return same & usable, ~same & usable
+
+
+def side_masks(rows: PairSide, cols: PairSide, pos_mask, neg_mask):
+  """The dense block's pair masks, intersected with the miner masks."""
+  ok = None if cols.valid is None else cols.valid[None, :]
+  pos, neg = pair_masks_of(rows.labels, rows.ids, cols.labels, cols.ids, ok)
+  if pos_mask is not None:
+    pos = pos & pos_mask
+  if neg_mask is not None:
+    neg = neg & neg_mask
+  return pos, neg
 
 
 @dataclasses.dataclass(frozen=True)
@@ -453,6 +491,8 @@ def _prepare(plan, rows, cols, pos_mask, neg_mask):
   """Pads and reshapes everything into tiles (padding marked not ``ok``)."""
   def side(x, count, size):
     ok = jnp.arange(count * size) < x.z.shape[0]
+    if x.valid is not None:
+      ok = ok & _blocks(x.valid, count, size, False).reshape(-1)
     return dict(z=_blocks(x.z, count, size), labels=_blocks(x.labels, count, size),
                 ids=_blocks(x.ids, count, size), ok=ok.reshape(count, size))
 
@@ -467,9 +507,8 @@ def _tile(rows_b, cols, j):
   z_c = cols["z"][j]
   s = jnp.matmul(rows_b["z"], z_c.T, precision=jax.lax.Precision.HIGHEST)
   ok = rows_b["ok"][:, None] & cols["ok"][j][None, :]
-  same = rows_b["labels"][:, None] == cols["labels"][j][None, :]
-  pos = same & (rows_b["ids"][:, None] != cols["ids"][j][None, :]) & ok
-  neg = ~same & ok
+  pos, neg = pair_masks_of(rows_b["labels"], rows_b["ids"], cols["labels"][j],
+                           cols["ids"][j], ok)
   if rows_b["pos_mask"] is not None:
     pos = pos & rows_b["pos_mask"][:, j, :]
   if rows_b["neg_mask"] is not None:
@@ -623,33 +662,163 @@ def reduce_per_anchor(rule, per_anchor: Array, valid: Array, axis_name=None):
   return _common.to_float32_scalar(loss)
 
 
-def embedding_loss(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
-                   neg_mask=None, block_size=None) -> Array:
-  """A pair loss of a batch of embeddings (the ``*_loss`` functions).
+COLLECTIVES = ("all_gather", "ring")
 
-  The embeddings are checked, L2-normalised and, with ``axis_name``, the
-  local anchors are compared with the batch gathered over the axis (the
-  value is the global-batch loss on every device, its gradient exact). With
-  ``block_size`` the blockwise engine runs, else the dense one.
+
+def check_collective(collective) -> str:
+  """One of :data:`COLLECTIVES`, with an error naming them."""
+  if collective not in COLLECTIVES:
+    raise ValueError(f"`collective` must be one of {COLLECTIVES}; got "
+                     f"{collective!r}.")
+  return collective
+
+
+def _reference_vector(x, length: int, name: str, kind: str):
+  """Checks a ``[length]`` vector of ``kind`` (``"int"`` or ``"bool"``)."""
+  x = jnp.asarray(x)
+  if x.shape != (length,):
+    raise ValueError(
+        f"`{name}` must have shape ({length},), one entry per "
+        f"{'anchor' if name == 'ids' else 'reference'}; got {x.shape}.")
+  if kind == "bool" and x.dtype != jnp.bool_:
+    raise ValueError(f"`{name}` must be a bool array; got dtype {x.dtype}. "
+                     "Cast it with `.astype(bool)`.")
+  if kind == "int" and not jnp.issubdtype(x.dtype, jnp.integer):
+    raise ValueError(f"`{name}` must be an integer array; got dtype "
+                     f"{x.dtype}. Cast it with `.astype(jnp.int32)`.")
+  return x.astype(jnp.int32) if kind == "int" else x
+
+
+def pair_sides(embeddings, labels, *, axis_name=None, ref_embeddings=None,
+               ref_labels=None, ref_valid=None, ids=None, ref_ids=None,
+               normalize: bool = True,
+               gather_columns: bool = True) -> Tuple[PairSide, PairSide]:
+  """The rows (local anchors) and columns (candidates) of a pair loss.
+
+  Without references the columns are the batch gathered over ``axis_name``
+  and the ids are the global row indices (so an anchor is not its own
+  positive). With ``ref_embeddings`` the columns are the references gathered
+  over ``axis_name`` (each device passes its shard), with ``ref_valid`` as
+  the columns' ``valid`` and ``ids`` / ``ref_ids`` as the sample ids; if
+  those are ``None`` no pair is a self pair (rows and columns get ids that
+  never match), unless ``ref_embeddings is embeddings``, when both default
+  to the global row indices.
+
+  Args:
+    embeddings: ``[B, D]`` float (the local anchors).
+    labels: ``[B]`` int.
+    axis_name: optional mapped axis.
+    ref_embeddings: optional ``[M, D]`` float references (local shard).
+    ref_labels: ``[M]`` int, required with ``ref_embeddings``.
+    ref_valid: optional ``[M]`` bool.
+    ids: optional ``[B]`` int sample ids of the anchors.
+    ref_ids: optional ``[M]`` int sample ids of the references (both or
+      neither of ``ids`` and ``ref_ids``).
+    normalize: L2-normalise the embeddings (else float32 as they are).
+    gather_columns: gather the columns over ``axis_name`` (False: each
+      device keeps its shard, with global ids, for the ring engine).
+
+  Returns:
+    ``(rows, cols)``, :class:`PairSide` s; ``cols.valid`` is ``None`` when
+    all columns are valid.
+
+  Raises:
+    ValueError: a reference argument without ``ref_embeddings``, missing
+      ``ref_labels``, mismatched dimensions or lengths, non-integer labels or
+      ids, a non-bool ``ref_valid``, or only one of ``ids`` / ``ref_ids``.
   """
-  if block_size is None:
-    similarity, pos, neg, _ = _common.pair_block(
-        embeddings, labels, axis_name, pos_mask, neg_mask)
-    per_anchor, valid = dense_per_anchor(rule, similarity, pos, neg)
-    return reduce_per_anchor(rule, per_anchor, valid, axis_name)
-  block_size = check_block_size(block_size)
   x = _common.check_embeddings(embeddings)
   labels = _common.check_labels(labels, x.shape[0])
-  z = _common.l2_normalize(x)
-  z_all, labels_all, row_offset = _common.gathered_batch(z, labels, axis_name)
-  m, n = z.shape[0], z_all.shape[0]
-  row_ids = jnp.arange(m, dtype=jnp.int32) + jnp.asarray(row_offset, jnp.int32)
-  rows = PairSide(z, labels, row_ids)
-  cols = PairSide(z_all, labels_all, jnp.arange(n, dtype=jnp.int32))
-  per_anchor, valid = blockwise_per_anchor(
-      rule, rows, cols, block_size=block_size,
-      pos_mask=_common.check_mask(pos_mask, (m, n), "pos_mask"),
-      neg_mask=_common.check_mask(neg_mask, (m, n), "neg_mask"))
+  m = x.shape[0]
+  prep = _common.l2_normalize if normalize else (lambda v: v)
+  row_index = (jnp.arange(m, dtype=jnp.int32)
+               + jnp.asarray(_common.local_row_offset(m, axis_name), jnp.int32))
+  if gather_columns:
+    gather = functools.partial(_common.gather_global, axis_name=axis_name)
+  else:
+    gather = lambda v: v
+  if ref_embeddings is None:
+    extra = [name for name, v in (("ref_labels", ref_labels),
+                                  ("ref_valid", ref_valid), ("ids", ids),
+                                  ("ref_ids", ref_ids)) if v is not None]
+    if extra:
+      raise ValueError(
+          f"`{extra[0]}` was given without `ref_embeddings`; pass the "
+          "reference embeddings [M, D] with it, or drop it.")
+    z = prep(x)
+    if not gather_columns:
+      return PairSide(z, labels, row_index), PairSide(z, labels, row_index)
+    z_all = gather(z)
+    return (PairSide(z, labels, row_index),
+            PairSide(z_all, gather(labels),
+                     jnp.arange(z_all.shape[0], dtype=jnp.int32)))
+  r = _common.check_embeddings(ref_embeddings, "ref_embeddings")
+  if ref_labels is None:
+    raise ValueError("`ref_embeddings` needs `ref_labels`, the [M] integer "
+                     "labels of the references.")
+  if r.shape[1] != x.shape[1]:
+    raise ValueError(
+        f"`ref_embeddings` has dimension {r.shape[1]} but the embeddings have "
+        f"dimension {x.shape[1]}; they must match.")
+  k = r.shape[0]
+  ref_labels = _reference_vector(ref_labels, k, "ref_labels", "int")
+  if ref_valid is not None:
+    ref_valid = gather(_reference_vector(ref_valid, k, "ref_valid", "bool"))
+  if (ids is None) != (ref_ids is None):
+    raise ValueError("Pass both `ids` and `ref_ids` (the sample ids of the "
+                     "anchors and of the references), or neither.")
+  if ids is not None:
+    ids = _reference_vector(ids, m, "ids", "int")
+    ref_ids = _reference_vector(ref_ids, k, "ref_ids", "int")
+  elif ref_embeddings is embeddings:  # the batch itself: self pairs by row
+    ids = ref_ids = row_index
+  else:  # ids that never match: every anchor-reference pair counts
+    ids = jnp.full((m,), -1, jnp.int32)
+    ref_ids = jnp.full((k,), -2, jnp.int32)
+  return (PairSide(prep(x), labels, ids),
+          PairSide(prep(gather(r)), gather(ref_labels), gather(ref_ids),
+                   ref_valid))
+
+
+def embedding_loss(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
+                   neg_mask=None, block_size=None, collective="all_gather",
+                   **references) -> Array:
+  """A pair loss of a batch of embeddings (the ``*_loss`` functions).
+
+  The embeddings are checked, L2-normalised and the local anchors (rows) are
+  compared with the candidates (columns) of :func:`pair_sides`: the batch,
+  or the references when ``references`` (``ref_embeddings``, ``ref_labels``,
+  ``ref_valid``, ``ids``, ``ref_ids``) are given. With ``axis_name`` the
+  columns of every device are either gathered over the axis
+  (``collective="all_gather"``) or visit each device on a ring (``"ring"``,
+  :mod:`circle_jax.losses.ring`). The value is the loss of the anchors of
+  the global batch on every device, its gradient exact. With ``block_size``
+  the blockwise engine (or the ring in tiles) runs, else the dense one.
+  """
+  ring = check_collective(collective) == "ring" and axis_name is not None
+  if block_size is not None:
+    block_size = check_block_size(block_size)
+  rows, cols = pair_sides(embeddings, labels, axis_name=axis_name,
+                          gather_columns=not ring, **references)
+  n = cols.z.shape[0] * (jax.lax.axis_size(axis_name) if ring else 1)
+  shape = (rows.z.shape[0], n)
+  pos_mask = _common.check_mask(pos_mask, shape, "pos_mask")
+  neg_mask = _common.check_mask(neg_mask, shape, "neg_mask")
+  if ring:
+    # Imported here: the ring engine is built on this module.
+    from circle_jax.losses import ring as ring_lib  # pylint: disable=g-import-not-at-top
+    per_anchor, valid = ring_lib.ring_per_anchor(
+        rule, rows, cols, axis_name=axis_name, block_size=block_size,
+        pos_mask=pos_mask, neg_mask=neg_mask)
+  elif block_size is None:
+    similarity = jnp.matmul(rows.z, cols.z.T,
+                            precision=jax.lax.Precision.HIGHEST)
+    pos, neg = side_masks(rows, cols, pos_mask, neg_mask)
+    per_anchor, valid = dense_per_anchor(rule, similarity, pos, neg)
+  else:
+    per_anchor, valid = blockwise_per_anchor(
+        rule, rows, cols, block_size=block_size,
+        pos_mask=pos_mask, neg_mask=neg_mask)
   return reduce_per_anchor(rule, per_anchor, valid, axis_name)
 
 

@@ -163,7 +163,7 @@ def inverse_cdf_counts(probs: Array, uniforms: Array, valid: Array) -> Array:
 
 
 def distance_weighted_weights(dist, pos, neg, row_start, key, dim: int, *,
-                              cutoff, nonzero_loss_cutoff):
+                              cutoff, nonzero_loss_cutoff, num_rows=None):
   """Distance-weighted negative sampling on a distance block.
 
   Every positive pair ``(a, p)`` draws one negative for ``a`` (as the official
@@ -172,7 +172,9 @@ def distance_weighted_weights(dist, pos, neg, row_start, key, dim: int, *,
   negatives closer than ``nonzero_loss_cutoff``. Anchors with no such negative draw
   uniformly among their negatives. The uniforms are those of the whole
   ``[N, N]`` global block (rows from ``row_start``), so the result does not
-  depend on how the global batch is split over devices.
+  depend on how the global batch is split over devices. ``num_rows`` is the
+  number of rows of the global block (default ``N``: the columns are the
+  global batch; with references, the global number of anchors).
 
   Returns:
     ``[M, N]`` float32: 1 on positive pairs, draw counts on negative pairs.
@@ -191,7 +193,7 @@ def distance_weighted_weights(dist, pos, neg, row_start, key, dim: int, *,
   m, n = dist.shape
   # Uniforms of the whole [N, N] global block, then this device's rows: the
   # draws do not depend on how the batch is split over devices.
-  uniforms = jax.random.uniform(key, (n, n))
+  uniforms = jax.random.uniform(key, (n if num_rows is None else num_rows, n))
   uniforms = jax.lax.dynamic_slice_in_dim(uniforms, row_start, m, axis=0)
   # One draw per positive pair (a, p): uniforms[a, p] with valid = pos.
   counts = inverse_cdf_counts(probs, uniforms, pos)

@@ -23,6 +23,12 @@ single-device gradient on the concatenated batch.
 
 Miner masks ``pos_mask`` / ``neg_mask`` (see :mod:`circle_jax.losses.miners`)
 have the shape of the block and are intersected with the label masks.
+
+With reference embeddings (``ref_embeddings``, e.g. a cross-batch memory) the
+block's columns are the references instead of the batch
+(:func:`circle_jax.losses.engines.pair_sides`); each wrapper's docstring says
+what its loss then means (anchors from the batch, positives and negatives
+from the references, as pytorch-metric-learning's ``ref_emb``).
 """
 
 from __future__ import annotations
@@ -56,19 +62,23 @@ def _ratio(total: Array, count: Array, axis_name) -> Array:
 
 
 def _embedding_block(embeddings, labels, axis_name, pos_mask, neg_mask,
-                     normalize=True):
-  """Local anchors against the (global) batch: ``(sim, pos, neg, extras)``."""
-  embeddings = _common.check_embeddings(embeddings)
-  labels = _common.check_labels(labels, embeddings.shape[0])
-  all_emb, all_labels, offset = _common.gathered_batch(
-      embeddings, labels, axis_name)
-  if normalize:
-    sim = _common.cosine_similarity(embeddings, all_emb)
-  else:
-    sim = jnp.matmul(embeddings, all_emb.T,
-                     precision=jax.lax.Precision.HIGHEST)
-  pos, neg = _common.pair_masks(labels, all_labels, offset, pos_mask, neg_mask)
-  return embeddings, labels, sim, pos, neg, offset
+                     normalize=True, **references):
+  """Local anchors against the candidates (the (global) batch or the
+  references, :func:`circle_jax.losses.engines.pair_sides`).
+
+  Returns:
+    ``(rows, sim, pos, neg)``: the anchors' :class:`engines.PairSide` (their
+    float32 embeddings as given when ``normalize`` is False) and the
+    ``[M, N]`` similarity block with its pair masks.
+  """
+  rows, cols = engines.pair_sides(embeddings, labels, axis_name=axis_name,
+                                  normalize=normalize, **references)
+  sim = jnp.matmul(rows.z, cols.z.T, precision=jax.lax.Precision.HIGHEST)
+  shape = sim.shape
+  pos, neg = engines.side_masks(
+      rows, cols, _common.check_mask(pos_mask, shape, "pos_mask"),
+      _common.check_mask(neg_mask, shape, "neg_mask"))
+  return rows, sim, pos, neg
 
 
 def _square(matrix, labels, pos_mask, neg_mask, name):
@@ -173,6 +183,12 @@ def contrastive_loss(
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
     block_size: Optional[int] = None,
+    collective: str = "all_gather",
+    ref_embeddings: Optional[Array] = None,
+    ref_labels: Optional[Array] = None,
+    ref_valid: Optional[Array] = None,
+    ids: Optional[Array] = None,
+    ref_ids: Optional[Array] = None,
 ) -> Array:
   r"""Two-margin contrastive loss (Hadsell et al. 2006; Musgrave et al. 2020).
 
@@ -201,6 +217,12 @@ def contrastive_loss(
     pos_mask, neg_mask: optional miner masks of the block's shape.
     block_size: ``None`` (dense) or the block size of the blockwise engine
       of :mod:`circle_jax.losses.engines` (memory ``O(block_size^2 + B D)``).
+    collective: ``"all_gather"`` or ``"ring"``: how the anchors meet the
+      global batch with ``axis_name`` (see
+      :func:`circle_jax.losses.circle_loss`).
+    ref_embeddings, ref_labels, ref_valid, ids, ref_ids: references (e.g. a
+      cross-batch memory) the anchors meet instead of the batch; see
+      :func:`circle_jax.losses.engines.pair_sides` and docs/losses.md.
 
   Returns:
     float32 scalar.
@@ -211,9 +233,11 @@ def contrastive_loss(
     Learning Reality Check", ECCV 2020.
   """
   rule = Contrastive(pos_margin=pos_margin, neg_margin=neg_margin)
-  return engines.embedding_loss(rule, embeddings, labels, axis_name=axis_name,
-                                pos_mask=pos_mask, neg_mask=neg_mask,
-                                block_size=block_size)
+  return engines.embedding_loss(
+      rule, embeddings, labels, axis_name=axis_name, pos_mask=pos_mask,
+      neg_mask=neg_mask, block_size=block_size, collective=collective,
+      ref_embeddings=ref_embeddings, ref_labels=ref_labels,
+      ref_valid=ref_valid, ids=ids, ref_ids=ref_ids)
 
 
 # ----------------------------------------------------------------------------
@@ -317,6 +341,11 @@ def triplet_margin_loss(
     axis_name: Optional[str] = None,
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
+    ref_embeddings: Optional[Array] = None,
+    ref_labels: Optional[Array] = None,
+    ref_valid: Optional[Array] = None,
+    ids: Optional[Array] = None,
+    ref_ids: Optional[Array] = None,
 ) -> Array:
   r"""Triplet margin loss with in-batch mining (Schroff et al.; Hermans et al.).
 
@@ -345,6 +374,12 @@ def triplet_margin_loss(
   is ``O(M N log N)`` and memory ``O(M N)``; the gradient is exact autodiff
   through the sort's gather and the prefix sums.
 
+  With references (``ref_embeddings``, pytorch-metric-learning's
+  ``ref_emb`` semantics) the anchor ``a`` is a row of ``embeddings`` and its
+  positives ``p`` and negatives ``n`` are references: the triplets are
+  ``(a, p, n)`` with ``p`` and ``n`` among the references, mined per anchor
+  as above.
+
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16.
     labels: ``[B]`` integer labels.
@@ -353,6 +388,9 @@ def triplet_margin_loss(
     axis_name: global-batch loss across devices (see module docstring).
     pos_mask, neg_mask: optional miner masks of the block's shape.
 
+    ref_embeddings, ref_labels, ref_valid, ids, ref_ids: references (e.g. a
+      cross-batch memory) the anchors meet instead of the batch (above); see
+      :func:`circle_jax.losses.engines.pair_sides` and docs/losses.md.
   Returns:
     float32 scalar.
 
@@ -363,8 +401,10 @@ def triplet_margin_loss(
   """
   mining = _checked_mining(mining)
   _check_margin(margin, "margin")
-  _, _, sim, pos, neg, _ = _embedding_block(
-      embeddings, labels, axis_name, pos_mask, neg_mask)
+  _, sim, pos, neg = _embedding_block(
+      embeddings, labels, axis_name, pos_mask, neg_mask,
+      ref_embeddings=ref_embeddings,
+      ref_labels=ref_labels, ref_valid=ref_valid, ids=ids, ref_ids=ref_ids)
   return _triplet_core(_common.euclidean_from_cosine(sim), pos, neg,
                        margin=margin, mining=mining, axis_name=axis_name)
 
@@ -374,18 +414,19 @@ def triplet_margin_loss(
 # ----------------------------------------------------------------------------
 
 
-def _lifted_core(dist, pos, neg, *, margin, axis_name):
+def _lifted_core(dist, pos, neg, *, margin, axis_name, column_term=True):
   # log sum_{k in N_i} exp(margin - d_ik) for every row; the column sample j
-  # needs the same quantity for its own row, which lives on its device.
+  # needs the same quantity for its own row, which lives on its device
+  # (without `column_term`, the columns are references: no such term).
   row_lse = _common.masked_logsumexp(margin - dist, neg)  # [M]
-  if axis_name is None:
-    col_lse = row_lse
-  else:
-    col_lse = _common.gather_global(row_lse, axis_name)  # [N]
   m, n = dist.shape
-  both = jnp.stack([jnp.broadcast_to(row_lse[:, None], (m, n)),
-                    jnp.broadcast_to(col_lse[None, :], (m, n))], axis=-1)
-  lse = _common.masked_logsumexp(both, jnp.isfinite(both), axis=-1)
+  if column_term:
+    col_lse = _common.gather_global(row_lse, axis_name)  # [N]
+    both = jnp.stack([jnp.broadcast_to(row_lse[:, None], (m, n)),
+                      jnp.broadcast_to(col_lse[None, :], (m, n))], axis=-1)
+    lse = _common.masked_logsumexp(both, jnp.isfinite(both), axis=-1)
+  else:
+    lse = jnp.broadcast_to(row_lse[:, None], (m, n))
   has_neg = jnp.isfinite(lse)
   j = jnp.where(pos & has_neg, lse, 0.0) + dist
   loss = jnp.where(pos & has_neg, jnp.square(jax.nn.relu(j)), 0.0)
@@ -416,6 +457,11 @@ def lifted_structure_loss(
     axis_name: Optional[str] = None,
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
+    ref_embeddings: Optional[Array] = None,
+    ref_labels: Optional[Array] = None,
+    ref_valid: Optional[Array] = None,
+    ids: Optional[Array] = None,
+    ref_ids: Optional[Array] = None,
 ) -> Array:
   r"""Smooth lifted structured embedding loss (Oh Song et al. 2016, eq. 4).
 
@@ -435,6 +481,14 @@ def lifted_structure_loss(
   negative sets are empty contributes 0. With a miner's ``neg_mask`` the sets
   ``N_i`` and ``N_j`` are the mined negatives of rows ``i`` and ``j``.
 
+  With references (``ref_embeddings``) the anchor ``i`` is a row of
+  ``embeddings``, ``j`` ranges over its positives among the references and
+  the negative term is the anchor's: ``N_i`` are its negatives among the
+  references, and there is no ``N_j`` term (a reference is not an anchor;
+  pytorch-metric-learning's lifted structure loss with ``ref_emb`` likewise
+  takes the negatives of the anchor's pairs). So passing the batch as its
+  own references is *not* the loss above, which also adds the ``N_j`` term.
+
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16.
     labels: ``[B]`` integer labels.
@@ -443,6 +497,9 @@ def lifted_structure_loss(
       log-sum-exps are all-gathered to serve as the ``N_j`` terms.
     pos_mask, neg_mask: optional miner masks of the block's shape.
 
+    ref_embeddings, ref_labels, ref_valid, ids, ref_ids: references (e.g. a
+      cross-batch memory) the anchors meet instead of the batch (above); see
+      :func:`circle_jax.losses.engines.pair_sides` and docs/losses.md.
   Returns:
     float32 scalar.
 
@@ -450,10 +507,13 @@ def lifted_structure_loss(
     Oh Song, Xiang, Jegelka, Savarese, "Deep Metric Learning via Lifted
     Structured Feature Embedding", CVPR 2016.
   """
-  _, _, sim, pos, neg, _ = _embedding_block(
-      embeddings, labels, axis_name, pos_mask, neg_mask)
+  _, sim, pos, neg = _embedding_block(
+      embeddings, labels, axis_name, pos_mask, neg_mask,
+      ref_embeddings=ref_embeddings,
+      ref_labels=ref_labels, ref_valid=ref_valid, ids=ids, ref_ids=ref_ids)
   return _lifted_core(_common.euclidean_from_cosine(sim), pos, neg,
-                      margin=margin, axis_name=axis_name)
+                      margin=margin, axis_name=axis_name,
+                      column_term=ref_embeddings is None)
 
 
 # ----------------------------------------------------------------------------
@@ -496,6 +556,11 @@ def n_pair_loss(
     axis_name: Optional[str] = None,
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
+    ref_embeddings: Optional[Array] = None,
+    ref_labels: Optional[Array] = None,
+    ref_valid: Optional[Array] = None,
+    ids: Optional[Array] = None,
+    ref_ids: Optional[Array] = None,
 ) -> Array:
   r"""Multi-class N-pair loss (Sohn 2016), for any batch with repeated labels.
 
@@ -517,6 +582,12 @@ def n_pair_loss(
   (tested); without masks both members of a pair are anchors and every other
   sample of another class is a negative.
 
+  With references (``ref_embeddings``) every anchor ``a`` (a row of
+  ``embeddings``) forms a tuplet with each of its positives ``p`` among the
+  references and all its negatives among the references; the L2 penalty is
+  over the anchors only (the references are regularised as anchors of their
+  own batch).
+
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16 (raw, not normalised).
     labels: ``[B]`` integer labels.
@@ -524,6 +595,9 @@ def n_pair_loss(
     axis_name: global-batch loss across devices (see module docstring).
     pos_mask, neg_mask: optional miner masks of the block's shape.
 
+    ref_embeddings, ref_labels, ref_valid, ids, ref_ids: references (e.g. a
+      cross-batch memory) the anchors meet instead of the batch (above); see
+      :func:`circle_jax.losses.engines.pair_sides` and docs/losses.md.
   Returns:
     float32 scalar.
 
@@ -532,8 +606,11 @@ def n_pair_loss(
     Objective", NeurIPS 2016, eq. 6 and Sec. 3.2.1.
   """
   _check_margin(l2_reg, "l2_reg")
-  emb, _, sim, pos, neg, _ = _embedding_block(
-      embeddings, labels, axis_name, pos_mask, neg_mask, normalize=False)
+  rows, sim, pos, neg = _embedding_block(
+      embeddings, labels, axis_name, pos_mask, neg_mask, normalize=False,
+      ref_embeddings=ref_embeddings,
+      ref_labels=ref_labels, ref_valid=ref_valid, ids=ids, ref_ids=ref_ids)
+  emb = rows.z
   tuplet = _n_pair_core(sim, pos, neg, axis_name=axis_name)
   penalty = _common.sum_over_batch(jnp.sum(emb * emb, axis=1), axis_name)
   return tuplet + l2_reg * penalty
@@ -614,6 +691,11 @@ def margin_loss(
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
     pair_weights: Optional[Array] = None,
+    ref_embeddings: Optional[Array] = None,
+    ref_labels: Optional[Array] = None,
+    ref_valid: Optional[Array] = None,
+    ids: Optional[Array] = None,
+    ref_ids: Optional[Array] = None,
 ) -> Array:
   r"""Margin loss with learnable boundary and distance-weighted sampling.
 
@@ -638,6 +720,11 @@ def margin_loss(
   ``w_{an}`` is the draw count, ``w_{ap} = 1``), as in the official code.
   Without ``key`` every pair has weight 1 (or ``pair_weights``).
 
+  With references (``ref_embeddings``) the pairs are (anchor, reference):
+  ``a`` is a row of ``embeddings`` with its class's ``beta_a``, ``p`` and
+  ``n`` are its positives and negatives among the references, and the
+  sampler draws each positive pair's negative among the references.
+
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16.
     labels: ``[B]`` integer labels in ``[0, num_classes)`` when ``beta`` is
@@ -655,6 +742,9 @@ def margin_loss(
     pair_weights: optional float ``[M, N]`` pair multiplicities (e.g. from
       :func:`distance_weighted_miner`); exclusive with ``key``.
 
+    ref_embeddings, ref_labels, ref_valid, ids, ref_ids: references (e.g. a
+      cross-batch memory) the anchors meet instead of the batch (above); see
+      :func:`circle_jax.losses.engines.pair_sides` and docs/losses.md.
   Returns:
     float32 scalar.
 
@@ -667,13 +757,18 @@ def margin_loss(
         "Pass either `key` (sample negatives) or `pair_weights` (already "
         "sampled), not both.")
   _check_margin(margin, "margin")
-  emb, labels, sim, pos, neg, offset = _embedding_block(
-      embeddings, labels, axis_name, pos_mask, neg_mask)
+  rows, sim, pos, neg = _embedding_block(
+      embeddings, labels, axis_name, pos_mask, neg_mask,
+      ref_embeddings=ref_embeddings,
+      ref_labels=ref_labels, ref_valid=ref_valid, ids=ids, ref_ids=ref_ids)
   dist = _common.euclidean_from_cosine(sim)
   if key is not None:
+    m, dim = rows.z.shape
+    num_rows = m if axis_name is None else m * jax.lax.axis_size(axis_name)
     pair_weights = _miners.distance_weighted_weights(
-        dist, pos, neg, offset, key, emb.shape[1], cutoff=cutoff,
-        nonzero_loss_cutoff=nonzero_loss_cutoff)
+        dist, pos, neg, _common.local_row_offset(m, axis_name), key, dim,
+        cutoff=cutoff, nonzero_loss_cutoff=nonzero_loss_cutoff,
+        num_rows=num_rows)
   pos_w, neg_w = _margin_weights(pos, neg, pair_weights)
-  return _margin_core(dist, pos_w, neg_w, _beta_rows(beta, labels),
+  return _margin_core(dist, pos_w, neg_w, _beta_rows(beta, rows.labels),
                       margin=margin, nu=nu, axis_name=axis_name)

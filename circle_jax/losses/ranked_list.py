@@ -216,6 +216,12 @@ def ranked_list_loss(
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
     block_size: Optional[int] = None,
+    collective: str = "all_gather",
+    ref_embeddings: Optional[Array] = None,
+    ref_labels: Optional[Array] = None,
+    ref_valid: Optional[Array] = None,
+    ids: Optional[Array] = None,
+    ref_ids: Optional[Array] = None,
 ) -> Array:
   r"""Ranked List Loss (RLL) on the Euclidean distance of normalised embeddings.
 
@@ -266,6 +272,12 @@ def ranked_list_loss(
       is ``O(block_size^2 + B * D)`` instead of ``O(B^2)``; values and gradients
       equal the dense ones to float32 rounding. See
       :mod:`circle_jax.losses.engines`.
+    collective: ``"all_gather"`` or ``"ring"``: how the anchors meet the
+      global batch with ``axis_name`` (see
+      :func:`circle_jax.losses.circle_loss`).
+    ref_embeddings, ref_labels, ref_valid, ids, ref_ids: references (e.g. a
+      cross-batch memory) the anchors meet instead of the batch; see
+      :func:`circle_jax.losses.engines.pair_sides` and docs/losses.md.
 
   Returns:
     A float32 scalar: the mean of the per-anchor losses over all anchors of
@@ -277,6 +289,8 @@ def ranked_list_loss(
   """
   rule = RankedList(alpha=alpha, margin=margin, t_neg=t_neg, t_pos=t_pos,
                     imbalance=imbalance)
-  return engines.embedding_loss(rule, embeddings, labels, axis_name=axis_name,
-                                pos_mask=pos_mask, neg_mask=neg_mask,
-                                block_size=block_size)
+  return engines.embedding_loss(
+      rule, embeddings, labels, axis_name=axis_name, pos_mask=pos_mask,
+      neg_mask=neg_mask, block_size=block_size, collective=collective,
+      ref_embeddings=ref_embeddings, ref_labels=ref_labels,
+      ref_valid=ref_valid, ids=ids, ref_ids=ref_ids)

@@ -51,9 +51,12 @@ KINDS = ("pair", "proxy", "classifier")
 _ROUTED = ("axis_name", "key")
 _PER_BATCH = ("pos_mask", "neg_mask", "pair_weights", "bias")
 # Execution options that do not change the loss (accepted by `apply`, not
-# listed among the hyperparameter defaults): the blockwise engine of the
-# rule-based pair losses.
-_EXECUTION = ("block_size",)
+# listed among the hyperparameter defaults): the blockwise engine and the
+# device ring of the rule-based pair losses.
+_EXECUTION = ("block_size", "collective")
+# The reference embeddings of the pair losses (a cross-batch memory), routed
+# by `apply` (see engines.pair_sides).
+_REFERENCES = ("ref_embeddings", "ref_labels", "ref_valid", "ids", "ref_ids")
 
 
 # ----------------------------------------------------------------------------
@@ -116,7 +119,7 @@ def _signature_defaults(fn) -> Dict[str, Any]:
       name: p.default for name, p in params.items()
       if p.kind is inspect.Parameter.KEYWORD_ONLY
       and p.default is not inspect.Parameter.empty
-      and name not in _ROUTED + _PER_BATCH + _EXECUTION
+      and name not in _ROUTED + _PER_BATCH + _EXECUTION + _REFERENCES
   }
 
 
@@ -124,7 +127,7 @@ def _accepted_keywords(fn):
   params = inspect.signature(fn).parameters
   return tuple(name for name, p in params.items()
                if p.kind is inspect.Parameter.KEYWORD_ONLY
-               and name not in _ROUTED)
+               and name not in _ROUTED + _REFERENCES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,10 +152,14 @@ class LossEntry:
     reduction: how the per-sample / per-pair terms are reduced.
     param_init: how ``init_params`` initialises, in words.
     execution_options: keyword options of ``fn`` that change how the loss is
-      computed but not its value (``block_size``), accepted by ``apply``.
+      computed but not its value (``block_size``, ``collective``), accepted
+      by ``apply``.
     hyper_ranges: the documented range (:class:`HyperRange`) of each
       hyperparameter that has one (read-only; empty for a loss without
       documented ranges).
+    supports_ref: whether ``fn`` takes reference embeddings
+      (``ref_embeddings``, ``ref_labels``, ``ref_valid``, ``ids``,
+      ``ref_ids``; every pair loss, no proxy or classifier loss).
   """
 
   name: str
@@ -169,9 +176,11 @@ class LossEntry:
   execution_options: tuple = ()
   hyper_ranges: Mapping[str, "HyperRange"] = dataclasses.field(
       default_factory=lambda: types.MappingProxyType({}))
+  supports_ref: bool = False
 
   def apply(self, embeddings, labels, params=None, *, key=None,
-            axis_name=None, **hyper) -> Array:
+            axis_name=None, ref_embeddings=None, ref_labels=None,
+            ref_valid=None, ids=None, ref_ids=None, **hyper) -> Array:
     """Calls the loss uniformly.
 
     Args:
@@ -184,6 +193,9 @@ class LossEntry:
         one.
       axis_name: mapped axis for a global-batch loss; an error for losses
         without ``supports_axis_name``.
+      ref_embeddings, ref_labels, ref_valid, ids, ref_ids: reference
+        embeddings (e.g. a cross-batch memory), forwarded to the loss; an
+        error for losses without ``supports_ref``.
       **hyper: hyperparameter overrides (and per-batch ``pos_mask`` /
         ``neg_mask`` / ``pair_weights`` where the loss takes them).
 
@@ -211,6 +223,14 @@ class LossEntry:
             f"Loss {self.name!r} does not support `axis_name`; compute it on "
             f"the gathered global batch instead.")
       hyper["axis_name"] = axis_name
+    references = {k: v for k, v in zip(
+        _REFERENCES, (ref_embeddings, ref_labels, ref_valid, ids, ref_ids))
+                  if v is not None}
+    if references and not self.supports_ref:
+      raise ValueError(
+          f"Loss {self.name!r} does not support reference embeddings "
+          f"({', '.join(sorted(references))}); only the pair losses do.")
+    hyper.update(references)
     if self.needs_key:
       hyper["key"] = key
     args = (embeddings, labels)
@@ -243,7 +263,8 @@ def _entry(name, fn, kind, *, paper, reduction, param_name=None,
       needs_key=needs_key, paper=paper, reduction=reduction,
       param_init=param_init,
       execution_options=tuple(o for o in _EXECUTION if o in params),
-      hyper_ranges=types.MappingProxyType(ranges))
+      hyper_ranges=types.MappingProxyType(ranges),
+      supports_ref="ref_embeddings" in params)
 
 
 _PROXY_ANCHOR_PAPER = (

@@ -19,6 +19,7 @@ from circle_jax import data as data_lib
 from circle_jax.evaluation import fewshot as fewshot_lib
 from circle_jax.errors import UserError
 from circle_jax import losses as losses_lib
+from circle_jax.losses.engines import COLLECTIVES
 from circle_jax import models as models_lib
 from circle_jax.train import optim as optim_lib
 from circle_jax import parallel
@@ -125,11 +126,14 @@ def _check_finite(config) -> None:
 
 
 def _check_loss_hyper(entry, hyper: dict, embedding_dim: int,
-                      num_classes_: Optional[int]) -> None:
+                      num_classes_: Optional[int],
+                      references: bool = False) -> None:
   """Checks the loss's hyperparameters against their documented ranges
   (:func:`circle_jax.losses.hyper_ranges`), then traces the loss once on a
   tiny abstract batch (no compilation, no data), so any other trace-time
-  check of the loss becomes a ConfigError naming ``config.loss.<field>``."""
+  check of the loss becomes a ConfigError naming ``config.loss.<field>``.
+  With ``references`` (a cross-batch memory) it traces the loss against
+  reference embeddings too."""
   for field, valid in entry.hyper_ranges.items():
     value = hyper.get(field, entry.defaults.get(field))
     if isinstance(value, (int, float)) and not isinstance(value, bool) and (
@@ -148,6 +152,11 @@ def _check_loss_hyper(entry, hyper: dict, embedding_dim: int,
     jax.eval_shape(lambda e, p: entry.apply(e, y, p,
                                             key=jax.random.PRNGKey(0),
                                             **hyper), x, params)
+    if references:
+      jax.eval_shape(lambda e, p: entry.apply(
+          e, y, p, key=jax.random.PRNGKey(0), ref_embeddings=e, ref_labels=y,
+          ref_valid=jnp.ones(4, bool), ids=jnp.arange(4),
+          ref_ids=jnp.arange(4, 8), **hyper), x, params)
   except (ValueError, TypeError) as e:
     message = str(e).splitlines()[0]
     named = re.search(r"`(\w+)`", message)
@@ -173,8 +182,7 @@ def _check_xbm(config, entry, batch: int, device_count: int) -> None:
           f"{config.xbm.dtype!r}.")
   if not size:
     return
-  # TODO(xbm): entry.supports_ref once the reference-embedding API is merged.
-  if not getattr(entry, "supports_ref", entry.kind == "pair"):
+  if not entry.supports_ref:
     _fail("xbm.size", f"loss {entry.name!r} ({entry.kind}) does not compare "
           "embeddings with reference embeddings, so it cannot use a memory: "
           "set it to 0 or choose a pair loss.")
@@ -182,6 +190,42 @@ def _check_xbm(config, entry, batch: int, device_count: int) -> None:
     _fail("xbm.size", f"must be a multiple of the global batch {batch} (each "
           f"of the {device_count} devices then holds a whole number of its "
           f"{batch // device_count}-row batch slices); got {size}.")
+
+
+def _check_embed_chunks(config, local_batch: int) -> None:
+  """``batch.embed_chunk_size`` divides the per-device batch, and BatchNorm in
+  training mode is only chunked when ``batch.embed_chunk_bn`` opts in."""
+  chunk = config.batch.embed_chunk_size
+  mode = config.batch.embed_chunk_bn
+  if mode not in ("exact", "per_chunk"):
+    _fail("batch.embed_chunk_bn", f"must be 'exact' or 'per_chunk'; got "
+          f"{mode!r}.")
+  if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
+    _fail("batch.embed_chunk_size", f"must be an int >= 0 (0: off); got "
+          f"{chunk!r}.")
+  if not chunk:
+    return
+  if local_batch % chunk:
+    divisors = [d for d in range(1, local_batch + 1) if local_batch % d == 0]
+    _fail("batch.embed_chunk_size", f"{chunk} does not divide the per-device "
+          f"batch of {local_batch} images; use one of {divisors}.")
+  if mode == "exact" and not config.model.freeze_bn and _has_batch_norm(
+      config):
+    _fail("batch.embed_chunk_size", f"chunks change BatchNorm's batch "
+          f"statistics, so model {config.model.name!r} in training mode is "
+          "not computed exactly; set --config.model.freeze_bn=True, or accept "
+          "per-chunk statistics with --config.batch.embed_chunk_bn=per_chunk.")
+
+
+def _has_batch_norm(config) -> bool:
+  """Whether the config's model has BatchNorm statistics (its initialisation
+  traced on one 224 x 224 RGB image, which every backbone accepts; not run)."""
+  model = models_lib.get_model(
+      config.model.name, embedding_dim=config.model.embedding_dim,
+      pooling=config.model.pooling, **dict(config.model.kwargs))
+  variables = jax.eval_shape(lambda: model.init(
+      jax.random.PRNGKey(0), jnp.zeros((1, 224, 224, 3)), train=False))
+  return bool(variables.get("batch_stats"))
 
 
 def check_config(config, *, device_count: Optional[int] = None,
@@ -243,13 +287,19 @@ def check_config(config, *, device_count: Optional[int] = None,
                             or not isinstance(block, int) or block < 1):
     _fail("loss.block_size", f"must be a positive int (or unset for the dense "
           f"loss); got {block!r}.")
+  # Only the losses with a device ring have the field.
+  if ("collective" in config.loss
+      and config.loss.collective not in (None,) + COLLECTIVES):
+    _fail("loss.collective", f"must be one of {COLLECTIVES} (or unset for "
+          f"'all_gather'); got {config.loss.collective!r}.")
   if entry.param_name is not None:
     n = num_classes(config, info)
     if not isinstance(n, int) or n <= 0:
       _fail("dataset.num_classes", f"loss {loss_name!r} ({entry.kind}) learns "
             f"one {entry.param_name} row per class and needs the number of "
             f"train classes; got {n!r}.")
-  _check_loss_hyper(entry, loss_hyper(config), dim, num_classes(config, info))
+  _check_loss_hyper(entry, loss_hyper(config), dim, num_classes(config, info),
+                    references=bool(config.xbm.size) and entry.supports_ref)
   # Batch and devices.
   try:
     placement = parallel.from_config(config)
@@ -297,6 +347,7 @@ def check_config(config, *, device_count: Optional[int] = None,
       or eval_batch % device_count or eval_batch % process_count):
     _fail("batch.eval_batch_size", f"must be a positive multiple of the "
           f"{device_count} devices; got {eval_batch!r}.")
+  _check_embed_chunks(config, batch // device_count)
   # Steps.
   steps = config.num_train_steps
   if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:

@@ -282,7 +282,7 @@ def _build(config, workdir, reporter, force_resume) -> Job:
       num_threads=config.dataset.num_threads)
   job.train_step = step_lib.make_train_step(
       step_lib.make_loss_fn(job.entry, hyper), placement=job.placement,
-      base_key=step_key)
+      base_key=step_key, embed_chunk_size=config.batch.embed_chunk_size)
   job.evaluator = evaluate_lib.Evaluator(config, job.info, model,
                                          job.placement, job.val_source)
   job.init_metrics = job.meta.get("init_metrics")

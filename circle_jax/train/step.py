@@ -16,6 +16,12 @@ batch.
 BatchNorm statistics are computed per device (like PyTorch without SyncBN) and
 averaged over devices after each step, so the stored statistics stay
 replicated.
+
+The step is (a) :func:`embed` (the model on this device's images) followed by
+(b) the loss of the embeddings (``loss_fn``, a function of the embeddings,
+labels and loss parameters). ``embed_chunk_size`` replaces (a)'s forward and
+backward passes by chunked ones (:mod:`circle_jax.train.gradcache`); (b) is
+the same either way.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import optax
 
 from circle_jax import ops
 from circle_jax import parallel
+from circle_jax.train import gradcache
 from circle_jax.train import state as state_lib
 from circle_jax.train import xbm as xbm_lib
 from circle_jax.train.state import TrainState
@@ -99,6 +106,28 @@ def check_batch(batch: dict) -> None:
         f"images need a trailing channel axis of 1). ({e})") from None
 
 
+def embed(apply_fn: Callable, model_params: PyTree, batch_stats: PyTree,
+          images: jax.Array):
+  """The model in training mode on ``images``: part (a) of the step.
+
+  Args:
+    apply_fn: the model's ``apply`` (``TrainState.apply_fn``).
+    model_params: ``params['model']``.
+    batch_stats: the BatchNorm statistics (``{}`` without BatchNorm).
+    images: ``[b, H, W, C]``.
+
+  Returns:
+    ``(embeddings [b, D], new batch_stats)``.
+  """
+  variables = state_lib.model_variables(
+      {"params": {"model": model_params}, "batch_stats": batch_stats})
+  if batch_stats:
+    embeddings, updates = apply_fn(variables, images, train=True,
+                                   mutable=["batch_stats"])
+    return embeddings, updates.get("batch_stats", batch_stats)
+  return apply_fn(variables, images, train=True), batch_stats
+
+
 def train_step(
     state: TrainState,
     batch: dict,
@@ -107,6 +136,7 @@ def train_step(
     base_key: jax.Array,
     axis_name: Optional[str] = None,
     psum_grads: bool = False,
+    embed_chunk_size: int = 0,
 ):
   """One optimisation step on this device's slice of the global batch.
 
@@ -120,6 +150,10 @@ def train_step(
     axis_name: the device axis (None on one device).
     psum_grads: sum parameter gradients over ``axis_name`` (``pmap`` only; see
       the module docstring).
+    embed_chunk_size: 0, or embed this device's images this many at a time
+      without keeping activations and re-run each chunk's forward pass in
+      the backward pass (GradCache, :mod:`circle_jax.train.gradcache`; exact
+      only without BatchNorm in training mode). The loss is unchanged.
 
   Returns:
     ``(new_state, metrics)`` with scalar metrics ``loss`` (global batch),
@@ -129,17 +163,15 @@ def train_step(
   """
   check_batch(batch)
   key = jax.random.fold_in(base_key, state.step)
+  embed_fn = functools.partial(embed, state.apply_fn)
+  if embed_chunk_size:
+    embed_fn = gradcache.chunked(embed_fn, embed_chunk_size)
 
   def objective(params):
-    variables = state_lib.model_variables(
-        {"params": params, "batch_stats": state.batch_stats})
-    if state.batch_stats:
-      embeddings, updates = state.apply_fn(
-          variables, batch["image"], train=True, mutable=["batch_stats"])
-      new_stats = updates.get("batch_stats", state.batch_stats)
-    else:
-      embeddings = state.apply_fn(variables, batch["image"], train=True)
-      new_stats = state.batch_stats
+    # (a) the embeddings of this device's images; (b) the loss of them
+    # (with the cross-batch memory's term, which also updates the memory).
+    embeddings, new_stats = embed_fn(params["model"], state.batch_stats,
+                                     batch["image"])
     if state.xbm is None:
       return loss_fn(embeddings, batch["label"], params["loss"], key=key,
                      axis_name=axis_name), (new_stats, None)
@@ -171,7 +203,8 @@ def train_step(
 
 
 def make_train_step(loss_fn: LossFn, *, base_key: jax.Array,
-                    placement: Any, donate: bool = True):
+                    placement: Any, donate: bool = True,
+                    embed_chunk_size: int = 0):
   """:func:`train_step` compiled for a placement.
 
   Args:
@@ -182,10 +215,12 @@ def make_train_step(loss_fn: LossFn, *, base_key: jax.Array,
       ``sharded=xbm.is_sharded``),
       the batch ``placement.shard_batch``'d.
     donate: donate the input state's buffers.
+    embed_chunk_size: see :func:`train_step` (0: off).
 
   Returns:
     ``step(state, batch) -> (state, metrics)``.
   """
   placement = parallel.get_placement(placement)
-  fn = functools.partial(train_step, loss_fn=loss_fn, base_key=base_key)
+  fn = functools.partial(train_step, loss_fn=loss_fn, base_key=base_key,
+                         embed_chunk_size=embed_chunk_size)
   return placement.wrap_step(fn, donate=donate, sharded=xbm_lib.is_sharded)

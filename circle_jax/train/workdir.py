@@ -19,6 +19,7 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from circle_jax import config as config_lib
 from circle_jax.errors import UserError
 
 CONFIG_FILE = "config.json"
@@ -59,23 +60,32 @@ def flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
   return out
 
 
+def _added_since(path, va, vb, defaults) -> bool:
+  """Whether one side lacks ``path`` and the other holds what it stands for."""
+  if ABSENT not in (va, vb):
+    return False
+  present = vb if va == ABSENT else va
+  if present is None:
+    return True
+  return (not path.startswith("loss.") and path in defaults
+          and defaults[path] == present)
+
+
 def config_diff(saved: Dict[str, Any], new: Dict[str, Any]
                 ) -> List[Tuple[str, Any, Any]]:
   """``(field, saved value, new value)`` for every differing leaf, sorted.
 
   A field that one config lacks (saved before the field existed) counts as
   at its schema default, as :func:`circle_jax.config.from_dict` reads it
-  (``loss.*`` excepted: those depend on the loss).
+  (``loss.*`` excepted: those depend on the loss), or, for any field, unset
+  (None) in the other (an execution option such as ``loss.collective``).
   """
-  from circle_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   a, b = flatten(saved), flatten(new)
   defaults = flatten(config_to_dict(config_lib.base_config()))
   out = []
   for path in sorted(set(a) | set(b)):
     va, vb = a.get(path, ABSENT), b.get(path, ABSENT)
-    if va != vb and not (ABSENT in (va, vb) and not path.startswith("loss.")
-                         and path in defaults
-                         and defaults[path] == (vb if va == ABSENT else va)):
+    if va != vb and not _added_since(path, va, vb, defaults):
       out.append((path, va, vb))
   return out
 

@@ -69,14 +69,15 @@ EXPECTED_FILES = {
 # Recipe values per config file (the loss section is compared whole).
 LOSSES = {
     "circle_loss.py": {"name": "circle", "gamma": 80.0, "margin": 0.4,
-                       "block_size": None},
+                       "block_size": None, "collective": None},
     "multi_similarity.py": {"name": "multi_similarity", "alpha": 2.0,
                             "beta": 40.0, "base": 0.5, "epsilon": 0.1,
-                            "mining": True, "block_size": None},
+                            "mining": True, "block_size": None,
+                            "collective": None},
     "proxy_anchor.py": {"name": "proxy_anchor", "alpha": 32.0, "margin": 0.1},
     "ranked_list.py": {"name": "ranked_list", "alpha": 1.2, "margin": 0.4,
                        "t_neg": 10.0, "t_pos": 0.0, "imbalance": 0.5,
-                       "block_size": None},
+                       "block_size": None, "collective": None},
     "ranked_proxy_anchor.py": {"name": "ranked_proxy_anchor", "alpha": 1.4,
                                "margin": 0.4, "t_neg": 20.0,
                                "distance": "euclidean"},

@@ -32,6 +32,8 @@ def test_default_configs_pass():
     ({"best_metric": "recall@3"}, "config.best_metric"),
     ({"optim.name": "lamb"}, "config.optim.name"),
     ({"dataset.name": "cub200"}, "config.dataset.manual_dir"),
+    ({"loss.collective": "rign"}, "config.loss.collective: must be one of "
+     "('all_gather', 'ring')"),
 ])
 def test_bad_values_name_the_field(overrides, field):
   c = _config(**overrides)

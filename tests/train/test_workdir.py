@@ -25,6 +25,12 @@ def test_flatten_and_diff_list_every_changed_leaf():
       ("loss.block_size", "<absent>", 512), ("loss.gamma", 80.0, 64.0),
       ("model.embedding_dim", 4, 8)]
   assert workdir_lib.config_diff(a, a) == []
+  # A field added to the schema unset is no difference; set, it is one.
+  unset = {**a, "loss": {**a["loss"], "collective": None}}
+  assert workdir_lib.config_diff(a, unset) == []
+  ring = {**a, "loss": {**a["loss"], "collective": "ring"}}
+  assert workdir_lib.config_diff(a, ring) == [
+      ("loss.collective", "<absent>", "ring")]
 
 
 def test_check_resume_allows_only_resumable_fields(tmp_path):

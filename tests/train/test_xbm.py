@@ -291,6 +291,24 @@ def test_a_loss_without_references_cannot_use_a_memory(name):
   config_checks.check_config(c, device_count=8, process_count=1)
 
 
+@pytest.mark.parametrize("name", sorted(losses_lib.LOSSES))
+def test_every_loss_with_references_takes_a_memory_and_no_other(name):
+  """The config check traces each pair loss against a memory."""
+  c = helpers.digits_config(**{"xbm.size": 80})
+  c.loss = config_lib.loss_config(name)
+  if losses_lib.get_loss(name).supports_ref:
+    config_checks.check_config(c, device_count=8, process_count=1)
+  else:
+    with pytest.raises(config_checks.ConfigError, match=r"config\.xbm\.size"):
+      config_checks.check_config(c, device_count=8, process_count=1)
+
+
+def test_the_pair_losses_take_references():
+  assert {n for n, e in losses_lib.LOSSES.items() if e.supports_ref} >= {
+      "circle", "multi_similarity", "ranked_list", "contrastive", "triplet",
+      "lifted_structure", "n_pair", "margin"}
+
+
 def test_memory_sizes_that_are_whole_batches_pass():
   for size in (0, 40, 2040):
     _check(**{"xbm.size": size, "xbm.dtype": "bfloat16", "xbm.weight": 0.0})
@@ -352,9 +370,6 @@ def _saved(workdir, step=RUN_STEPS):
 
 def test_sigkill_then_rerun_with_a_memory_is_bitwise_identical(data_dir,
                                                                 tmp_path):
-  # TODO(xbm): drop once the reference-embedding losses are merged.
-  if not getattr(losses_lib.get_loss("circle"), "supports_ref", False):
-    pytest.skip("needs the losses' reference embeddings (branch xref)")
   reference = str(tmp_path / "reference")
   _finish(_main(reference, data_dir))
   want = _saved(reference)

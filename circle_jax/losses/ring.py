@@ -1,0 +1,258 @@
+"""The device-ring engine: pair losses over a device axis without gathering.
+
+With ``axis_name`` the other engines all-gather the global batch's
+embeddings ``[B_global, D]`` on every device, so each device's memory grows
+with the device count. Here each device keeps its local anchors (rows) and
+its local column shard, and the shards travel around the ring of devices
+with ``jax.lax.ppermute``: at each of the ``n`` steps (``n`` = axis size) a
+device folds the tiles of its rows against the shard it holds into the
+rows' online set statistics (:func:`engines.stats_update`), then passes the
+shard on. A rule with a pre-pass (Multi-Similarity's mining statistics)
+takes one ring pass for it first.
+
+The backward pass is a ``custom_vjp`` that runs the ring again from the
+rows' saved ``O(B_local)`` statistics: it recomputes each tile, forms its
+``dL/ds`` with :func:`engines.tile_cotangent`, accumulates ``dL/dz_rows``
+locally and ``dL/dz_cols`` into an accumulator that travels *with* the
+column shard, so that after the full cycle each shard's gradient is back at
+its owner (one last ``ppermute`` of the accumulator alone).
+
+Per device, memory is ``O(B_local D + tile)`` with a tile of ``block_size^2``
+(``block_size`` given) or ``B_local^2`` (the "dense" ring: one tile per
+step), independent of the device count. Only ``axis_name`` collectives are
+used (``ppermute``, ``axis_index``), so it runs under ``jax.shard_map`` and
+``jax.pmap``. The schedule is that of ring exchange for contrastive losses
+(Cheng et al., 2024; the neighbour exchange of open_clip's SigLIP loss),
+here for any label-masked rule of :mod:`circle_jax.losses.engines`.
+
+References:
+  Cheng et al., "Breaking the Memory Barrier: Near Infinite Batch Size
+  Scaling for Contrastive Loss", arXiv:2410.17243, 2024.
+  Zhai et al., "Sigmoid Loss for Language Image Pre-Training", ICCV 2023.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from circle_jax import ops
+from circle_jax.losses import engines
+
+Array = jax.Array
+
+_F32 = jnp.float32
+
+
+def _shift(x, axis_name, n):
+  """Sends ``x`` to the next device of the ring (device ``i`` -> ``i + 1``)."""
+  return jax.lax.ppermute(x, axis_name, [(i, (i + 1) % n) for i in range(n)])
+
+
+def _varying_like(tree, ref, axis_name):
+  """``tree`` with every leaf typed device-varying where ``ref`` is.
+
+  Inside ``jax.shard_map`` a loop carry must keep its type, and a shard that
+  went through ``ppermute`` varies over the axis; parts computed from
+  constants (the padding mask) are cast to match. Under ``jax.pmap`` types
+  record no axis and nothing changes.
+  """
+  axes = [a for a in ops._axes(axis_name) if a in ops._varying_axes_of(ref)]
+
+  def cast(x):
+    missing = tuple(a for a in axes if a not in ops._varying_axes_of(x))
+    return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+  return jax.tree.map(cast, tree)
+
+
+def _ring_pass(axis_name, visit, state, shard):
+  """Visits the ``n`` column shards in turn, passing ``shard`` on between.
+
+  ``visit(state, shard, k) -> (state, shard)`` sees at step ``k`` the shard
+  of device ``axis_index - k``. Returns the final ``(state, shard)``; the
+  shard is then one step short of home (``n - 1`` moves).
+  """
+  n = jax.lax.axis_size(axis_name)
+
+  def body(k, carry):
+    state, shard = visit(*carry, k)
+    return state, _shift(shard, axis_name, n)
+
+  shard = _varying_like(shard, shard["z"], axis_name)
+  state, shard = jax.lax.fori_loop(0, n - 1, body, (state, shard))
+  return visit(state, shard, n - 1)
+
+
+def _with_masks(plan, axis_name, rows_t, pos_mask, neg_mask, k):
+  """The rows' tiles with the miner masks' columns of the shard at step ``k``."""
+  if pos_mask is None and neg_mask is None:
+    return rows_t
+  n = jax.lax.axis_size(axis_name)
+  owner = (jax.lax.axis_index(axis_name) - k) % n
+
+  def columns(mask):
+    if mask is None:
+      return None
+    part = jax.lax.dynamic_slice_in_dim(mask, owner * plan.cols, plan.cols,
+                                        axis=1)
+    return engines._mask_blocks(plan, part)
+
+  return dict(rows_t, pos_mask=columns(pos_mask), neg_mask=columns(neg_mask))
+
+
+def _prepare(plan, rows, cols):
+  """Tiles of the rows and of the local column shard (validity folded in)."""
+  return engines._prepare(plan, rows, cols, None, None)
+
+
+def _fold(plan, rows_t, shard, state, tile_fn):
+  """Folds every tile of the rows against ``shard`` into per-row-block state.
+
+  ``tile_fn(rows_b, state_b, s, pos, neg) -> state_b``.
+  """
+  def row_fn(args):
+    rows_b, state_b = args
+
+    def step(j, state_b):
+      s, pos, neg, _ = engines._tile(rows_b, shard, j)
+      return tile_fn(rows_b, state_b, s, pos, neg)
+
+    return jax.lax.fori_loop(0, plan.num_col_blocks, step, state_b)
+
+  return jax.lax.map(row_fn, (rows_t, state))
+
+
+def _ring_impl(plan, axis_name, rule, rows, cols, pos_mask, neg_mask):
+  rows_t, cols_t = _prepare(plan, rows, cols)
+  like = rows_t["z"][:, :, 0]
+  pre = engines.prepass_init(rule, like)
+  if rule.prepass:
+    def pre_visit(pre, shard, k):
+      rows_k = _with_masks(plan, axis_name, rows_t, pos_mask, neg_mask, k)
+      return _fold(plan, rows_k, shard, pre, lambda rows_b, pre_b, s, pos, neg:
+                   engines.prepass_update(rule, pre_b, s, pos, neg)), shard
+    pre, _ = _ring_pass(axis_name, pre_visit, pre, cols_t)
+
+  def visit(stats, shard, k):
+    rows_k = dict(_with_masks(plan, axis_name, rows_t, pos_mask, neg_mask, k),
+                  pre=pre)
+    return _fold(plan, rows_k, shard, stats, lambda rows_b, st, s, pos, neg:
+                 engines.stats_update(rule, st, s, pos, neg,
+                                      engines._expand(rows_b["pre"]))), shard
+
+  stats, _ = _ring_pass(axis_name, visit, engines.stats_init(like), cols_t)
+  loss, valid = jax.vmap(
+      lambda st: rule.combine(*engines.stats_finish(rule, st)))(stats)
+  out = jax.tree.map(lambda a: a.reshape(-1)[: plan.rows], (loss, valid))
+  return out, (pre, stats)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _ring(plan, axis_name, rule, rows, cols, pos_mask, neg_mask):
+  return _ring_impl(plan, axis_name, rule, rows, cols, pos_mask, neg_mask)[0]
+
+
+def _ring_fwd(plan, axis_name, rule, rows, cols, pos_mask, neg_mask):
+  out, (pre, stats) = _ring_impl(plan, axis_name, rule, rows, cols, pos_mask,
+                                 neg_mask)
+  return out, (rule, rows, cols, pos_mask, neg_mask, pre, stats)
+
+
+def _zero_cotangent(side, dz):
+  """A PairSide cotangent: ``dz`` for the embeddings, nothing for the rest."""
+  return type(side)(dz.astype(side.z.dtype), *([None] * (len(side) - 1)))
+
+
+def _ring_bwd(plan, axis_name, res, cts):
+  rule, rows, cols, pos_mask, neg_mask, pre, stats = res
+  # The validity output carries no gradient.
+  ct = jax.tree.map(
+      lambda c: engines._blocks(c.astype(_F32), plan.num_row_blocks,
+                                plan.row_block), cts[0])
+  rows_t, cols_t = _prepare(plan, rows, cols)
+  rows_t = dict(rows_t, pre=pre, stats=stats, ct=ct)
+  hi = jax.lax.Precision.HIGHEST
+
+  def visit(dz_rows, shard, k):
+    rows_k = _with_masks(plan, axis_name, rows_t, pos_mask, neg_mask, k)
+
+    def row_fn(dz_cols, args):
+      rows_b, dz_row = args
+
+      def step(j, carry):
+        dz_row, dz_cols = carry
+        s, pos, neg, z_c = engines._tile(rows_b, shard, j)
+        g = engines.tile_cotangent(rule, s, pos, neg,
+                                   engines._expand(rows_b["pre"]),
+                                   rows_b["stats"], rows_b["ct"])
+        dz_row = dz_row + jnp.matmul(g, z_c, precision=hi)
+        dz_cols = dz_cols.at[j].add(jnp.matmul(g.T, rows_b["z"], precision=hi))
+        return dz_row, dz_cols
+
+      dz_row, dz_cols = jax.lax.fori_loop(0, plan.num_col_blocks, step,
+                                          (dz_row, dz_cols))
+      return dz_cols, dz_row
+
+    dz_cols, dz_rows = jax.lax.scan(row_fn, shard["dz"], (rows_k, dz_rows))
+    return dz_rows, dict(shard, dz=dz_cols)
+
+  shard = dict(cols_t, dz=jnp.zeros_like(cols_t["z"]))
+  dz_rows, shard = _ring_pass(axis_name, visit, jnp.zeros_like(rows_t["z"]),
+                              shard)
+  # The accumulator's last move brings every shard's gradient home.
+  dz_cols = _shift(shard["dz"], axis_name, jax.lax.axis_size(axis_name))
+  dz_rows = dz_rows.reshape(-1, rows.z.shape[1])[: plan.rows]
+  dz_cols = dz_cols.reshape(-1, cols.z.shape[1])[: plan.cols]
+  # Hyperparameters, labels, ids and masks get no gradient.
+  d_rule = jax.tree.map(jnp.zeros_like, rule)
+  return (d_rule, _zero_cotangent(rows, dz_rows),
+          _zero_cotangent(cols, dz_cols), None, None)
+
+
+_ring.defvjp(_ring_fwd, _ring_bwd)
+
+
+def ring_per_anchor(rule, rows: engines.PairSide, local_cols: engines.PairSide,
+                    *, axis_name, block_size: Optional[int] = None,
+                    pos_mask: Optional[Array] = None,
+                    neg_mask: Optional[Array] = None):
+  """Runs ``rule`` over the local rows x every device's columns, on a ring.
+
+  Call it inside ``jax.shard_map`` or ``jax.pmap`` over ``axis_name``. The
+  candidates are the concatenation over the devices (in axis order) of each
+  device's ``local_cols``; they never are gathered: each shard visits every
+  device once (module docstring). ``local_cols`` may be the rows themselves
+  (the global batch) or any other columns, e.g. reference embeddings, with
+  ids that place the anchors among them (a row and a column with the same
+  id are the same sample and never a pair) and, where :class:`PairSide` has
+  it, a ``valid`` mask (invalid columns take no part in any pair).
+
+  Args:
+    rule: the pair rule.
+    rows: this device's anchors (:class:`engines.PairSide`), ``[M, D]``.
+    local_cols: this device's column shard, ``[N, D]`` (the same ``N`` on
+      every device).
+    axis_name: the mapped axis of the ring.
+    block_size: ``None`` for one ``[M, N]`` tile per ring step (the "dense"
+      ring), or rows / columns per tile (static int; need not divide them).
+    pos_mask, neg_mask: optional ``[M, n N]`` bool miner masks over the
+      global columns.
+
+  Returns:
+    ``(per_anchor [M], valid [M])``, equal to the other engines' on the
+    gathered columns to float32 rounding; gradients flow to ``rows.z`` and
+    ``local_cols.z`` (each shard's gradient from every device's anchors).
+  """
+  m, n = rows.z.shape[0], local_cols.z.shape[0]
+  if block_size is None:
+    plan = engines._Plan(rows=m, cols=n, row_block=m, col_block=n)
+  else:
+    block_size = engines.check_block_size(block_size)
+    plan = engines._Plan(rows=m, cols=n, row_block=min(block_size, m),
+                         col_block=min(block_size, n))
+  rule = jax.tree.map(lambda v: jnp.asarray(v, _F32), rule)
+  return _ring(plan, axis_name, rule, rows, local_cols, pos_mask, neg_mask)
