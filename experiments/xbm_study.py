@@ -149,7 +149,8 @@ def _kept_discussion(md_path: pathlib.Path) -> List[str]:
   text = md_path.read_text()
   if DISCUSSION not in text:
     return []
-  return [DISCUSSION + text.split(DISCUSSION, 1)[1].rstrip("\n"), ""]
+  kept = text.split(DISCUSSION, 1)[1].split("\n## Runs", 1)[0]
+  return [DISCUSSION + kept.rstrip("\n"), ""]
 
 
 def write_report(out: str, args, runs, rows, elapsed: float) -> None:
