@@ -33,3 +33,12 @@ def test_effect_is_the_difference_of_the_means():
   lines = xbm_study.effect_lines(summary, ["circle"], [0, 512])
   assert lines[2] == "| `circle` | 512 | +5.0 | -1.0 | 1.4, 1.4 |"
   assert len(lines) == 3
+
+
+def test_a_rewrite_keeps_the_hand_written_discussion_once(tmp_path):
+  path = tmp_path / "r.md"
+  assert xbm_study._kept_discussion(path) == []  # pylint: disable=protected-access
+  path.write_text("# t\n\n## Cost\n\nx\n\n## Discussion\n\nWhy.\n\n## Runs\n\n"
+                  "| run |\n")
+  assert xbm_study._kept_discussion(path) == [  # pylint: disable=protected-access
+      "## Discussion\n\nWhy.", ""]
