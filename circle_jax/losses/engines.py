@@ -745,13 +745,13 @@ def pair_sides(embeddings, labels, *, axis_name=None, ref_embeddings=None,
       raise ValueError(
           f"`{extra[0]}` was given without `ref_embeddings`; pass the "
           "reference embeddings [M, D] with it, or drop it.")
-    z = prep(x)
     if not gather_columns:
+      z = prep(x)
       return PairSide(z, labels, row_index), PairSide(z, labels, row_index)
-    z_all = gather(z)
-    return (PairSide(z, labels, row_index),
-            PairSide(z_all, gather(labels),
-                     jnp.arange(z_all.shape[0], dtype=jnp.int32)))
+    x_all = gather(x)
+    return (PairSide(prep(x), labels, row_index),
+            PairSide(prep(x_all), gather(labels),
+                     jnp.arange(x_all.shape[0], dtype=jnp.int32)))
   r = _common.check_embeddings(ref_embeddings, "ref_embeddings")
   if ref_labels is None:
     raise ValueError("`ref_embeddings` needs `ref_labels`, the [M] integer "
