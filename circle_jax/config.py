@@ -203,6 +203,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.nesterov = False         # SGD Nesterov momentum
   c.optim.rms_decay = 0.99         # RMSprop decay
 
+  # Cross-batch memory (XBM; Wang et al., CVPR 2020; circle_jax.train.xbm):
+  # a FIFO of the last `size` train embeddings that every anchor also meets,
+  # loss = L(batch, batch) + weight * L(batch, memory). Pair losses only.
+  c.xbm = Config()
+  c.xbm.size = 0                   # M rows, a multiple of the global batch (0: off)
+  c.xbm.start_step = 0             # first step that enqueues (warm-up before)
+  c.xbm.weight = 1.0               # weight of the memory term
+  c.xbm.dtype = "float32"          # storage of the rows: float32 or bfloat16
+
   c.num_train_steps = 1000         # optimiser updates
   c.log_every_steps = 50           # train scalars (0: 50)
   c.eval_every_steps = 500         # periodic evaluations (0: at the end only)

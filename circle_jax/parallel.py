@@ -24,6 +24,13 @@ The modes:
   the step is ``jax.pmap`` and ``psum``s the parameter gradients itself.
 * :class:`SingleDevice` (``"none"``): the first local device, no axis.
 
+State leaves may be *sharded* instead of replicated: split by rows over the
+devices (each holds ``rows / n``), e.g. the cross-batch memory
+(:mod:`circle_jax.train.xbm`). :meth:`~Placement.replicate`,
+:meth:`~Placement.to_host` and :meth:`~Placement.wrap_step` take a
+``sharded(key_path) -> bool`` predicate naming them (None: every leaf
+replicated); the step then sees its device's rows, on one device all of them.
+
 Evaluation uses the run's placement: a pmap run embeds with ``pmap``, a
 one-device run on one device. ``tests/test_parallel.py`` checks the round
 trips of each mode and that they embed alike; ``tests/train/test_step.py``
@@ -35,7 +42,6 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Optional, Sequence
 
-import flax.jax_utils
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -43,6 +49,8 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 PyTree = Any
+# sharded(key path of a leaf) -> whether the leaf is split by rows.
+Sharded = Optional[Callable[[Any], bool]]
 AXIS = "data"
 MODES = ("shard_map", "pmap", "none")
 
@@ -71,8 +79,14 @@ class Placement:
     """The devices a global batch is split over (all processes)."""
     raise NotImplementedError
 
-  def replicate(self, tree: PyTree) -> PyTree:
-    """Places a host tree (identical on every process) for the step."""
+  def replicate(self, tree: PyTree, sharded: Sharded = None) -> PyTree:
+    """Places a host tree (identical on every process) for the step.
+
+    Args:
+      tree: host arrays.
+      sharded: the leaves split by rows over the devices (see the module
+        docstring; their first axis must be a multiple of the devices).
+    """
     raise NotImplementedError
 
   def shard_batch(self, local_batch: PyTree) -> PyTree:
@@ -82,27 +96,40 @@ class Placement:
     """
     raise NotImplementedError
 
-  def to_host(self, tree: PyTree) -> PyTree:
-    """One host (numpy) copy of a replicated tree, on every process."""
-    def get(x):
+  def to_host(self, tree: PyTree, sharded: Sharded = None) -> PyTree:
+    """One host (numpy) copy of a replicated tree, on every process.
+
+    ``sharded`` leaves (see :meth:`replicate`) come back whole.
+    """
+    def get(path, x):
       if not isinstance(x, jax.Array):
         return np.asarray(x)
+      if sharded is not None and sharded(path):
+        return self._whole(x)
       return self._one_copy(np.asarray(x.addressable_data(0)))
-    return jax.tree.map(get, tree)
+    return jax.tree_util.tree_map_with_path(get, tree)
 
   def _one_copy(self, local: np.ndarray) -> np.ndarray:
     """The replica in a local device's shard of a replicated array."""
     return local
 
+  def _whole(self, x: jax.Array) -> np.ndarray:
+    """A row-sharded array, all rows, on every process."""
+    if jax.process_count() > 1:
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
   def first_replica(self, tree: PyTree) -> PyTree:
     """A step's metrics as one copy (still on device, not fetched)."""
     return tree
 
-  def wrap_step(self, fn: Callable, *, donate: bool = True) -> Callable:
+  def wrap_step(self, fn: Callable, *, donate: bool = True,
+                sharded: Sharded = None) -> Callable:
     """Compiles ``fn(state, batch, *, axis_name, psum_grads)`` for this mode.
 
-    Returns ``step(state, batch)`` taking :meth:`replicate`'d states and
-    :meth:`shard_batch`'d batches.
+    Returns ``step(state, batch)`` taking :meth:`replicate`'d states (with
+    the same ``sharded``) and :meth:`shard_batch`'d batches; ``fn`` sees this
+    device's rows of the ``sharded`` leaves.
     """
     raise NotImplementedError
 
@@ -133,13 +160,13 @@ class SingleDevice(Placement):
   def num_devices(self) -> int:
     return 1
 
-  def replicate(self, tree):
+  def replicate(self, tree, sharded=None):
     return jax.device_put(tree, jax.local_devices()[0])
 
   def shard_batch(self, local_batch):
     return local_batch
 
-  def wrap_step(self, fn, *, donate=True):
+  def wrap_step(self, fn, *, donate=True, sharded=None):
     fn = functools.partial(fn, axis_name=None, psum_grads=False)
     return jax.jit(fn, donate_argnums=(0,) if donate else ())
 
@@ -166,23 +193,33 @@ class ShardMap(Placement):
   def num_devices(self) -> int:
     return self.mesh.size
 
-  def replicate(self, tree):
-    def put(x):
+  def replicate(self, tree, sharded=None):
+    def put(path, x):
       x = np.asarray(x)
-      return jax.make_array_from_callback(x.shape, self._replicated,
-                                          lambda idx: x[idx])
-    return jax.tree.map(put, tree)
+      where = self._replicated
+      if sharded is not None and sharded(path):
+        where = self._sharded
+      return jax.make_array_from_callback(x.shape, where, lambda idx: x[idx])
+    return jax.tree_util.tree_map_with_path(put, tree)
+
+  def _specs(self, tree, sharded):
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: P(AXIS) if sharded is not None and sharded(path)
+        else P(), tree)
 
   def shard_batch(self, local_batch):
     return jax.tree.map(
         lambda x: jax.make_array_from_process_local_data(self._sharded, x),
         local_batch)
 
-  def wrap_step(self, fn, *, donate=True):
+  def wrap_step(self, fn, *, donate=True, sharded=None):
     fn = functools.partial(fn, axis_name=AXIS, psum_grads=False)
-    fn = jax.shard_map(fn, mesh=self.mesh, in_specs=(P(), P(AXIS)),
-                       out_specs=(P(), P()))
-    return jax.jit(fn, donate_argnums=(0,) if donate else ())
+
+    def step(state, batch):
+      specs = self._specs(state, sharded)
+      return jax.shard_map(fn, mesh=self.mesh, in_specs=(specs, P(AXIS)),
+                           out_specs=(specs, P()))(state, batch)
+    return jax.jit(step, donate_argnums=(0,) if donate else ())
 
   def embed_fn(self, apply_fn):
     return jax.jit(_float32(apply_fn),
@@ -200,8 +237,20 @@ class Pmap(Placement):
   def num_devices(self) -> int:
     return jax.device_count()
 
-  def replicate(self, tree):
-    return flax.jax_utils.replicate(jax.tree.map(np.asarray, tree))
+  def replicate(self, tree, sharded=None):
+    devices = jax.local_devices()
+    n, first = len(devices), jax.process_index() * len(devices)
+    on_devices = NamedSharding(Mesh(np.asarray(devices), ("_devices",)),
+                               P("_devices"))
+
+    def put(path, x):
+      x = np.asarray(x)
+      if sharded is not None and sharded(path):  # this process' devices' rows, one block each
+        x = x.reshape((jax.device_count(), -1) + x.shape[1:])[first:first + n]
+      else:
+        x = np.stack([x] * n)
+      return jax.device_put(x, on_devices)
+    return jax.tree_util.tree_map_with_path(put, tree)
 
   def shard_batch(self, local_batch):
     n = jax.local_device_count()
@@ -211,10 +260,14 @@ class Pmap(Placement):
   def _one_copy(self, local):
     return local[0]
 
+  def _whole(self, x):
+    x = np.asarray(x)
+    return super()._whole(x.reshape((-1,) + x.shape[2:]))
+
   def first_replica(self, tree):
     return jax.tree.map(lambda x: x[0], tree)
 
-  def wrap_step(self, fn, *, donate=True):
+  def wrap_step(self, fn, *, donate=True, sharded=None):
     fn = functools.partial(fn, axis_name=AXIS, psum_grads=True)
     return jax.pmap(fn, axis_name=AXIS,
                     donate_argnums=(0,) if donate else ())

@@ -128,11 +128,14 @@ def _check_finite(config) -> None:
 
 
 def _check_loss_hyper(entry, hyper: dict, embedding_dim: int,
-                      num_classes_: Optional[int]) -> None:
+                      num_classes_: Optional[int],
+                      references: bool = False) -> None:
   """Checks the loss's hyperparameters against their documented ranges
   (:func:`circle_jax.losses.hyper_ranges`), then traces the loss once on a
   tiny abstract batch (no compilation, no data), so any other trace-time
-  check of the loss becomes a ConfigError naming ``config.loss.<field>``."""
+  check of the loss becomes a ConfigError naming ``config.loss.<field>``.
+  With ``references`` (a cross-batch memory) it traces the loss against
+  reference embeddings too."""
   for field, valid in entry.hyper_ranges.items():
     value = hyper.get(field, entry.defaults.get(field))
     if isinstance(value, (int, float)) and not isinstance(value, bool) and (
@@ -151,12 +154,44 @@ def _check_loss_hyper(entry, hyper: dict, embedding_dim: int,
     jax.eval_shape(lambda e, p: entry.apply(e, y, p,
                                             key=jax.random.PRNGKey(0),
                                             **hyper), x, params)
+    if references:
+      jax.eval_shape(lambda e, p: entry.apply(
+          e, y, p, key=jax.random.PRNGKey(0), ref_embeddings=e, ref_labels=y,
+          ref_valid=jnp.ones(4, bool), ids=jnp.arange(4),
+          ref_ids=jnp.arange(4, 8), **hyper), x, params)
   except (ValueError, TypeError) as e:
     message = str(e).splitlines()[0]
     named = re.search(r"`(\w+)`", message)
     field = named.group(1) if named and named.group(1) in hyper else None
     _fail(f"loss.{field}" if field else "loss",
           re.sub(r"^`\w+` ", "", message) if field else message)
+
+
+def _check_xbm(config, entry, batch: int, device_count: int) -> None:
+  """``config.xbm``: the cross-batch memory (:mod:`circle_jax.train.xbm`)."""
+  size = config.xbm.size
+  if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+    _fail("xbm.size", f"must be an int >= 0 (0: no memory); got {size!r}.")
+  start = config.xbm.start_step
+  if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+    _fail("xbm.start_step", f"must be an int >= 0; got {start!r}.")
+  weight = config.xbm.weight
+  if isinstance(weight, bool) or not isinstance(weight, (int, float)) or (
+      weight < 0):
+    _fail("xbm.weight", f"must be a number >= 0; got {weight!r}.")
+  if config.xbm.dtype not in ("float32", "bfloat16"):
+    _fail("xbm.dtype", "must be 'float32' or 'bfloat16'; got "
+          f"{config.xbm.dtype!r}.")
+  if not size:
+    return
+  if not entry.supports_ref:
+    _fail("xbm.size", f"loss {entry.name!r} ({entry.kind}) does not compare "
+          "embeddings with reference embeddings, so it cannot use a memory: "
+          "set it to 0 or choose a pair loss.")
+  if size % batch:
+    _fail("xbm.size", f"must be a multiple of the global batch {batch} (each "
+          f"of the {device_count} devices then holds a whole number of its "
+          f"{batch // device_count}-row batch slices); got {size}.")
 
 
 def _check_embed_chunks(config, local_batch: int) -> None:
@@ -274,7 +309,8 @@ def check_config(config, *, device_count: Optional[int] = None,
       _fail("dataset.num_classes", f"loss {loss_name!r} ({entry.kind}) learns "
             f"one {entry.param_name} row per class and needs the number of "
             f"train classes; got {n!r}.")
-  _check_loss_hyper(entry, loss_hyper(config), dim, num_classes(config, info))
+  _check_loss_hyper(entry, loss_hyper(config), dim, num_classes(config, info),
+                    references=bool(config.xbm.size) and entry.supports_ref)
   # Batch and devices.
   try:
     placement = parallel.from_config(config)
@@ -316,6 +352,7 @@ def check_config(config, *, device_count: Optional[int] = None,
   if batch % process_count:
     _fail("batch", f"the global batch {batch} is not divisible by the "
           f"{process_count} processes.")
+  _check_xbm(config, entry, batch, device_count)
   eval_batch = config.batch.eval_batch_size
   if (not isinstance(eval_batch, int) or eval_batch < 1
       or eval_batch % device_count or eval_batch % process_count):

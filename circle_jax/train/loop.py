@@ -70,6 +70,7 @@ from circle_jax.train import state as state_lib
 from circle_jax.train import step as step_lib
 from circle_jax.train import workdir as workdir_lib
 from circle_jax.train import writers as writers_lib
+from circle_jax.train import xbm as xbm_lib
 
 class WorkdirWriteError(UserError):
   """A file of the run could not be written (full disk, read-only workdir)."""
@@ -147,7 +148,8 @@ class Job:
     return "validation" if self.val_source is not None else "test"
 
   def host_tree(self):
-    return self.placement.to_host(state_lib.state_to_tree(self.state))
+    return self.placement.to_host(state_lib.state_to_tree(self.state),
+                                  sharded=xbm_lib.is_sharded)
 
   def close(self):
     self.writer.close()
@@ -271,7 +273,8 @@ def _build(config, workdir, reporter, force_resume) -> Job:
   job.writer = writers_lib.create_writer(os.path.join(workdir, "tensorboard"),
                                          is_primary=primary)
   job.start = job.done = int(host["step"])
-  job.state = state_lib.state_from_tree(state, job.placement.replicate(host))
+  job.state = state_lib.state_from_tree(
+      state, job.placement.replicate(host, sharded=xbm_lib.is_sharded))
   job.train_iter = data_lib.train_iterator(
       train_source, sampler=run_lib.make_sampler(config, train_source),
       preprocess=train_pre, start_step=job.start,

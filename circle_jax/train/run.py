@@ -39,6 +39,7 @@ from circle_jax.train import config_checks
 from circle_jax.train import optim as optim_lib
 from circle_jax.train import state as state_lib
 from circle_jax.train import workdir as workdir_lib
+from circle_jax.train import xbm as xbm_lib
 
 
 class CheckpointError(UserError):
@@ -174,7 +175,8 @@ def init_state(config, model, info, sample_shape):
   state = state_lib.TrainState.create(
       apply_fn=model.apply,
       params={"model": variables["params"], "loss": loss_params},
-      tx=tx, batch_stats=variables.get("batch_stats", {}))
+      tx=tx, batch_stats=variables.get("batch_stats", {}),
+      xbm=xbm_lib.from_config(config))
   return state, entry, hyper, k_step
 
 

@@ -4,6 +4,11 @@ Parameters live in one tree ``{'model': ..., 'loss': ...}`` so that a single
 optax transformation (with parameter groups, see :mod:`circle_jax.train.optim`)
 updates the network and the loss parameters (proxies, class weights) together.
 ``'loss'`` is an empty dict for losses without parameters.
+
+With a cross-batch memory (``config.xbm.size > 0``) the state also holds the
+memory (:class:`circle_jax.train.xbm.Memory`); it is saved with the state
+under ``'xbm'``, which a state without memory does not have, so checkpoints
+of runs without it are unchanged.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import flax
 import jax
 import optax
 from flax.training import train_state
+
+from circle_jax.train import xbm as xbm_lib
 
 PyTree = Any
 
@@ -28,9 +35,11 @@ class TrainState(train_state.TrainState):
     tx: the optax transformation (static, not saved).
     opt_state: its state.
     batch_stats: the model's ``batch_stats`` collection (``{}`` without BN).
+    xbm: the cross-batch memory, or None (off).
   """
 
   batch_stats: PyTree = flax.struct.field(default_factory=dict)
+  xbm: Optional[xbm_lib.Memory] = None
 
 
 def create_train_state(
@@ -40,6 +49,7 @@ def create_train_state(
     *,
     key: jax.Array,
     loss_params: Optional[PyTree] = None,
+    memory: Optional[xbm_lib.Memory] = None,
 ) -> TrainState:
   """Initialises a model and wraps it with ``tx`` into a :class:`TrainState`.
 
@@ -49,6 +59,8 @@ def create_train_state(
     sample_images: ``[b, ...]`` images (any batch size) used to trace shapes.
     key: PRNG key for the model initialisation.
     loss_params: the loss' parameters (e.g. ``{'proxies': [C, D]}``) or None.
+    memory: a cross-batch memory (:func:`circle_jax.train.xbm.init_memory`)
+      or None.
 
   Returns:
     A :class:`TrainState` at step 0 with host-independent (uncommitted) arrays.
@@ -61,8 +73,8 @@ def create_train_state(
   }
   batch_stats = variables.pop("batch_stats", {})
   return TrainState.create(
-      apply_fn=model.apply, params=params, tx=tx, batch_stats=batch_stats
-  )
+      apply_fn=model.apply, params=params, tx=tx, batch_stats=batch_stats,
+      xbm=memory)
 
 
 def model_variables(state) -> dict:
@@ -81,13 +93,19 @@ def model_variables(state) -> dict:
 
 
 def state_to_tree(state: TrainState) -> dict:
-  """The savable part of the state (no functions), as a plain dict."""
-  return {
+  """The savable part of the state (no functions), as a plain dict.
+
+  ``'xbm'`` (the memory's arrays) only when the state has a memory.
+  """
+  tree = {
       "step": state.step,
       "params": state.params,
       "opt_state": state.opt_state,
       "batch_stats": state.batch_stats,
   }
+  if state.xbm is not None:
+    tree["xbm"] = {f: getattr(state.xbm, f) for f in xbm_lib.ARRAY_FIELDS}
+  return tree
 
 
 def state_from_tree(template: TrainState, tree: dict) -> TrainState:
@@ -95,11 +113,15 @@ def state_from_tree(template: TrainState, tree: dict) -> TrainState:
   def like(t, x):
     return jax.tree.unflatten(jax.tree.structure(t), jax.tree.leaves(x))
 
+  memory = template.xbm
+  if memory is not None:
+    memory = memory.replace(**{f: tree["xbm"][f] for f in xbm_lib.ARRAY_FIELDS})
   return template.replace(
       step=tree["step"],
       params=like(template.params, tree["params"]),
       opt_state=like(template.opt_state, tree["opt_state"]),
       batch_stats=like(template.batch_stats, tree["batch_stats"]),
+      xbm=memory,
   )
 
 

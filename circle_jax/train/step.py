@@ -38,12 +38,14 @@ from circle_jax import ops
 from circle_jax import parallel
 from circle_jax.train import gradcache
 from circle_jax.train import state as state_lib
+from circle_jax.train import xbm as xbm_lib
 from circle_jax.train.state import TrainState
 
 PyTree = Any
 AXIS = parallel.AXIS
 
-# loss_fn(embeddings [b, D], labels [b], loss_params, *, key, axis_name) -> scalar
+# loss_fn(embeddings [b, D], labels [b], loss_params, *, key, axis_name,
+#         **references) -> scalar
 LossFn = Callable[..., jax.Array]
 
 
@@ -56,19 +58,26 @@ def make_loss_fn(entry, hyper: Optional[dict] = None) -> LossFn:
     hyper: the loss hyperparameters (keyword arguments of ``entry.apply``).
 
   Returns:
-    ``loss_fn(embeddings, labels, loss_params, *, key, axis_name)``. Losses
-    that cannot see the global batch are averaged over devices (the gradient
-    of that mean is exact under both wrappers, via ``global_sum``).
+    ``loss_fn(embeddings, labels, loss_params, *, key, axis_name,
+    **references)``; ``references`` are the reference-embedding keywords of
+    the loss API (``ref_embeddings``, ``ref_labels``, ``ref_valid``, ``ids``,
+    ``ref_ids``; the cross-batch memory's, :mod:`circle_jax.train.xbm`).
+    Losses that cannot see the global batch are averaged over devices (the
+    gradient of that mean is exact under both wrappers, via ``global_sum``).
   """
   hyper = dict(hyper or {})
 
-  def loss_fn(embeddings, labels, loss_params, *, key, axis_name):
+  def loss_fn(embeddings, labels, loss_params, *, key, axis_name,
+              **references):
     params = None
     if entry.param_name is not None:
       params = loss_params[entry.param_name]
     if entry.supports_axis_name or axis_name is None:
       return entry.apply(embeddings, labels, params, key=key,
-                         axis_name=axis_name, **hyper)
+                         axis_name=axis_name, **references, **hyper)
+    if references:
+      raise ValueError(f"Loss {entry.name!r} cannot see the global batch, so "
+                       "it cannot meet a memory sharded over the devices.")
     local = entry.apply(embeddings, labels, params, key=key, **hyper)
     return ops.global_sum(local, axis_name) / jax.lax.psum(1, axis_name)
 
@@ -132,7 +141,8 @@ def train_step(
   """One optimisation step on this device's slice of the global batch.
 
   Args:
-    state: the (replicated) :class:`TrainState`.
+    state: the (replicated) :class:`TrainState`; its cross-batch memory, if
+      any, is this device's rows (:mod:`circle_jax.train.xbm`).
     batch: ``{'image': [b, H, W, C], 'label': [b] int}``, this device's slice.
     loss_fn: see :func:`make_loss_fn`.
     base_key: PRNG key; the loss key of step ``t`` is ``fold_in(base_key, t)``,
@@ -158,21 +168,27 @@ def train_step(
     embed_fn = gradcache.chunked(embed_fn, embed_chunk_size)
 
   def objective(params):
-    # (a) the embeddings of this device's images; (b) the loss of them.
+    # (a) the embeddings of this device's images; (b) the loss of them
+    # (with the cross-batch memory's term, which also updates the memory).
     embeddings, new_stats = embed_fn(params["model"], state.batch_stats,
                                      batch["image"])
-    loss = loss_fn(embeddings, batch["label"], params["loss"], key=key,
-                   axis_name=axis_name)
-    return loss, new_stats
+    if state.xbm is None:
+      return loss_fn(embeddings, batch["label"], params["loss"], key=key,
+                     axis_name=axis_name), (new_stats, None)
+    loss, memory = xbm_lib.loss_with_memory(
+        loss_fn, state.xbm, embeddings, batch["label"], params["loss"],
+        key=key, step=state.step, axis_name=axis_name)
+    return loss, (new_stats, memory)
 
-  (loss, new_stats), grads = jax.value_and_grad(objective, has_aux=True)(
-      state.params)
+  (loss, (new_stats, memory)), grads = jax.value_and_grad(
+      objective, has_aux=True)(state.params)
   if axis_name is not None:
     if psum_grads:
       grads = jax.lax.psum(grads, axis_name)
     new_stats = jax.lax.pmean(new_stats, axis_name)
   finite = jnp.isfinite(loss) & _all_finite(grads)
-  new_state = state.apply_gradients(grads=grads, batch_stats=new_stats)
+  new_state = state.apply_gradients(grads=grads, batch_stats=new_stats,
+                                    xbm=memory)
   metrics = {
       "loss": loss.astype(jnp.float32),
       "grad_norm": optax.global_norm(grads),
@@ -195,7 +211,8 @@ def make_train_step(loss_fn: LossFn, *, base_key: jax.Array,
     loss_fn: see :func:`make_loss_fn`.
     base_key: PRNG key of the loss (see :func:`train_step`).
     placement: a :class:`circle_jax.parallel.Placement` or a mode name. The
-      state must be ``placement.replicate``'d,
+      state must be ``placement.replicate``'d (with
+      ``sharded=xbm.is_sharded``),
       the batch ``placement.shard_batch``'d.
     donate: donate the input state's buffers.
     embed_chunk_size: see :func:`train_step` (0: off).
@@ -206,4 +223,4 @@ def make_train_step(loss_fn: LossFn, *, base_key: jax.Array,
   placement = parallel.get_placement(placement)
   fn = functools.partial(train_step, loss_fn=loss_fn, base_key=base_key,
                          embed_chunk_size=embed_chunk_size)
-  return placement.wrap_step(fn, donate=donate)
+  return placement.wrap_step(fn, donate=donate, sharded=xbm_lib.is_sharded)

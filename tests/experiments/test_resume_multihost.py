@@ -7,7 +7,6 @@ comparisons read the final checkpoints (``checkpoints/latest/<last step>``).
 import os
 import signal
 import subprocess
-import time
 
 import chex
 import portpicker
@@ -15,6 +14,7 @@ import pytest
 
 from circle_jax.train import checkpoint as ckpt_lib
 from experiments import check_determinism
+from tests.train import helpers
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))
@@ -70,12 +70,7 @@ def test_sigkill_then_rerun_gives_bitwise_identical_parameters(
                           stderr=subprocess.DEVNULL)
   first = os.path.join(workdir, "checkpoints", "latest", "4",
                        "_CHECKPOINT_METADATA")
-  deadline = time.time() + 240
-  while not os.path.exists(first) and proc.poll() is None:
-    assert time.time() < deadline, "no checkpoint written"
-    time.sleep(0.02)
-  proc.send_signal(signal.SIGKILL)
-  assert proc.wait() == -signal.SIGKILL
+  helpers.sigkill_when_exists(proc, first)
   assert not os.path.exists(os.path.join(workdir, "metrics.json"))
   # What the killed run left: finalised steps, maybe a temporary directory.
   latest = os.path.join(workdir, "checkpoints", "latest")

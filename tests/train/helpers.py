@@ -9,6 +9,9 @@ omniglot_small jobs (``tests/experiments/test_main.py`` checks they agree).
 """
 
 import dataclasses
+import os
+import signal
+import time
 from typing import Callable, Optional
 
 import flax.linen as nn
@@ -135,3 +138,14 @@ def fake_batch(key, batch_size=16, num_classes=4, size=6):
   images = jax.random.normal(k1, (batch_size, size, size, 1))
   images = images + labels[:, None, None, None].astype(jnp.float32)
   return {"image": images, "label": labels.astype(jnp.int32)}
+
+
+def sigkill_when_exists(proc, path: str, timeout: float = 240) -> None:
+  """SIGKILLs (kill -9) the process ``proc`` as soon as ``path`` exists
+  (e.g. a checkpoint's ``_CHECKPOINT_METADATA``); fails if it never does."""
+  deadline = time.time() + timeout
+  while not os.path.exists(path) and proc.poll() is None:
+    assert time.time() < deadline, f"{path} was never written"
+    time.sleep(0.02)
+  proc.send_signal(signal.SIGKILL)
+  assert proc.wait() == -signal.SIGKILL

@@ -1,0 +1,25 @@
+"""experiments/configs/xbm.py: the XBM variants of SOP and In-Shop."""
+
+import pytest
+
+from circle_jax.train import config_checks
+from experiments.configs import xbm
+
+
+@pytest.mark.parametrize("variant", xbm.VARIANTS)
+def test_every_variant_is_a_valid_memory_config(variant):
+  c = xbm.get_config(variant)
+  c.dataset.manual_dir = "/path/to/data"
+  config_checks.check_config(c, device_count=8, process_count=1)
+  dataset, loss = variant.split("-")
+  assert (c.dataset.name, c.loss.name) == (dataset, loss)
+  assert (c.model.name, c.model.embedding_dim) == ("bn_inception", 512)
+  assert config_checks.global_batch_size(c) == 64
+  assert c.xbm.size == xbm.MEMORY[dataset] and c.xbm.size % 64 == 0
+  assert (c.xbm.start_step, c.xbm.weight) == (1000, 1.0)
+  assert f"xbm.py:{variant} " in xbm.__doc__.replace("\\\n", " ")
+
+
+def test_an_unknown_variant_names_the_valid_ones():
+  with pytest.raises(ValueError, match="sop-contrastive, sop-multi_similarity"):
+    xbm.get_config("cub200-contrastive")
