@@ -1,5 +1,7 @@
 """experiments/configs/xbm.py: the XBM variants of SOP and In-Shop."""
 
+import pathlib
+
 import pytest
 
 from circle_jax.train import config_checks
@@ -23,3 +25,16 @@ def test_every_variant_is_a_valid_memory_config(variant):
 def test_an_unknown_variant_names_the_valid_ones():
   with pytest.raises(ValueError, match="sop-contrastive, sop-multi_similarity"):
     xbm.get_config("cub200-contrastive")
+
+
+def test_the_paper_table_has_a_row_with_the_launch_command_of_every_variant():
+  table = (pathlib.Path(__file__).resolve().parents[2] / "experiments"
+           / "results" / "paper_tables.md").read_text()
+  for variant in xbm.VARIANTS:
+    command = (f"--config=experiments/configs/xbm.py:{variant} "
+               f"--workdir=/tmp/xbm_{variant} ")
+    rows = [r for r in table.splitlines()
+            if r.startswith("| XBM") and command in r]
+    assert len(rows) == 1, variant
+    doc = " ".join(xbm.__doc__.replace("\\\n", " ").split())
+    assert command in doc
