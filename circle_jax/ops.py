@@ -176,8 +176,9 @@ def _global_sum_bwd(axis_name, varying_axes, _, ct):
 _global_sum.defvjp(_global_sum_fwd, _global_sum_bwd)
 
 
-def _varying_axes_of(x) -> frozenset:
-  """The mapped axes over which ``x``'s type says it varies (shard_map)."""
+def varying_axes(x) -> frozenset:
+  """The mapped axes over which ``x``'s type says it varies (shard_map;
+  empty under pmap and outside a mapped function)."""
   aval = jax.typeof(x)
   manual = getattr(aval, "manual_axis_type", None)  # jax >= 0.10
   if manual is not None:
@@ -208,9 +209,9 @@ def global_sum(x: Array, axis_name) -> Array:
   Returns:
     The sum over the axis, identical on every device.
   """
-  varying = _varying_axes_of(x)
-  varying_axes = tuple(a for a in _axes(axis_name) if a in varying)
-  return _global_sum(x, axis_name, varying_axes)
+  varying = varying_axes(x)
+  return _global_sum(x, axis_name,
+                     tuple(a for a in _axes(axis_name) if a in varying))
 
 
 def maybe_global_sum(x: Array, axis_name) -> Array:

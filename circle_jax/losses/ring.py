@@ -60,10 +60,10 @@ def _varying_like(tree, ref, axis_name):
   constants (the padding mask) are cast to match. Under ``jax.pmap`` types
   record no axis and nothing changes.
   """
-  axes = [a for a in ops._axes(axis_name) if a in ops._varying_axes_of(ref)]
+  axes = [a for a in ops._axes(axis_name) if a in ops.varying_axes(ref)]
 
   def cast(x):
-    missing = tuple(a for a in axes if a not in ops._varying_axes_of(x))
+    missing = tuple(a for a in axes if a not in ops.varying_axes(x))
     return jax.lax.pcast(x, missing, to="varying") if missing else x
 
   return jax.tree.map(cast, tree)
@@ -104,11 +104,6 @@ def _with_masks(plan, axis_name, rows_t, pos_mask, neg_mask, k):
   return dict(rows_t, pos_mask=columns(pos_mask), neg_mask=columns(neg_mask))
 
 
-def _prepare(plan, rows, cols):
-  """Tiles of the rows and of the local column shard (validity folded in)."""
-  return engines._prepare(plan, rows, cols, None, None)
-
-
 def _fold(plan, rows_t, shard, state, tile_fn):
   """Folds every tile of the rows against ``shard`` into per-row-block state.
 
@@ -127,7 +122,7 @@ def _fold(plan, rows_t, shard, state, tile_fn):
 
 
 def _ring_impl(plan, axis_name, rule, rows, cols, pos_mask, neg_mask):
-  rows_t, cols_t = _prepare(plan, rows, cols)
+  rows_t, cols_t = engines._prepare(plan, rows, cols, None, None)
   like = rows_t["z"][:, :, 0]
   pre = engines.prepass_init(rule, like)
   if rule.prepass:
@@ -173,7 +168,7 @@ def _ring_bwd(plan, axis_name, res, cts):
   ct = jax.tree.map(
       lambda c: engines._blocks(c.astype(_F32), plan.num_row_blocks,
                                 plan.row_block), cts[0])
-  rows_t, cols_t = _prepare(plan, rows, cols)
+  rows_t, cols_t = engines._prepare(plan, rows, cols, None, None)
   rows_t = dict(rows_t, pre=pre, stats=stats, ct=ct)
   hi = jax.lax.Precision.HIGHEST
 

@@ -136,7 +136,8 @@ def _chunked_bwd(embed_fn, chunk_size, residuals, cotangents):
   # shard_map, accumulate this device's gradient, then sum over them once.
   replicated = jax.tree.leaves(params)
   axes = tuple(sorted(
-      _varying(images) - (_varying(replicated[0]) if replicated else set())))
+      ops.varying_axes(images) - (ops.varying_axes(replicated[0]) if replicated
+                                     else set())))
   local = jax.lax.pcast(params, axes, to="varying") if axes else params
 
   def chunk_grad(acc, xs):
@@ -157,5 +158,3 @@ def _chunked_bwd(embed_fn, chunk_size, residuals, cotangents):
 _chunked.defvjp(_chunked_fwd, _chunked_bwd)
 
 
-def _varying(x) -> frozenset:
-  return ops._varying_axes_of(x)  # pylint: disable=protected-access
