@@ -75,87 +75,23 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import dataclasses
-import datetime
-import json
 import os
 import pathlib
 import re
 import shlex
-import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):  # run as a file: python experiments/X.py
   sys.path.insert(0, str(_REPO))
 
-from absl import flags  # noqa: E402
-
-from circle_jax import hostenv  # noqa: E402
 from circle_jax import losses as losses_lib  # noqa: E402
-from circle_jax.train import workdir as workdir_lib  # noqa: E402
 from experiments import compare_report  # noqa: E402
-from circle_jax import config as config_lib  # noqa: E402
+from experiments import compare_runs  # noqa: E402
+from experiments.compare_runs import Run  # noqa: E402
 
-METRICS_FILE = "metrics.json"
-RUN_FILE = "compare_run.json"      # written by this script next to the run
-STDOUT_FILE = "compare.stdout.log"
-STDERR_FILE = "compare.stderr.log"
-STDERR_TAIL_LINES = 20
-
-# Config fields that do not change what a run computes (paths, I/O,
-# logging cadence): a finished run with other values is still reused.
-IGNORED_FIELDS = (
-    "dataset.data_dir", "dataset.manual_dir", "dataset.num_workers",
-    "dataset.num_threads", "batch.eval_batch_size", "async_checkpoints",
-    "parallelism", "log_every_steps", "checkpoint_every_steps",
-)
-
-
-# ----------------------------------------------------------------------------
-# Runs.
-# ----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Run:
-  """One (loss, seed) training run of a comparison.
-
-  Attributes:
-    loss: the registry name of the loss.
-    seed: ``config.seed``.
-    workdir: the main job's ``--workdir``.
-    command: the main job's command line.
-    config: the resolved config of the run (plain JSON), as the main job
-      will build it.
-    status: ``"pending"``, ``"reused"`` (complete before this invocation),
-      ``"done"`` (trained now) or ``"failed"``.
-    metrics: the run's ``metrics.json`` once complete.
-    wall_seconds: wall time of the process that completed the run (None if
-      unknown, e.g. a run made by hand).
-    error: why the run failed (with the tail of its stderr).
-    info: ``compare_run.json`` (command, wall time, machine).
-    variant: the ablation it belongs to (``--ablation NAME:...``), "" for
-      the comparison's own runs.
-  """
-
-  loss: str
-  seed: int
-  workdir: str
-  command: List[str]
-  config: Dict[str, Any]
-  status: str = "pending"
-  metrics: Optional[Dict[str, Any]] = None
-  wall_seconds: Optional[float] = None
-  error: str = ""
-  info: Dict[str, Any] = dataclasses.field(default_factory=dict)
-  variant: str = ""
-
-  @property
-  def complete(self) -> bool:
-    return self.status in ("reused", "done")
 
 
 def parse_losses(text: str) -> List[str]:
@@ -224,154 +160,6 @@ def check_overrides(overrides: Sequence[str]) -> None:
           "--losses / --seeds).")
 
 
-def config_args(config: str, loss: str, seed: int,
-                overrides: Sequence[str]) -> List[str]:
-  """The config flags of one run (what :func:`resolve_config` parses)."""
-  return [f"--config={config}", f"--config.loss.name={loss}",
-          f"--config.seed={seed}", *overrides]
-
-
-def main_command(flag_args: Sequence[str], workdir: str) -> List[str]:
-  """The main job's command line for one run."""
-  return [sys.executable, "-m", "experiments.main", *flag_args,
-          f"--workdir={workdir}"]
-
-
-def resolve_config(flag_args: Sequence[str]) -> Dict[str, Any]:
-  """The config that ``experiments.main`` builds from these flags (as JSON).
-
-  Parsed with the main job's own ``--config`` flag, so a bad override or a
-  hyperparameter the loss does not have fails here, before any training.
-  """
-  argv = ["experiments.main", *flag_args]
-  values = flags.FlagValues()
-  holder = config_lib.DEFINE_config_file("config", None, flag_values=values,
-                                          sys_argv=argv)
-  try:
-    values(argv, known_only=True)
-  except flags.Error as e:
-    raise ValueError(str(e)) from None
-  except (AttributeError, KeyError) as e:  # ml_collections: unknown field
-    raise ValueError(f"a --config.* override names a field that the config "
-                     f"does not have ({e}); see circle_jax/config.py."
-                     ) from None
-  return json.loads(holder.value.to_json_best_effort(sort_keys=True))
-
-
-def config_differences(saved: Dict[str, Any], expected: Dict[str, Any]
-                       ) -> List[Tuple[str, Any, Any]]:
-  """Fields (outside :data:`IGNORED_FIELDS`) whose values differ."""
-  return [d for d in workdir_lib.config_diff(saved, expected)
-          if not any(d[0] == f or d[0].startswith(f + ".")
-                     for f in IGNORED_FIELDS)]
-
-
-def _read_json(path: str) -> Optional[Any]:
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, ValueError):
-    return None
-
-
-def complete_metrics(workdir: str) -> Optional[Dict[str, Any]]:
-  """The workdir's ``metrics.json`` if it is complete (has ``result.test``)."""
-  metrics = _read_json(os.path.join(workdir, METRICS_FILE))
-  if not isinstance(metrics, dict):
-    return None
-  result = metrics.get("result")
-  if not isinstance(result, dict) or not isinstance(result.get("test"), dict):
-    return None
-  return metrics
-
-
-def _workdir_conflict(run: Run) -> str:
-  """Why ``run.workdir`` holds another run ("" if it does not)."""
-  saved = None
-  metrics = _read_json(os.path.join(run.workdir, METRICS_FILE))
-  if isinstance(metrics, dict) and isinstance(metrics.get("config"), dict):
-    saved = metrics["config"]
-  else:
-    saved = _read_json(os.path.join(run.workdir, "config.json"))
-  if not isinstance(saved, dict):
-    return ""
-  diff = config_differences(saved, run.config)
-  if not diff:
-    return ""
-  shown = "; ".join(f"{p}: {_short(a)} (there) vs {_short(b)} (this "
-                    "comparison)" for p, a, b in diff[:5])
-  more = f" and {len(diff) - 5} more" if len(diff) > 5 else ""
-  return (f"{run.workdir} holds a run of another config ({shown}{more}); "
-          "pass another --workdir, or delete that folder.")
-
-
-def _short(v) -> str:
-  text = json.dumps(v) if v != workdir_lib.ABSENT else v
-  return text if len(text) <= 40 else text[:37] + "..."
-
-
-def prepare(run: Run) -> None:
-  """Marks ``run`` reused (complete, same config) or failed (conflict)."""
-  conflict = _workdir_conflict(run)
-  if conflict:
-    run.status, run.error = "failed", conflict
-    return
-  metrics = complete_metrics(run.workdir)
-  if metrics is not None:
-    run.status, run.metrics = "reused", metrics
-    info = _read_json(os.path.join(run.workdir, RUN_FILE)) or {}
-    run.info = info
-    run.wall_seconds = info.get("wall_seconds")
-
-
-def _tail(path: str, lines: int = STDERR_TAIL_LINES) -> str:
-  try:
-    with open(path, errors="replace") as f:
-      return "".join(f.readlines()[-lines:]).rstrip()
-  except OSError:
-    return ""
-
-
-def execute(run: Run, env: Dict[str, str]) -> None:
-  """Runs the main job of ``run`` and records its outcome in ``run``.
-
-  stdout and stderr go to ``compare.stdout.log`` / ``compare.stderr.log`` in
-  the workdir; ``compare_run.json`` records the command, the wall time and
-  the machine. On Ctrl-C the child (which saves its last step) is waited
-  for and ``KeyboardInterrupt`` is raised again.
-  """
-  os.makedirs(run.workdir, exist_ok=True)
-  out_path = os.path.join(run.workdir, STDOUT_FILE)
-  err_path = os.path.join(run.workdir, STDERR_FILE)
-  load_start = os.getloadavg()[0]
-  t0 = time.time()
-  with open(out_path, "w") as out, open(err_path, "w") as err:
-    proc = subprocess.Popen(run.command, stdout=out, stderr=err, env=env)
-    try:
-      code = proc.wait()
-    except KeyboardInterrupt:
-      proc.wait()
-      raise
-  wall = time.time() - t0
-  metrics = complete_metrics(run.workdir)
-  if code == 0 and metrics is not None:
-    run.status, run.metrics, run.wall_seconds = "done", metrics, wall
-    run.info = {
-        "command": run.command, "wall_seconds": wall,
-        "finished": datetime.datetime.now().isoformat(timespec="seconds"),
-        **hostenv.machine_info(),
-        "load_average": [load_start, os.getloadavg()[0]],
-    }
-    with open(os.path.join(run.workdir, RUN_FILE), "w") as f:
-      json.dump(run.info, f, indent=2)
-    return
-  why = (f"exit status {code}" if code else
-         f"exit status 0 but no complete {METRICS_FILE}")
-  run.status = "failed"
-  run.error = (f"{why} after {wall:.0f} s; workdir {run.workdir}; last "
-               f"lines of {err_path}:\n{_tail(err_path)}")
-
-
 # ----------------------------------------------------------------------------
 # Command line.
 # ----------------------------------------------------------------------------
@@ -403,19 +191,6 @@ def canonical_command(args, overrides: Sequence[str]) -> str:
   return shlex.join(cmd + list(overrides))
 
 
-def child_env(workdir: str, compilation_cache: bool) -> Dict[str, str]:
-  """The main jobs' environment: this repo importable, the shared cache."""
-  env = dict(os.environ)
-  env["PYTHONPATH"] = os.pathsep.join(
-      p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
-  if compilation_cache and "JAX_COMPILATION_CACHE_DIR" not in env:
-    env["JAX_COMPILATION_CACHE_DIR"] = os.path.join(
-        os.path.abspath(workdir), "jax_cache")
-    env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    env.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-  return env
-
-
 def _summary_line(run: Run) -> str:
   test = run.metrics["result"]["test"]
   shown = ", ".join(f"{t} {100 * test[k]:.1f}" for k, t in
@@ -445,9 +220,9 @@ def build_runs(args, overrides: Sequence[str],
   for variant, loss, root, flags_ in cells:
     for seed in parse_seeds(args.seeds):
       workdir = os.path.join(root, loss, f"seed_{seed}")
-      cfg_flags = config_args(args.config, loss, seed, flags_)
-      runs.append(Run(loss, seed, workdir, main_command(cfg_flags, workdir),
-                      resolve_config(cfg_flags), variant=variant))
+      cfg_flags = compare_runs.config_args(args.config, loss, seed, flags_)
+      runs.append(Run(loss, seed, workdir, compare_runs.main_command(cfg_flags, workdir),
+                      compare_runs.resolve_config(cfg_flags), variant=variant))
   return runs
 
 
@@ -512,7 +287,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   except ValueError as e:
     p.error(str(e))
   for run in runs:
-    prepare(run)
+    compare_runs.prepare(run)
     if run.status == "failed":
       print(f"[compare] {_label(run)} seed {run.seed}: {run.error}",
             file=sys.stderr)
@@ -532,13 +307,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       if r.error:
         print(f"         {r.error}")
     return 0
-  env = child_env(args.workdir, args.compilation_cache)
+  env = compare_runs.child_env(args.workdir, args.compilation_cache)
 
   def train(i_run):
     i, run = i_run
     print(f"[compare] {i + 1}/{len(todo)} {_label(run)} seed {run.seed} ...",
           flush=True)
-    execute(run, env)
+    compare_runs.execute(run, env)
     if run.status == "failed":
       print(f"[compare] FAILED {_label(run)} seed {run.seed}: {run.error}",
             file=sys.stderr, flush=True)

@@ -37,6 +37,7 @@ from circle_jax import results  # noqa: E402
 from circle_jax.train import config_checks  # noqa: E402
 from circle_jax.train import xbm as xbm_lib  # noqa: E402
 from experiments import compare  # noqa: E402
+from experiments import compare_runs  # noqa: E402
 from experiments import compare_report  # noqa: E402
 
 CONFIG = "experiments/configs/omniglot_small.py"
@@ -52,7 +53,7 @@ def label(loss: str, size: int) -> str:
   return f"{loss}, M={size}"
 
 
-def build_runs(args) -> List[compare.Run]:
+def build_runs(args) -> List[compare_runs.Run]:
   """Every (loss, memory size, seed) run, its row name as ``run.loss``."""
   runs = []
   for loss in compare.parse_losses(args.losses):
@@ -62,10 +63,10 @@ def build_runs(args) -> List[compare.Run]:
       for seed in compare.parse_seeds(args.seeds):
         workdir = os.path.join(args.workdir, f"xbm_{size}", loss,
                                f"seed_{seed}")
-        flags = compare.config_args(CONFIG, loss, seed, overrides)
-        run = compare.Run(loss, seed, workdir,
-                          compare.main_command(flags, workdir),
-                          compare.resolve_config(flags))
+        flags = compare_runs.config_args(CONFIG, loss, seed, overrides)
+        run = compare_runs.Run(loss, seed, workdir,
+                               compare_runs.main_command(flags, workdir),
+                               compare_runs.resolve_config(flags))
         run.loss = label(loss, size)
         runs.append(run)
   return runs
@@ -97,7 +98,8 @@ def memory_scale(done, args) -> str:
       for m in parse_sizes(args.sizes) if m)
 
 
-def cost_lines(runs: Sequence[compare.Run], rows: Sequence[str]) -> List[str]:
+def cost_lines(runs: Sequence[compare_runs.Run], rows: Sequence[str]
+               ) -> List[str]:
   """Step time and memory footprint per (loss, memory size)."""
   lines = ["| run | ms / step | XBM bytes / device (1 device) | "
            "XBM bytes / device (8 devices) |",
@@ -263,9 +265,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   started = time.time()
   runs = build_runs(args)
   rows = list(dict.fromkeys(r.loss for r in runs))
-  env = compare.child_env(args.workdir, compilation_cache=True)
+  env = compare_runs.child_env(args.workdir, compilation_cache=True)
   for run in runs:
-    compare.prepare(run)
+    compare_runs.prepare(run)
   # Seed 0 of every row first: a comparison cut short still has every row.
   todo = sorted((r for r in runs if r.status == "pending"),
                 key=lambda r: r.seed)
@@ -275,7 +277,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   for i, run in enumerate(todo):
     print(f"[xbm_study] {i + 1}/{len(todo)} {run.loss} seed {run.seed} ...",
           flush=True)
-    compare.execute(run, env)
+    compare_runs.execute(run, env)
     print(f"[xbm_study]   {run.status}"
           + (f": {run.error}" if run.error else ""), flush=True)
   write_report(args.out, args, runs, rows, time.time() - started)

@@ -10,6 +10,7 @@ import textwrap
 import pytest
 
 from experiments import compare
+from experiments import compare_runs
 from experiments import compare_report
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -28,7 +29,7 @@ def _test_metrics(r1, map_r, nmi):
 def _write_run(root, loss, seed, test, *, overrides=(), selection="test",
                step=3, train_seconds=10.0, wall=None, config=None):
   """A finished run's folder as the main job (and the runner) leave it."""
-  flag_args = compare.config_args(DIGITS, loss, seed, overrides)
+  flag_args = compare_runs.config_args(DIGITS, loss, seed, overrides)
   workdir = os.path.join(root, loss, f"seed_{seed}")
   os.makedirs(workdir, exist_ok=True)
   metrics = {
@@ -37,27 +38,27 @@ def _write_run(root, loss, seed, test, *, overrides=(), selection="test",
                  "test": test},
       "final": test, "best": None, "init": None, "validation": None,
       "step": step, "train_seconds": train_seconds,
-      "config": config or compare.resolve_config(flag_args),
+      "config": config or compare_runs.resolve_config(flag_args),
   }
-  with open(os.path.join(workdir, compare.METRICS_FILE), "w") as f:
+  with open(os.path.join(workdir, compare_runs.METRICS_FILE), "w") as f:
     json.dump(metrics, f)
   if wall is not None:
-    with open(os.path.join(workdir, compare.RUN_FILE), "w") as f:
+    with open(os.path.join(workdir, compare_runs.RUN_FILE), "w") as f:
       json.dump({"wall_seconds": wall, "nproc": 2, "cpu": "Test CPU",
                  "load_average": [1.0, 2.5]}, f)
   return workdir
 
 
 def _run(root, loss, seed, overrides=()):
-  flag_args = compare.config_args(DIGITS, loss, seed, overrides)
+  flag_args = compare_runs.config_args(DIGITS, loss, seed, overrides)
   workdir = os.path.join(root, loss, f"seed_{seed}")
-  return compare.Run(loss, seed, workdir,
-                     compare.main_command(flag_args, workdir),
-                     compare.resolve_config(flag_args))
+  return compare_runs.Run(loss, seed, workdir,
+                     compare_runs.main_command(flag_args, workdir),
+                     compare_runs.resolve_config(flag_args))
 
 
 def test_metric_columns_follow_the_runs_recall_ks():
-  run = compare.Run("circle", 0, "", [], {})
+  run = compare_runs.Run("circle", 0, "", [], {})
   run.metrics = {"result": {"test": {"recall@10": 0.5, "recall@1": 0.2,
                                      "recall@100": 0.9, "map@r": 0.1}}}
   assert compare_report.metric_columns([run]) == [
@@ -74,7 +75,7 @@ def test_complete_run_with_the_same_config_is_reused(tmp_path):
   _write_run(tmp_path, "circle", 0, _test_metrics(0.5, 0.2, 0.3), wall=12.0,
              overrides=["--config.dataset.data_dir=/elsewhere"])
   run = _run(tmp_path, "circle", 0)
-  compare.prepare(run)
+  compare_runs.prepare(run)
   # data_dir is where the data lives, not what the run computes.
   assert run.status == "reused" and run.wall_seconds == 12.0
   assert run.metrics["result"]["test"]["recall@1"] == 0.5
@@ -82,18 +83,18 @@ def test_complete_run_with_the_same_config_is_reused(tmp_path):
 
 def test_incomplete_run_is_trained(tmp_path):
   workdir = _write_run(tmp_path, "circle", 0, _test_metrics(0.5, 0.2, 0.3))
-  path = os.path.join(workdir, compare.METRICS_FILE)
+  path = os.path.join(workdir, compare_runs.METRICS_FILE)
   with open(path) as f:
     metrics = json.load(f)
   del metrics["result"]
   with open(path, "w") as f:
     json.dump(metrics, f)
   run = _run(tmp_path, "circle", 0)
-  compare.prepare(run)
+  compare_runs.prepare(run)
   assert run.status == "pending" and run.metrics is None
   with open(path, "w") as f:
     f.write('{"result": {"st')  # cut short
-  compare.prepare(run)
+  compare_runs.prepare(run)
   assert run.status == "pending"
 
 
@@ -101,7 +102,7 @@ def test_workdir_of_another_config_is_refused_naming_the_fields(tmp_path):
   _write_run(tmp_path, "circle", 0, _test_metrics(0.5, 0.2, 0.3),
              overrides=["--config.num_train_steps=7"])
   run = _run(tmp_path, "circle", 0, ["--config.num_train_steps=9"])
-  compare.prepare(run)
+  compare_runs.prepare(run)
   assert run.status == "failed" and run.metrics is None
   assert "num_train_steps: 7 (there) vs 9 (this comparison)" in run.error
   assert run.workdir in run.error and "another --workdir" in run.error
@@ -154,7 +155,7 @@ def test_failed_run_is_reported_the_others_go_on_and_rerun_resumes(
   log = tmp_path / "calls.log"
   monkeypatch.setenv("FAKE_MAIN_LOG", str(log))
   monkeypatch.setattr(
-      compare, "main_command",
+      compare_runs, "main_command",
       lambda flag_args, workdir: [sys.executable, str(fake), *flag_args,
                                   f"--workdir={workdir}"])
   root, out = tmp_path / "runs", tmp_path / "res" / "cmp"
@@ -201,7 +202,7 @@ def test_report_from_fixture_runs(tmp_path):
                overrides=overrides, selection="last", step=3,
                train_seconds=20.0 + seed, wall=30.0 + seed)
     run = _run(tmp_path, loss, seed, overrides)
-    compare.prepare(run)
+    compare_runs.prepare(run)
     assert run.status == "reused"
     runs.append(run)
   out = str(tmp_path / "results" / "cmp")

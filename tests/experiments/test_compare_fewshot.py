@@ -5,6 +5,7 @@ import os
 import pytest
 
 from experiments import compare
+from experiments import compare_runs
 from experiments import compare_report
 from tests.experiments import test_compare as base
 
@@ -31,11 +32,11 @@ def _runs(tmp_path):
       workdir = base._write_run(root, loss, seed, _fewshot(acc),
                                 overrides=overrides, selection="validation",
                                 wall=30.0)
-      flag_args = compare.config_args(base.DIGITS, loss, seed, overrides)
-      run = compare.Run(loss, seed, workdir,
-                        compare.main_command(flag_args, workdir),
-                        compare.resolve_config(flag_args), variant=variant)
-      compare.prepare(run)
+      flag_args = compare_runs.config_args(base.DIGITS, loss, seed, overrides)
+      run = compare_runs.Run(loss, seed, workdir,
+                        compare_runs.main_command(flag_args, workdir),
+                        compare_runs.resolve_config(flag_args), variant=variant)
+      compare_runs.prepare(run)
       assert run.status == "reused", run.error
       # The few-shot evaluator's config section (its contract).
       run.metrics["config"]["fewshot"] = {
@@ -113,7 +114,7 @@ def test_chart_panels_are_recall_and_the_hardest_one_shot(tmp_path,
 def test_no_fewshot_keys_no_fewshot_section(tmp_path):
   run = base._run(tmp_path, "circle", 0)
   base._write_run(tmp_path, "circle", 0, base._test_metrics(0.6, 0.3, 0.4))
-  compare.prepare(run)
+  compare_runs.prepare(run)
   md = compare_report.write_markdown(
       tmp_path / "x.md", command="c", config_name="d", losses=["circle"],
       seeds=[0], runs=[run], elapsed=1.0)
