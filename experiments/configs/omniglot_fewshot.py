@@ -25,11 +25,13 @@ few-shot practice on Omniglot:
   episodes of the test characters (and of the held-out ones, which select
   the reported step on their 20-way 1-shot accuracy).
 
-The trunk width, embedding size and step count were chosen on that
-validation split, never on the test characters: the candidates and their
-validation numbers, and the results of 6 losses with this recipe and its
-ablations, are in experiments/results/omniglot_fewshot.md. 500 steps and a
-single evaluation keep 24 runs within a shared 2-core CPU's time.
+The trunk width, embedding size, schedule and step count were chosen on
+that validation split, never on the test characters: conv4 with 128
+channels (twice the papers' 64), a 128-d embedding and 1,300 Adam steps
+with a cosine decay reach the validation 20-way 1-shot accuracy of a 64-wide
+trunk trained 4,000 steps, in less time (about 8 min on one CPU core). The
+candidates and their validation numbers, and the results of 6 losses with
+this recipe and its ablations, are in experiments/results/omniglot_fewshot.md.
 """
 
 from experiments.configs import omniglot_small
@@ -40,8 +42,11 @@ def get_config():
   c.dataset.rotations = 4
   c.dataset.preprocess.preset = "grayscale_affine"
   c.dataset.validation_fraction = 0.2
-  c.model.kwargs.width = 64        # the papers' conv4
-  c.num_train_steps = 500
+  c.dataset.preprocess.image_size = 28  # settable: --config.dataset.preprocess.image_size
+  c.model.kwargs.width = 128       # twice the papers' conv4 (64)
+  c.model.embedding_dim = 128
+  c.optim.schedule = "cosine"      # to 0 at the last step
+  c.num_train_steps = 1300
   c.eval_every_steps = 0           # once, at the end (CPU time)
   c.eval_at_init = False
   c.checkpoint_every_steps = 0     # at the end
