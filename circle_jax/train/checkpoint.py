@@ -342,17 +342,35 @@ class Checkpoints:
         "start from step 0, or pass another --workdir.")
 
   def _move_aside(self, step: int, why: str) -> str:
-    src = os.path.join(self.latest.directory, str(step))
+    dst = self._move_to_unreadable(self.latest, "latest", step)
+    return (f"Checkpoint step {step} is unreadable ({why}); moved to {dst} "
+            "and resumed from the newest readable step.")
+
+  def move_best_aside(self, why: str) -> str:
+    """Moves the unreadable ``best`` step to ``DIR/checkpoints/unreadable/``.
+
+    Never deletes it. Returns the note that says so; the run's result then
+    comes from its last step (the caller's fallback).
+    """
+    step = self.best_step()
+    if step is None:  # nothing listed: nothing to move
+      return f"The best checkpoint is unreadable ({why})."
+    dst = self._move_to_unreadable(self.best, "best", step)
+    return (f"The best checkpoint (step {step}) is unreadable ({why}); moved "
+            f"to {dst}; the result is the last step's.")
+
+  def _move_to_unreadable(self, manager, which: str, step: int) -> str:
+    src = os.path.join(manager.directory, str(step))
     dst_dir = os.path.join(self.directory, UNREADABLE)
-    dst = os.path.join(dst_dir, f"latest-{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+    dst = os.path.join(dst_dir,
+                       f"{which}-{step}-{time.strftime('%Y%m%d-%H%M%S')}")
     if jax.process_index() == 0:
       os.makedirs(dst_dir, exist_ok=True)
       os.rename(src, dst)
     if jax.process_count() > 1:
-      multihost_utils.sync_global_devices(f"checkpoint_aside_{step}")
-    self.latest.reload()
-    return (f"Checkpoint step {step} is unreadable ({why}); moved to {dst} "
-            "and resumed from the newest readable step.")
+      multihost_utils.sync_global_devices(f"checkpoint_aside_{which}_{step}")
+    manager.reload()
+    return dst
 
   def wait(self):
     """Waits for pending writes; a failed one raises CheckpointWriteError."""

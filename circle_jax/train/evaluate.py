@@ -140,4 +140,6 @@ def result_table(result: Dict[str, Any]) -> str:
         "validation split), so it is optimistic; report final, or set "
         "--config.dataset.validation_fraction to select on held-out train "
         "classes.")
+  if res.get("note"):
+    lines.append(f"note: {res['note']}")
   return "\n".join(lines)

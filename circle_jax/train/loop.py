@@ -450,6 +450,29 @@ def _interrupted(job: Job, preempted_by: Optional[str] = None):
   raise TrainingInterrupted(saved, job.ckpts.directory) from None
 
 
+def _read_best(job: Job, *, final_step: int):
+  """``(summary, tree, note)`` of the best checkpoint.
+
+  ``summary`` is None without a best checkpoint. ``tree`` is None where the
+  test metrics need no restore (selected on the test split, or the best
+  step is the last). An unreadable best checkpoint (truncated, overwritten,
+  missing an item) is moved aside and ``note`` says so: the result falls
+  back to the last step instead of failing the finished run.
+  """
+  try:
+    saved = job.ckpts.best_metrics()
+    if saved is None or job.select_on == "test" or (
+        saved["step"] == final_step):
+      return saved, None, ""
+    tree, _, _ = job.ckpts.restore(job.template, which="best")
+    return saved, tree, ""
+  except Exception as e:  # pylint: disable=broad-except
+    why = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+    note = job.ckpts.move_best_aside(why)
+    job.reporter.note(note)
+    return None, None, note
+
+
 def _finish(job: Job) -> Dict[str, Any]:
   """The final and best test metrics; writes ``metrics.json``."""
   config, num_steps = job.config, job.config.num_train_steps
@@ -459,7 +482,7 @@ def _finish(job: Job) -> Dict[str, Any]:
   best = None
   result_part = {"step": num_steps, "selection": "last", "metric": None,
                  "test": final}
-  saved_best = job.ckpts.best_metrics()
+  saved_best, best_tree, best_note = _read_best(job, final_step=num_steps)
   if saved_best is not None:
     best = {"step": saved_best["step"], "metric": config.best_metric,
             "mode": config.best_mode, "selected_on": job.select_on}
@@ -467,13 +490,12 @@ def _finish(job: Job) -> Dict[str, Any]:
       best["test"] = saved_best["metrics"]
     else:
       best["validation"] = saved_best["metrics"]
-      if best["step"] == num_steps:
-        best["test"] = final
-      else:
-        tree, _, _ = job.ckpts.restore(job.template, which="best")
-        best["test"] = job.evaluator.test(tree)
+      best["test"] = (final if best_tree is None
+                      else job.evaluator.test(best_tree))
     result_part = {"step": best["step"], "selection": job.select_on,
                    "metric": config.best_metric, "test": best["test"]}
+  elif best_note:  # unreadable: the last step's result
+    result_part["note"] = best_note
   validation = None
   if job.val_source is not None:
     validation = {

@@ -76,6 +76,28 @@ def test_newest_unreadable_step_falls_back_and_is_moved_aside(tmp_path, how):
   ck.close()
 
 
+def test_an_unreadable_best_step_is_moved_aside_with_a_note(tmp_path):
+  directory = str(tmp_path / "checkpoints")
+  ck = ckpt_lib.Checkpoints(directory, best_metric="recall@1")
+  for s, r in ((20, 0.9), (40, 0.5)):
+    ck.save_best(s, _tree(s), {"pos": s}, {"recall@1": r})
+  ck.wait()
+  assert ck.best_step() == 20
+  files = glob.glob(f"{directory}/best/20/state/**", recursive=True)
+  largest = max((f for f in files if os.path.isfile(f)), key=os.path.getsize)
+  with open(largest, "r+b") as f:
+    f.truncate(50)
+  with pytest.raises(Exception):
+    ck.restore(_tree(0), which="best")
+  note = ck.move_best_aside("truncated")
+  assert "best checkpoint (step 20) is unreadable (truncated)" in note
+  assert "\n" not in note
+  moved = glob.glob(f"{directory}/unreadable/best-20-*")
+  assert len(moved) == 1 and os.path.isdir(moved[0])
+  assert ck.best_step() is None and ck.best.all_steps() == []
+  ck.close()
+
+
 def test_overwritten_bytes_are_caught_by_the_checksum(tmp_path):
   directory = _saved(tmp_path, steps=(40,))
   _damage(directory, 40, "overwrite")

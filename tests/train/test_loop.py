@@ -5,6 +5,7 @@ Kill-and-resume and multi-process runs are in ``test_resume_multihost.py``.
 
 import json
 import os
+import shutil
 
 import chex
 import jax
@@ -283,6 +284,35 @@ def test_validation_split_selects_the_step_and_reports_its_test_numbers(
   table = evaluate_lib.result_table(result)
   assert f"selected@{best['step']}" in table
   assert "best validation recall@1" in table and "TEST" not in table
+
+
+def test_an_unreadable_best_checkpoint_falls_back_to_the_last_step(
+    data_dir, tmp_path):
+  c = short_config(data_dir, num_train_steps=20, eval_every_steps=10,
+                   checkpoint_every_steps=10, eval_clustering=False,
+                   log_every_steps=10,
+                   **{"dataset.validation_fraction": 0.4,
+                      "batch.classes_per_batch": 3})
+  first = loop.train_and_evaluate(c, str(tmp_path))
+  step = first["best"]["step"]
+  best_dir = tmp_path / "checkpoints" / "best" / str(step)
+  # A real fault: the item every run with a best step reads is gone (a
+  # truncated state file is covered in test_checkpoint_faults.py).
+  shutil.rmtree(best_dir / "meta")
+  os.remove(tmp_path / "metrics.json")
+  # The finished run is run again: it must finish, not fail on the damage.
+  result = loop.train_and_evaluate(c, str(tmp_path))
+  res = result["result"]
+  assert res["selection"] == "last" and res["step"] == 20
+  assert res["test"] == result["final"] == first["final"]
+  assert result["best"] is None
+  assert f"best checkpoint (step {step}) is unreadable" in res["note"]
+  moved = list((tmp_path / "checkpoints" / "unreadable").glob(f"best-{step}-*"))
+  assert len(moved) == 1 and moved[0].is_dir()   # moved aside, not deleted
+  assert not best_dir.exists()
+  with open(tmp_path / "metrics.json") as f:
+    assert json.load(f)["result"]["note"] == res["note"]
+  assert "unreadable" in evaluate_lib.result_table(result)
 
 
 def test_embed_tool_refuses_an_empty_folder_and_skips_corrupt_images(
