@@ -342,6 +342,34 @@ def test_embed_tool_refuses_an_empty_folder_and_skips_corrupt_images(
     embed.embed_folder(str(fresh), str(folder))
 
 
+@pytest.mark.parametrize("mode", ["shard_map", "pmap"])
+def test_the_ring_engine_trains_the_same_run_as_the_all_gather(
+    data_dir, tmp_path, mode):
+  """``loss.collective=ring`` through the whole trainer (8 simulated
+  devices): the same parameters, to float32 reduction order, as the default
+  all-gather after 6 SGD steps (tests/losses/test_ring.py checks that the
+  compiled ring has no all-gather)."""
+  trees, results = {}, {}
+  for collective in ("all_gather", "ring"):
+    c = short_config(data_dir, num_train_steps=6, eval_every_steps=0,
+                     checkpoint_every_steps=0, eval_clustering=False,
+                     parallelism=mode, **{"optim.name": "sgd",
+                                          "optim.learning_rate": 0.05,
+                                          "optim.momentum": 0.9,
+                                          "loss.collective": collective})
+    workdir = str(tmp_path / collective)
+    results[collective] = loop.train_and_evaluate(c, workdir)
+    ckpts = run_lib.open_checkpoints(c, workdir)
+    trees[collective], _, _ = ckpts.restore()
+    ckpts.close()
+  assert results["ring"]["config"]["loss"]["collective"] == "ring"
+  ring = results["ring"]
+  assert ring["final"]["map@r"] != ring["init"]["map@r"]  # it trained
+  chex.assert_trees_all_close(trees["ring"]["params"],
+                              trees["all_gather"]["params"], atol=1e-4,
+                              rtol=1e-3)
+
+
 def test_every_placement_trains_and_evaluates_the_same_run(data_dir,
                                                             tmp_path):
   """shard_map, pmap and one device reach the same parameters (to float32
