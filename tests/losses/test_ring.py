@@ -285,3 +285,21 @@ def test_ring_with_reference_embeddings_equals_the_single_device_loss():
     _assert_vg_close((got[n][0], got[n][1][0]), (want[n][0], want[n][1][0]))
     _assert_vg_close((got[n][0], got[n][1][1]), (want[n][0], want[n][1][1]))
     np.testing.assert_array_equal(np.asarray(got[n][1][1])[~mem_valid], 0.0)
+
+
+@pytest.mark.parametrize("collective", ["all_gather", "ring"])
+def test_a_tuple_axis_name_spans_both_mesh_axes(single_device, collective):
+  """``axis_name=("x", "y")`` on a 2 x 4 mesh (a pod's data axes): the batch
+  split over both axes gives the single-device global-batch loss, for the
+  all-gather and the ring (a ring over the 8 devices in the axes' order)."""
+  x, labels = jnp.asarray(_embeddings()), jnp.asarray(LABELS)
+  mesh = Mesh(np.array(jax.devices()[:N_DEV]).reshape(2, 4), ("x", "y"))
+  axes = ("x", "y")
+  fn = jax.jit(jax.shard_map(
+      lambda x, labels: _all_losses(x, labels, axis_name=axes, block_size=3,
+                                    collective=collective),
+      mesh=mesh, in_specs=(P(axes), P(axes)),
+      out_specs={k: (P(), P(axes)) for k in PUBLIC}))
+  got = fn(x, labels)
+  for name in PUBLIC:
+    _assert_vg_close(got[name], single_device[name])
