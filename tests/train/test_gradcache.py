@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import Mesh, PartitionSpec as P
 from jax.test_util import check_grads
 
 from circle_jax import parallel
@@ -183,3 +184,67 @@ def test_config_errors(overrides, message):
 def test_config_accepts_frozen_bn_or_the_opt_in(overrides):
   config_checks.check_config(helpers.digits_config(**overrides),
                              device_count=8, process_count=1)
+
+
+def test_per_chunk_bn_with_sync_bn_normalises_each_global_chunk():
+  """``embed_chunk_bn='per_chunk'`` with synchronised BatchNorm under
+  shard_map: device d's chunk j is normalised with the statistics of chunk j
+  of all 8 devices together. So the embeddings, their gradient and the new
+  statistics are those of one device embedding each such global chunk as a
+  batch of its own (conv4, BN in training mode)."""
+  from circle_jax import models  # pylint: disable=g-import-not-at-top
+  n_dev, local, size = 8, 4, 2
+  synced = models.get_model("conv4", embedding_dim=4, width=4,
+                            bn_axis_name="d")
+  plain = models.get_model("conv4", embedding_dim=4, width=4)
+  rng = np.random.default_rng(0)
+  images = jnp.asarray(rng.random((n_dev * local, 8, 8, 1)), jnp.float32)
+  weights = jnp.asarray(rng.normal(size=(n_dev * local, 4)), jnp.float32)
+  variables = plain.init(jax.random.PRNGKey(0), images[:2], train=False)
+  params, stats = variables["params"], variables["batch_stats"]
+
+  # One device: global chunk j = rows [size j, size (j + 1)) of every device.
+  order = np.concatenate([np.arange(d * local + size * j,
+                                    d * local + size * (j + 1))
+                          for j in range(local // size)
+                          for d in range(n_dev)])
+  chunk = n_dev * size
+
+  def reference(p):
+    x = images[order]
+    outs = [_embed_fn(plain)(p, stats, x[i:i + chunk])
+            for i in range(0, len(order), chunk)]
+    emb = jnp.zeros_like(weights).at[order].set(
+        jnp.concatenate([o[0] for o in outs]))
+    new = jax.tree.map(lambda *s: sum(s) / len(outs), *[o[1] for o in outs])
+    return jnp.sum(weights * emb), (emb, new)
+
+  mesh = Mesh(np.array(jax.devices()[:n_dev]), ("d",))
+
+  def on_devices(p):
+    def local_fn(p, x, w):
+      def total(p):
+        emb, new = gradcache.chunked(_embed_fn(synced), size)(p, stats, x)
+        return jax.lax.psum(jnp.sum(w * emb), "d"), (emb, new)
+      (value, (emb, new)), grad = jax.value_and_grad(total, has_aux=True)(p)
+      return value, emb, new, grad
+    return jax.jit(jax.shard_map(
+        local_fn, mesh=mesh, in_specs=(P(), P("d"), P("d")),
+        out_specs=(P(), P("d"), P(), P())))(p, images, weights)
+
+  (want, (want_emb, want_stats)), want_grad = jax.jit(
+      jax.value_and_grad(reference, has_aux=True))(params)
+  got, got_emb, got_stats, got_grad = on_devices(params)
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  chex.assert_trees_all_close(got_emb, want_emb, atol=1e-5, rtol=1e-5)
+  chex.assert_trees_all_close(got_stats, want_stats, atol=1e-6, rtol=1e-5)
+  # The conv biases before BatchNorm have a zero gradient: float noise there.
+  scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(want_grad))
+  assert scale > 1e-2
+  chex.assert_trees_all_close(got_grad, want_grad, atol=1e-4 * scale,
+                              rtol=1e-4)
+  # Not the unsynchronised per-device chunks, nor the whole batch at once.
+  whole = _embed_fn(plain)(params, stats, images)[0]
+  assert float(jnp.abs(got_emb - whole).max()) > 1e-3
+  alone = _embed_fn(plain)(params, stats, images[:size])[0]  # device 0 only
+  assert float(jnp.abs(got_emb[:size] - alone).max()) > 1e-3
