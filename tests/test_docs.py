@@ -113,3 +113,18 @@ def test_no_issue_numbers_or_seed_wording_as_sources(path):
   bad = [f"{path.relative_to(REPO)}:{i}: {line.strip()}"
          for i, line in enumerate(lines, 1) if _NOT_SOURCES.search(line)]
   assert not bad, "\n".join(bad)
+
+
+def test_readme_reproduction_figures_are_in_the_tables_they_link():
+  """Every decimal figure in a README result cell that links a results table
+  appears in that table, so the README cannot drift from the results."""
+  rows = [line for line in (REPO / "README.md").read_text().splitlines()
+          if line.startswith("| ") and "[table](experiments/results/" in line]
+  assert len(rows) >= 2
+  for row in rows:
+    cell = row.split(" | ")[1]
+    table = re.search(r"\[table\]\((experiments/results/[\w.]+\.md)\)", cell)
+    assert table, row
+    text = (REPO / table.group(1)).read_text()
+    for figure in re.findall(r"\d+\.\d+", cell.split("([table]")[0]):
+      assert figure in text, (figure, table.group(1))
