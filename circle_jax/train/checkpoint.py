@@ -124,6 +124,12 @@ def _to_json(x):
   return x
 
 
+def error_line(e: BaseException) -> str:
+  """An error's first line (at most 160 characters), or its type's name."""
+  lines = str(e).splitlines()
+  return (lines[0][:160] if lines else "") or type(e).__name__
+
+
 class Checkpoints:
   """The ``latest`` and ``best`` checkpoint managers of a run.
 
@@ -329,7 +335,7 @@ class Checkpoints:
       try:
         tree, data, meta = self.restore(template, step=step)
       except Exception as e:  # pylint: disable=broad-except
-        failed.append((step, str(e).splitlines()[0][:160] or type(e).__name__))
+        failed.append((step, error_line(e)))
         continue
       if check is not None:
         check(tree, step)

@@ -467,8 +467,7 @@ def _read_best(job: Job, *, final_step: int):
     tree, _, _ = job.ckpts.restore(job.template, which="best")
     return saved, tree, ""
   except Exception as e:  # pylint: disable=broad-except
-    why = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
-    note = job.ckpts.move_best_aside(why)
+    note = job.ckpts.move_best_aside(ckpt_lib.error_line(e))
     job.reporter.note(note)
     return None, None, note
 
