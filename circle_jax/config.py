@@ -149,11 +149,18 @@ def base_config() -> ml_collections.ConfigDict:
   # (best_metric then selects on the test split, and the results say so).
   c.dataset.validation_fraction = 0.0
   c.dataset.validation_seed = 0    # which classes are held out
+  # "class": hold out classes of every train superclass; "superclass": hold
+  # out whole superclasses (Omniglot: alphabets), so that validation, like the
+  # test, is on superclasses never trained on (circle_jax.data.splits).
+  c.dataset.validation_by = "class"
   c.dataset.num_threads = 4        # decoding threads of the data pipeline
   # Rotation classes (circle_jax.data.RotatedClasses): each *trained* class
   # becomes this many classes, rotated by multiples of 360/rotations degrees
   # (1, 2 or 4; 1: off). Validation and test classes stay upright.
   c.dataset.rotations = 1
+  # Mirror classes: each trained class's left-right mirror image (and that of
+  # each rotation) is a new class too, doubling the trained classes.
+  c.dataset.mirror_classes = False
 
   c.model = Config()
   c.model.name = "conv4"           # a circle_jax.models.MODELS name

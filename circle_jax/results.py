@@ -269,11 +269,22 @@ def describe_data(cfg: Mapping[str, Any],
   val = metrics[0].get("validation") if metrics else None
   kept = spec.num_train_classes - (val["num_classes"] if val else 0)
   rotations = cfg["dataset"].get("rotations", 1)
+  mirror = cfg["dataset"].get("mirror_classes", False)
   train = f"train on {kept} classes"
-  if rotations > 1:
-    train = (f"train on {kept} classes x {rotations} rotations = "
-             f"{kept * rotations} classes (dataset.rotations={rotations})")
-  if val:
+  if rotations > 1 or mirror:
+    copies = [f"{rotations} rotations"] if rotations > 1 else []
+    copies += ["2 mirror images"] if mirror else []
+    settings = [f"dataset.rotations={rotations}"] if rotations > 1 else []
+    settings += ["dataset.mirror_classes=True"] if mirror else []
+    n = kept * rotations * (2 if mirror else 1)
+    train = (f"train on {kept} classes x {' x '.join(copies)} = {n} classes "
+             f"({', '.join(settings)})")
+  if val and val.get("by") == "superclass":
+    train += (f", select on {val['num_classes']} held-out train classes of "
+              f"held-out {spec.superclass_name}s ({val['num_images']} images, "
+              f"dataset.validation_fraction={val['fraction']:g}, "
+              "dataset.validation_by=superclass)")
+  elif val:
     train += (f", select on {val['num_classes']} held-out train classes "
               f"({val['num_images']} images, "
               f"dataset.validation_fraction={val['fraction']:g})")

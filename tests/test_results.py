@@ -193,3 +193,23 @@ def test_hyperparameter_lines_mark_values_off_the_paper_default():
   assert ms.startswith("| `multi_similarity` | `alpha=2.0`, `beta=40.0` "
                        "(paper default 50.0), `base=0.5`, `epsilon=0.1` |")
 
+
+
+def test_describe_data_names_class_copies_and_held_out_alphabets():
+  cfg = {"dataset": {"name": "omniglot_small", "rotations": 4,
+                     "mirror_classes": True}}
+  metrics = [{"result": {"test": {"num_queries": 2120}},
+              "validation": {"num_classes": 22, "num_images": 440,
+                             "fraction": 0.2, "by": "superclass"}}]
+  text = results.describe_data(cfg, metrics)
+  assert text.startswith(
+      "omniglot_small: train on 114 classes x 4 rotations x 2 mirror images "
+      "= 912 classes (dataset.rotations=4, dataset.mirror_classes=True), "
+      "select on 22 held-out train classes of held-out alphabets (440 "
+      "images, dataset.validation_fraction=0.2, "
+      "dataset.validation_by=superclass); test on 106 unseen classes"), text
+  metrics[0]["validation"]["by"] = "class"
+  cfg["dataset"].update(rotations=1, mirror_classes=False)
+  assert results.describe_data(cfg, metrics).startswith(
+      "omniglot_small: train on 114 classes, select on 22 held-out train "
+      "classes (440 images, dataset.validation_fraction=0.2); test on 106")

@@ -42,5 +42,6 @@ from circle_jax.data.samplers import PKSampler
 from circle_jax.data.samplers import RandomSampler
 from circle_jax.data.splits import ClassSubset
 from circle_jax.data.splits import holdout_classes
+from circle_jax.data.splits import holdout_superclasses
 from circle_jax.data.splits import num_holdout_classes
 from circle_jax.data.splits import split_classes

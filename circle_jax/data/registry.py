@@ -40,6 +40,14 @@ class DatasetSpec:
       name).
     needs_files: False for ``digits`` (scikit-learn's) and ``omniglot_small``
       (its archives ship with the package).
+    train_superclasses: the class count of each superclass of the train
+      split, in label order (its classes are consecutive labels), where the
+      test classes are of superclasses never trained on: ``omniglot_small``'s
+      five alphabets. Empty: no superclass is declared. Read by the
+      superclass-disjoint validation split
+      (``dataset.validation_by='superclass'``); a test checks it against the
+      prepared split's class names.
+    superclass_name: what a superclass is called (``alphabet``).
   """
 
   name: str
@@ -51,6 +59,8 @@ class DatasetSpec:
   preprocess: Mapping[str, object]
   ks: Tuple[int, ...]
   needs_files: bool = True
+  train_superclasses: Tuple[int, ...] = ()
+  superclass_name: str = "superclass"
 
   @property
   def num_images(self) -> Mapping[str, int]:
@@ -94,7 +104,10 @@ DATASETS = {
                     dict(preset="grayscale", image_size=28), (1, 2, 4, 8)),
         DatasetSpec("omniglot_small", 136, 106, 1, "train", ("test",),
                     dict(preset="grayscale", image_size=28), (1, 2, 4, 8),
-                    needs_files=False),
+                    needs_files=False,
+                    # Balinese, Early_Aramaic, Greek, Korean, Latin.
+                    train_superclasses=(24, 22, 24, 40, 26),
+                    superclass_name="alphabet"),
         DatasetSpec("digits", 5, 5, 1, "train", ("test",),
                     dict(preset="grayscale", image_size=16), (1, 2, 4, 8),
                     needs_files=False),

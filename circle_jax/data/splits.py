@@ -10,43 +10,114 @@ class weights get exactly one row per trained class.
 Which classes are held out depends only on ``(number of classes, fraction,
 seed)``, not on the run's seed, so every seed of a comparison validates on the
 same classes.
+
+Held-out superclasses. When the test classes come from superclasses never
+seen in training (Omniglot's test characters are of new *alphabets*), a
+validation split of held-out classes of the trained superclasses measures an
+easier transfer than the test does: a choice that helps within an alphabet
+can hurt across alphabets. Given the train split's superclasses
+(``superclasses``: the class count of each, in label order), the held-out
+classes are instead all the classes of ``max(1, round(fraction * G))`` of the
+``G`` superclasses, so validation, like the test, is on superclasses the
+model never trained on.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
 from circle_jax.data import builders
 
 
-def num_holdout_classes(num_classes: int, fraction: float) -> int:
-  """``round(fraction * C)`` held-out classes, at least 2 when ``fraction > 0``.
+Superclasses = Optional[Sequence[int]]
 
-  Raises:
-    ValueError: ``fraction`` outside ``[0, 1)``, or fewer than 2 classes would
-      be left on either side (retrieval needs 2 classes to rank).
-  """
+
+def _check_fraction(fraction: float) -> None:
   if not 0.0 <= fraction < 1.0:
     raise ValueError(f"validation fraction must be in [0, 1); got {fraction}.")
-  if fraction == 0.0:
-    return 0
-  n = max(2, int(round(fraction * num_classes)))
-  if num_classes - n < 2:
+
+
+def _check_sides(num_classes: int, held: int, what: str) -> None:
+  if num_classes - held < 2 or held < 2:
     raise ValueError(
-        f"validation fraction {fraction} of {num_classes} train classes "
-        f"holds out {n} and leaves {num_classes - n} to train on; lower it "
-        "(both sides need at least 2 classes).")
-  return n
+        f"{what} holds out {held} of the {num_classes} train classes and "
+        f"leaves {num_classes - held} to train on; change it (both sides need "
+        "at least 2 classes).")
 
 
-def holdout_classes(num_classes: int, fraction: float,
-                    seed: int = 0) -> np.ndarray:
-  """The sorted class ids held out for validation (a seeded random choice)."""
-  n = num_holdout_classes(num_classes, fraction)
+def _superclass_starts(num_classes: int, superclasses: Sequence[int]
+                       ) -> np.ndarray:
+  sizes = np.asarray([int(n) for n in superclasses], np.int64)
+  if len(sizes) < 2 or np.any(sizes < 1) or int(sizes.sum()) != num_classes:
+    raise ValueError(
+        f"superclasses must be the class counts (each >= 1) of at least 2 "
+        f"superclasses summing to the {num_classes} train classes; got "
+        f"{list(sizes)}.")
+  return np.concatenate([[0], np.cumsum(sizes)])
+
+
+def holdout_superclasses(num_superclasses: int, fraction: float,
+                         seed: int = 0) -> np.ndarray:
+  """The sorted superclass indices held out: ``max(1, round(fraction * G))``
+  of ``G`` (a seeded random choice; at least one is left to train on)."""
+  _check_fraction(fraction)
+  if fraction == 0.0:
+    return np.zeros([0], np.int64)
+  n = max(1, int(round(fraction * num_superclasses)))
+  if n >= num_superclasses:
+    raise ValueError(
+        f"validation fraction {fraction} of {num_superclasses} superclasses "
+        f"holds out {n} and leaves none to train on; lower it.")
   rng = np.random.default_rng([int(seed), 7919])
-  return np.sort(rng.permutation(num_classes)[:n]).astype(np.int64)
+  return np.sort(rng.permutation(num_superclasses)[:n]).astype(np.int64)
+
+
+def holdout_classes(num_classes: int, fraction: float, seed: int = 0, *,
+                    superclasses: Superclasses = None) -> np.ndarray:
+  """The sorted class ids held out for validation (a seeded random choice).
+
+  Args:
+    num_classes: ``C``, the train split's classes (labels ``0 .. C-1``).
+    fraction: the share held out, in ``[0, 1)``.
+    seed: which ones.
+    superclasses: None: ``round(fraction * C)`` classes (at least 2). Else
+      the class count of each superclass in label order (the classes of a
+      superclass are consecutive labels): every class of the held-out
+      superclasses (:func:`holdout_superclasses`).
+
+  Raises:
+    ValueError: ``fraction`` outside ``[0, 1)``; fewer than 2 classes on
+      either side; ``superclasses`` that do not sum to ``C``.
+  """
+  _check_fraction(fraction)
+  if fraction == 0.0:
+    return np.zeros([0], np.int64)
+  if superclasses is None:
+    n = max(2, int(round(fraction * num_classes)))
+    _check_sides(num_classes, n, f"validation fraction {fraction}")
+    rng = np.random.default_rng([int(seed), 7919])
+    return np.sort(rng.permutation(num_classes)[:n]).astype(np.int64)
+  starts = _superclass_starts(num_classes, superclasses)
+  groups = holdout_superclasses(len(starts) - 1, fraction, seed)
+  held = np.concatenate([np.arange(starts[g], starts[g + 1]) for g in groups])
+  _check_sides(num_classes, len(held),
+               f"validation fraction {fraction} of superclasses {list(groups)}")
+  return held.astype(np.int64)
+
+
+def num_holdout_classes(num_classes: int, fraction: float, seed: int = 0, *,
+                        superclasses: Superclasses = None) -> int:
+  """How many classes :func:`holdout_classes` holds out: ``round(fraction *
+  C)``, at least 2 when ``fraction > 0``, or all those of the held-out
+  superclasses.
+
+  Raises:
+    ValueError: as :func:`holdout_classes`.
+  """
+  return len(holdout_classes(num_classes, fraction, seed,
+                             superclasses=superclasses))
 
 
 class ClassSubset:
@@ -98,14 +169,17 @@ class ClassSubset:
     return [self._record(r, k) for r, k in zip(records, keys)]
 
 
-def split_classes(source: Any, *, fraction: float, seed: int = 0
+def split_classes(source: Any, *, fraction: float, seed: int = 0,
+                  superclasses: Superclasses = None
                   ) -> Tuple[ClassSubset, ClassSubset]:
   """``(train, validation)`` views of a train split, class-disjoint.
 
   Args:
     source: the train split (labels ``0 .. C-1``).
-    fraction: share of the classes held out (see :func:`num_holdout_classes`).
+    fraction: share of the classes held out (see :func:`holdout_classes`).
     seed: which classes (:func:`holdout_classes`).
+    superclasses: hold out whole superclasses, of these class counts in
+      label order (:func:`holdout_classes`).
 
   Returns:
     Two :class:`ClassSubset` s; ``validation.classes`` are the held-out
@@ -113,7 +187,8 @@ def split_classes(source: Any, *, fraction: float, seed: int = 0
   """
   labels = builders.split_labels(source)
   num_classes = int(labels.max()) + 1
-  held = holdout_classes(num_classes, fraction, seed)
+  held = holdout_classes(num_classes, fraction, seed,
+                         superclasses=superclasses)
   kept = np.setdiff1d(np.arange(num_classes), held)
   return (ClassSubset(source, kept, labels),
           ClassSubset(source, held, labels))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Optional
+from typing import Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -36,15 +36,40 @@ def _fail(field: str, message: str):
   raise ConfigError(f"config.{field}: {message}")
 
 
+VALIDATION_BY = ("class", "superclass")
+
+
+def validation_superclasses(config, info) -> Optional[Tuple[int, ...]]:
+  """The class counts of the train superclasses that the validation split
+  holds out whole (``dataset.validation_by='superclass'``), else None."""
+  if config.dataset.validation_by == "superclass":
+    return tuple(info.train_superclasses)
+  return None
+
+
+def class_copies(config) -> int:
+  """How many classes each trained class becomes: ``dataset.rotations``,
+  twice that with ``dataset.mirror_classes``."""
+  return config.dataset.rotations * (2 if config.dataset.mirror_classes
+                                     else 1)
+
+
+def num_holdout_classes(config, info) -> int:
+  """How many train classes the validation split holds out."""
+  return data_lib.num_holdout_classes(
+      info.num_train_classes, config.dataset.validation_fraction,
+      config.dataset.validation_seed,
+      superclasses=validation_superclasses(config, info))
+
+
 def num_classes(config, info) -> Optional[int]:
   """The class count for loss parameters: ``dataset.num_classes``, or the
   dataset's train classes minus those held out for validation, times
-  ``dataset.rotations``."""
+  :func:`class_copies`."""
   n = config.dataset.num_classes
   if n is None and info is not None:
-    n = (info.num_train_classes - data_lib.num_holdout_classes(
-        info.num_train_classes, config.dataset.validation_fraction)
-         ) * config.dataset.rotations
+    n = (info.num_train_classes - num_holdout_classes(config, info)
+         ) * class_copies(config)
   return n
 
 
@@ -258,15 +283,23 @@ def check_config(config, *, device_count: Optional[int] = None,
   if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
     _fail("dataset.validation_fraction", f"must be a number in [0, 1); got "
           f"{fraction!r}.")
+  by = config.dataset.validation_by
+  if by not in VALIDATION_BY:
+    _fail("dataset.validation_by", f"must be one of {VALIDATION_BY}; got "
+          f"{by!r}.")
+  if by == "superclass" and not info.train_superclasses:
+    _fail("dataset.validation_by", f"dataset {name!r} declares no "
+          "superclasses of its train classes (DatasetSpec.train_superclasses)"
+          "; use 'class'.")
   try:
-    held_out = data_lib.num_holdout_classes(info.num_train_classes, fraction)
+    held_out = num_holdout_classes(config, info)
   except ValueError as e:
     _fail("dataset.validation_fraction", str(e))
   rotations = config.dataset.rotations
   if isinstance(rotations, bool) or rotations not in data_lib.ROTATIONS:
     _fail("dataset.rotations", f"must be one of {data_lib.ROTATIONS} "
           f"(rotations by multiples of 90 degrees; 1: off); got {rotations!r}.")
-  train_classes = (info.num_train_classes - held_out) * rotations
+  train_classes = (info.num_train_classes - held_out) * class_copies(config)
   try:
     info.get_preprocess(train=True, **dict(config.dataset.preprocess))
   except (TypeError, ValueError) as e:

@@ -500,6 +500,7 @@ def _finish(job: Job) -> Dict[str, Any]:
     validation = {
         "fraction": config.dataset.validation_fraction,
         "seed": config.dataset.validation_seed,
+        "by": config.dataset.validation_by,
         "classes": [int(c) for c in job.val_source.classes],
         "num_classes": len(job.val_source.classes),
         "num_images": len(job.val_source),

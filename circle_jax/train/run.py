@@ -81,8 +81,10 @@ def load_sources(config, info, reporter=None):
   With ``dataset.validation_fraction > 0`` the train split's classes are
   divided class-disjointly (:func:`circle_jax.data.split_classes`): the
   model trains on the kept classes (labels renumbered) and is selected on
-  the held-out ones. With ``dataset.rotations > 1`` the kept classes, and
-  only they, are then multiplied by their rotations
+  the held-out ones (whole superclasses with ``dataset.validation_by =
+  'superclass'``). With ``dataset.rotations > 1`` (or
+  ``dataset.mirror_classes``) the kept classes, and only they, are then
+  multiplied by their rotations (and mirror images)
   (:class:`circle_jax.data.RotatedClasses`).
   """
   data_dir = config.dataset.data_dir or default_data_dir()
@@ -95,9 +97,11 @@ def load_sources(config, info, reporter=None):
   if config.dataset.validation_fraction:
     source, validation = data_lib.split_classes(
         source, fraction=config.dataset.validation_fraction,
-        seed=config.dataset.validation_seed)
-  if config.dataset.rotations > 1:
-    source = data_lib.RotatedClasses(source, config.dataset.rotations)
+        seed=config.dataset.validation_seed,
+        superclasses=config_checks.validation_superclasses(config, info))
+  if config_checks.class_copies(config) > 1:
+    source = data_lib.RotatedClasses(source, config.dataset.rotations,
+                                     mirror=config.dataset.mirror_classes)
   return source, validation
 
 

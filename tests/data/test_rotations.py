@@ -152,3 +152,77 @@ def test_config_rejects_other_rotation_counts(bad):
                            r"\(1, 2, 4\)") as e:
     config_checks.check_config(c, device_count=1)
   assert "\n" not in str(e.value)
+
+
+def test_mirror_classes_by_hand():
+  np.testing.assert_array_equal(
+      pixels(rotations.rotate_encoded(png(GLYPH), 0, mirror=True)),
+      [[3, 2, 1], [6, 5, 4]])
+  # Flipped first, then turned a quarter counter-clockwise.
+  np.testing.assert_array_equal(
+      pixels(rotations.rotate_encoded(png(GLYPH), 1, mirror=True)),
+      [[1, 4], [2, 5], [3, 6]])
+  src = _Source()
+  d4 = data.RotatedClasses(src, 4, mirror=True)
+  assert len(d4) == 40 and d4.copies == 8
+  np.testing.assert_array_equal(d4.labels, np.repeat(np.arange(8), 5) * 2
+                                + np.tile([0, 0, 0, 1, 1], 8))
+  # Copy k >= 4: the mirror image turned by k - 4 quarter turns; the 8
+  # copies of one image are the 8 distinct symmetries of the square.
+  for k in range(8):
+    r = d4[5 * k + 3]
+    want = np.rot90(np.fliplr(GLYPH + 30) if k >= 4 else GLYPH + 30, k % 4)
+    np.testing.assert_array_equal(pixels(r["image"]), want)
+    assert r["label"] == 2 * k + 1
+  square = np.arange(9, dtype=np.uint8).reshape(3, 3)
+  assert len({pixels(rotations.rotate_encoded(png(square), k % 4,
+                                              mirror=k >= 4)).tobytes()
+              for k in range(8)}) == 8
+  # Mirror without rotations: 2 copies.
+  flip = data.RotatedClasses(src, 1, mirror=True)
+  np.testing.assert_array_equal(flip.labels, [0, 0, 0, 1, 1, 2, 2, 2, 3, 3])
+  np.testing.assert_array_equal(pixels(flip[6]["image"]),
+                                np.fliplr(GLYPH + 10))
+  assert flip[1]["image"] == src[1]["image"]
+
+
+def test_mirror_classes_from_the_config(omniglot_small_dir):
+  info = data.get_dataset_info("omniglot_small")
+  c = _config(data_dir=str(omniglot_small_dir), validation_fraction=0.2,
+              rotations=4, mirror_classes=True)
+  train, val = run_lib.load_sources(c, info)
+  assert len(np.unique(train.labels)) == 8 * 109 == config_checks.num_classes(
+      c, info)
+  assert len(np.unique(val.labels)) == 27  # held out upright, unmirrored
+  src = data.load_split("omniglot_small", "train", data_dir=omniglot_small_dir)
+  assert val[0]["image"] == src[int(val.indices[0])]["image"]
+
+
+def test_validation_by_alphabet(omniglot_small_dir):
+  info = data.get_dataset_info("omniglot_small")
+  c = _config(data_dir=str(omniglot_small_dir), validation_fraction=0.2,
+              validation_by="superclass", rotations=4)
+  train, val = run_lib.load_sources(c, info)
+  alphabet = lambda s, idx: {bytes(r["path"]).split(b"/")[1]
+                             for r in s.__getitems__(idx)}
+  held = alphabet(val, range(len(val)))
+  kept = alphabet(train, range(0, len(train), 7))
+  # One whole alphabet (round(0.2 x 5)) held out, all its characters.
+  assert len(held) == 1 and not held & kept and len(kept) == 4
+  n = info.train_superclasses[int(data.holdout_superclasses(5, 0.2, 0)[0])]
+  assert len(np.unique(val.labels)) == n
+  assert config_checks.num_classes(c, info) == 4 * (136 - n) == len(
+      np.unique(train.labels))
+
+
+@pytest.mark.parametrize("name,by,match", [
+    ("omniglot_small", "alphabet", r"must be one of \('class', 'superclass'\)"),
+    ("digits", "superclass", "dataset 'digits' declares no superclasses"),
+])
+def test_config_rejects_bad_validation_by(name, by, match):
+  c = _config(validation_fraction=0.2, validation_by=by)
+  c.dataset.name = name
+  with pytest.raises(config_checks.ConfigError,
+                     match=r"^config\.dataset\.validation_by: " + match) as e:
+    config_checks.check_config(c, device_count=1)
+  assert "\n" not in str(e.value)

@@ -85,3 +85,42 @@ def test_subset_pickles_and_reads_in_one_batched_call():
   again = pickle.loads(pickle.dumps(train))
   np.testing.assert_array_equal(again.labels, train.labels)
   assert again[0]["image"] == train[0]["image"]
+
+
+def test_superclass_holdout_takes_whole_superclasses():
+  sizes = (24, 22, 24, 40, 26)   # omniglot_small's alphabets, label order
+  starts = np.concatenate([[0], np.cumsum(sizes)])
+  seen = set()
+  for seed in range(12):
+    groups = data.holdout_superclasses(5, 0.2, seed)
+    assert len(groups) == 1       # round(0.2 * 5)
+    held = data.holdout_classes(136, 0.2, seed, superclasses=sizes)
+    g = int(groups[0])
+    np.testing.assert_array_equal(held, np.arange(starts[g], starts[g + 1]))
+    assert data.num_holdout_classes(136, 0.2, seed,
+                                    superclasses=sizes) == sizes[g]
+    seen.add(g)
+  assert len(seen) > 1            # the seed picks the superclass
+  # Two of five; at least one whatever the fraction; never all of them.
+  assert len(data.holdout_superclasses(5, 0.4, 0)) == 2
+  assert len(data.holdout_superclasses(5, 0.01, 0)) == 1
+  with pytest.raises(ValueError, match="leaves none to train on"):
+    data.holdout_superclasses(5, 0.95, 0)
+  assert data.num_holdout_classes(136, 0.0, superclasses=sizes) == 0
+  with pytest.raises(ValueError, match="summing to the 136 train classes"):
+    data.holdout_classes(136, 0.2, superclasses=(24, 22))
+  with pytest.raises(ValueError, match="at least 2 superclasses"):
+    data.holdout_classes(136, 0.2, superclasses=(136,))
+  for seed in (0, 1):  # either side would be a single class
+    with pytest.raises(ValueError, match="both sides need at least 2"):
+      data.holdout_classes(4, 0.5, seed, superclasses=(3, 1))
+
+
+def test_split_by_superclass_views():
+  labels = np.repeat(np.arange(6), 2)          # superclasses {0, 1}, {2..5}
+  train, val = data.split_classes(_Source(labels), fraction=0.5, seed=3,
+                                  superclasses=(2, 4))
+  held = data.holdout_classes(6, 0.5, 3, superclasses=(2, 4))
+  np.testing.assert_array_equal(val.classes, held)
+  assert held.tolist() in ([0, 1], [2, 3, 4, 5])
+  assert sorted(train.classes.tolist() + val.classes.tolist()) == list(range(6))

@@ -1,6 +1,7 @@
 """Omniglot and omniglot_small: fixtures, the download path, real archives."""
 
 import io
+import itertools
 import zipfile
 
 import numpy as np
@@ -136,6 +137,15 @@ def test_omniglot_small_real_archives(omniglot_small_dir, omniglot_dir):
   meta = test.dataset_info.metadata["splits"]["test"]
   assert {n.split("/")[0] for n in meta["class_names"]} == {
       "Japanese_(katakana)", "Sanskrit", "Tagalog"}
+  # The spec's train superclasses (the alphabets' character counts in label
+  # order) are those of the prepared split's class names, each contiguous.
+  names = train.dataset_info.metadata["splits"]["train"]["class_names"]
+  runs = [(a, len(list(g))) for a, g in
+          itertools.groupby(n.split("/")[0] for n in names)]
+  assert [a for a, _ in runs] == ["Balinese", "Early_Aramaic", "Greek",
+                                  "Korean", "Latin"]
+  assert tuple(n for _, n in runs) == spec.train_superclasses
+  assert spec.superclass_name == "alphabet"
   # Records hold the archive's PNG bytes unchanged, under the official path.
   with zipfile.ZipFile(omniglot_dir / "images_background_small2.zip") as zf:
     for i in (0, 777, 2119):
