@@ -25,7 +25,12 @@ Presets (``get_preprocess(name, train=...)``):
   degrees about the centre, filling with the border's most common value
   (the paper background); the distortions of Koch, Zemel, Salakhutdinov,
   "Siamese Neural Networks for One-shot Image Recognition", ICML Deep
-  Learning Workshop 2015. Its eval variant is ``grayscale``'s.
+  Learning Workshop 2015. With ``elastic_alpha > 0`` an elastic distortion
+  follows (:func:`elastic_distort`; Simard, Steinkraus, Platt, "Best
+  Practices for Convolutional Neural Networks Applied to Visual Document
+  Analysis", ICDAR 2003): the local wobble of strokes that differs between
+  two people's drawings of one character. Its eval variant is
+  ``grayscale``'s.
 
 Train / eval variants (the torchvision transforms of the papers' code):
 
@@ -64,7 +69,8 @@ _GRAY = ("grayscale", "grayscale_affine")
 # grayscale_affine's default ranges: shift (fraction of the size), rotation
 # (degrees), scale, x-shear (degrees).
 AFFINE_DEFAULTS = dict(affine_shift=0.1, affine_degrees=10.0,
-                       affine_scale=(0.9, 1.1), affine_shear=10.0)
+                       affine_scale=(0.9, 1.1), affine_shear=10.0,
+                       elastic_alpha=0.0, elastic_sigma=4.0)
 
 
 class ImageDecodeError(UserError, ValueError):
@@ -195,6 +201,29 @@ def random_affine(im: Image.Image, rng: np.random.Generator, *,
                           fill=border_mode(im))
 
 
+def elastic_distort(x: np.ndarray, rng: np.random.Generator, *, alpha: float,
+                    sigma: float, fill: float) -> np.ndarray:
+  """A random elastic distortion of a ``[H, W]`` float image (Simard et al.).
+
+  Draws two fields of i.i.d. ``U(-1, 1)`` displacements (x, then y), smooths
+  each with a Gaussian of standard deviation ``sigma`` pixels and scales it
+  by ``alpha`` pixels; output pixel ``p`` is the input at ``p + d(p)``
+  (bilinear; `fill` outside the image). ``alpha = 0`` returns `x` itself
+  without a draw.
+  """
+  if not alpha:
+    return x
+  from scipy import ndimage  # pylint: disable=g-import-not-at-top
+  h, w = x.shape
+  d = rng.uniform(-1.0, 1.0, size=(2, h, w))
+  dx = ndimage.gaussian_filter(d[0], sigma, mode="constant") * alpha
+  dy = ndimage.gaussian_filter(d[1], sigma, mode="constant") * alpha
+  yy, xx = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+  out = ndimage.map_coordinates(x, [yy + dy, xx + dx], order=1,
+                                mode="grid-constant", cval=fill)
+  return out.astype(x.dtype)
+
+
 @dataclasses.dataclass(frozen=True)
 class Preprocess:
   """A preprocessing function ``(bytes, rng) -> float32 [H, W, C]``.
@@ -213,6 +242,9 @@ class Preprocess:
     affine_shift, affine_degrees, affine_scale, affine_shear: train
       ``grayscale_affine``: the ranges of :func:`random_affine` (identity for
       the other presets).
+    elastic_alpha, elastic_sigma: train ``grayscale_affine``: the elastic
+      distortion after the affine map (:func:`elastic_distort`; alpha 0:
+      off).
   """
 
   preset: str
@@ -226,6 +258,8 @@ class Preprocess:
   affine_degrees: float = 0.0
   affine_scale: Tuple[float, float] = (1.0, 1.0)
   affine_shear: float = 0.0
+  elastic_alpha: float = 0.0
+  elastic_sigma: float = 4.0
 
   @property
   def channels(self) -> int:
@@ -261,8 +295,12 @@ class Preprocess:
                            scale=self.affine_scale, shear=self.affine_shear)
       if self.train and self.flip and rng.random() < 0.5:
         im = im.transpose(Image.FLIP_LEFT_RIGHT)
-      x = np.asarray(im, np.float32)[..., None] * np.float32(1.0 / 255.0)
-      return x
+      x = np.asarray(im, np.float32) * np.float32(1.0 / 255.0)
+      if self.train and self.elastic_alpha:
+        x = elastic_distort(x, rng, alpha=self.elastic_alpha,
+                            sigma=self.elastic_sigma,
+                            fill=border_mode(im) / 255.0)
+      return x[..., None]
     im = decode(data, "RGB", where)
     if self.train:
       box = random_resized_crop_box(im.size[0], im.size[1], rng,
@@ -289,7 +327,9 @@ def get_preprocess(preset: str, *, train: bool, image_size: Optional[int] = None
                    affine_shift: Optional[float] = None,
                    affine_degrees: Optional[float] = None,
                    affine_scale: Optional[Tuple[float, float]] = None,
-                   affine_shear: Optional[float] = None) -> Preprocess:
+                   affine_shear: Optional[float] = None,
+                   elastic_alpha: Optional[float] = None,
+                   elastic_sigma: Optional[float] = None) -> Preprocess:
   """Returns a preprocessing preset by name.
 
   Args:
@@ -313,6 +353,10 @@ def get_preprocess(preset: str, *, train: bool, image_size: Optional[int] = None
       ``0 < min <= max`` (default (0.9, 1.1)).
     affine_shear: ``grayscale_affine`` only: largest x-shear in degrees, in
       [0, 60] (default 10).
+    elastic_alpha: ``grayscale_affine`` only: elastic distortion strength in
+      pixels, in [0, 100] (default 0: off; Simard et al. used 34 at 29 px).
+    elastic_sigma: ``grayscale_affine`` only: its smoothness in pixels, in
+      (0, 20] (default 4, Simard et al.'s).
 
   Returns:
     A :class:`Preprocess`.
@@ -341,7 +385,9 @@ def get_preprocess(preset: str, *, train: bool, image_size: Optional[int] = None
     flip = rgb
   affine = _affine_ranges(preset, affine_shift=affine_shift,
                           affine_degrees=affine_degrees,
-                          affine_scale=affine_scale, affine_shear=affine_shear)
+                          affine_scale=affine_scale, affine_shear=affine_shear,
+                          elastic_alpha=elastic_alpha,
+                          elastic_sigma=elastic_sigma)
   return Preprocess(preset=preset, train=bool(train), image_size=image_size,
                     resize_size=resize_size, scale=scale, ratio=ratio,
                     flip=bool(flip), **affine)
@@ -360,11 +406,16 @@ def _affine_ranges(preset: str, **given) -> dict:
            affine_degrees=float(r["affine_degrees"]),
            affine_scale=(float(r["affine_scale"][0]),
                          float(r["affine_scale"][1])),
-           affine_shear=float(r["affine_shear"]))
+           affine_shear=float(r["affine_shear"]),
+           elastic_alpha=float(r["elastic_alpha"]),
+           elastic_sigma=float(r["elastic_sigma"]))
   for name, hi in (("affine_shift", 0.5), ("affine_degrees", 180.0),
-                   ("affine_shear", 60.0)):
+                   ("affine_shear", 60.0), ("elastic_alpha", 100.0)):
     if not 0.0 <= r[name] <= hi:
       raise ValueError(f"`{name}` must be in [0, {hi:g}]; got {r[name]}.")
+  if not 0.0 < r["elastic_sigma"] <= 20.0:
+    raise ValueError(f"`elastic_sigma` must be in (0, 20]; got "
+                     f"{r['elastic_sigma']}.")
   lo, hi = r["affine_scale"]
   if not 0 < lo <= hi:
     raise ValueError(f"`affine_scale` must satisfy 0 < min <= max; got "

@@ -112,6 +112,8 @@ def test_random_shift_only_moves_by_the_drawn_amount():
     (dict(affine_degrees=-1), "affine_degrees"),
     (dict(affine_scale=(1.2, 1.1)), "affine_scale"),
     (dict(affine_shear=90), "affine_shear"),
+    (dict(elastic_alpha=-1.0), "elastic_alpha"),
+    (dict(elastic_alpha=8.0, elastic_sigma=0.0), "elastic_sigma"),
 ])
 def test_bad_ranges(kwargs, match):
   with pytest.raises(ValueError, match=match):
@@ -122,6 +124,8 @@ def test_affine_ranges_only_for_grayscale_affine():
   with pytest.raises(ValueError, match="only apply to the 'grayscale_affine'"):
     data.get_preprocess("grayscale", train=True, affine_shift=0.1)
   assert data.get_preprocess("grayscale", train=True).affine_shift == 0.0
+  with pytest.raises(ValueError, match="only apply to the 'grayscale_affine'"):
+    data.get_preprocess("grayscale", train=True, elastic_alpha=8.0)
 
 
 def test_config_checks_name_the_preprocess_field():
@@ -141,3 +145,61 @@ def test_config_checks_name_the_preprocess_field():
   with pytest.raises(config_checks.ConfigError,
                      match="only apply to the 'grayscale_affine' preset"):
     config_checks.check_config(c, device_count=1)
+
+
+def _naive_elastic(x, d, alpha, sigma, fill):
+  """float64 loops: output (i, j) samples x bilinearly at (i + dy, j + dx)."""
+  from scipy import ndimage  # pylint: disable=g-import-not-at-top
+  dx = ndimage.gaussian_filter(d[0], sigma, mode="constant") * alpha
+  dy = ndimage.gaussian_filter(d[1], sigma, mode="constant") * alpha
+  h, w = x.shape
+  at = lambda i, j: x[i, j] if 0 <= i < h and 0 <= j < w else fill
+  out = np.zeros((h, w))
+  for i in range(h):
+    for j in range(w):
+      y, xx = i + dy[i, j], j + dx[i, j]
+      i0, j0 = int(np.floor(y)), int(np.floor(xx))
+      fy, fx = y - i0, xx - j0
+      out[i, j] = ((1 - fy) * (1 - fx) * at(i0, j0) + (1 - fy) * fx
+                   * at(i0, j0 + 1) + fy * (1 - fx) * at(i0 + 1, j0)
+                   + fy * fx * at(i0 + 1, j0 + 1))
+  return out
+
+
+def test_elastic_distortion_against_naive_sampling():
+  x = stroke_image(12).astype(np.float64) / 255.0
+  out = augment.elastic_distort(x, np.random.default_rng(5), alpha=6.0,
+                                sigma=2.0, fill=1.0)
+  d = np.random.default_rng(5).uniform(-1.0, 1.0, size=(2, 12, 12))
+  np.testing.assert_allclose(out, _naive_elastic(x, d, 6.0, 2.0, 1.0),
+                             atol=1e-9)
+  assert not np.allclose(out, x)
+  # alpha 0: the image itself, nothing drawn.
+  rng = np.random.default_rng(1)
+  assert augment.elastic_distort(x, rng, alpha=0.0, sigma=4.0, fill=1.0) is x
+  assert rng.uniform() == np.random.default_rng(1).uniform()
+  # Blank paper stays blank.
+  np.testing.assert_allclose(augment.elastic_distort(
+      np.ones((9, 9)), np.random.default_rng(0), alpha=30.0, sigma=3.0,
+      fill=1.0), 1.0)
+
+
+def test_elastic_preset_is_deterministic_train_only_and_in_range():
+  data_bytes = png(stroke_image(40))
+  pre = data.get_preprocess("grayscale_affine", train=True, image_size=20,
+                            elastic_alpha=16.0)
+  plain = data.get_preprocess("grayscale_affine", train=True, image_size=20)
+  a = pre(data_bytes, np.random.default_rng(3))
+  np.testing.assert_array_equal(a, pre(data_bytes, np.random.default_rng(3)))
+  assert a.shape == (20, 20, 1) and a.dtype == np.float32
+  assert 0.0 <= a.min() and a.max() <= 1.0
+  # The affine draw comes first, so without elasticity it is the same image
+  # before the distortion.
+  b = plain(data_bytes, np.random.default_rng(3))
+  assert not np.allclose(a, b)
+  assert abs(float(a.mean()) - float(b.mean())) < 0.05  # ink moved, not made
+  ev = data.get_preprocess("grayscale_affine", train=False, image_size=20,
+                           elastic_alpha=16.0)
+  np.testing.assert_array_equal(
+      ev(data_bytes), data.get_preprocess("grayscale", train=False,
+                                          image_size=20)(data_bytes))
