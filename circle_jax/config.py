@@ -165,7 +165,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = Config()
   c.model.name = "conv4"           # a circle_jax.models.MODELS name
   c.model.embedding_dim = 64       # D
-  c.model.pooling = "avg"          # backbone pooling: "avg", "max", "avg+max"
+  c.model.pooling = "avg"          # backbone pooling: "avg", "max", "avg+max", "flatten"
   c.model.freeze_bn = False        # BatchNorm in inference mode while training
   c.model.sync_bn = False          # BatchNorm statistics over the global batch
   c.model.dtype = "float32"        # or "bfloat16" (compute dtype)

@@ -182,7 +182,9 @@ def global_pool(x: Array, pooling: str) -> Array:
   """Global spatial pooling of a ``[B, H, W, C]`` map to ``[B, C]`` (float32).
 
   ``pooling='avg'`` is the mean over ``H, W``; ``'avg+max'`` is the mean plus
-  the max (summed, as in the Proxy-Anchor code); ``'max'`` the max alone.
+  the max (summed, as in the Proxy-Anchor code); ``'max'`` the max alone;
+  ``'flatten'`` keeps every position, ``[B, H * W * C]`` (the spatial layout:
+  Prototypical Networks flatten their conv4 output).
   """
   x = x.astype(jnp.float32)
   if pooling == "avg":
@@ -191,8 +193,11 @@ def global_pool(x: Array, pooling: str) -> Array:
     return jnp.max(x, axis=(1, 2))
   if pooling == "avg+max":
     return jnp.mean(x, axis=(1, 2)) + jnp.max(x, axis=(1, 2))
+  if pooling == "flatten":
+    return x.reshape(x.shape[0], -1)
   raise ValueError(
-      f"`pooling` must be one of 'avg', 'max', 'avg+max'; got {pooling!r}.")
+      f"`pooling` must be one of 'avg', 'max', 'avg+max', 'flatten'; got "
+      f"{pooling!r}.")
 
 
-POOLINGS: Sequence[str] = ("avg", "max", "avg+max")
+POOLINGS: Sequence[str] = ("avg", "max", "avg+max", "flatten")

@@ -80,6 +80,9 @@ def test_global_pool_hand_computed():
   np.testing.assert_allclose(layers.global_pool(x, "avg"), [[3.0, -2.0]])
   np.testing.assert_allclose(layers.global_pool(x, "max"), [[6.0, -1.0]])
   np.testing.assert_allclose(layers.global_pool(x, "avg+max"), [[9.0, -3.0]])
+  # Row-major positions, channels innermost: (0,0), (0,1), (1,0), (1,1).
+  np.testing.assert_allclose(layers.global_pool(x, "flatten"),
+                             [[1, -1, 2, -1, 3, -1, 6, -5]])
   assert layers.global_pool(x.astype(jnp.bfloat16), "avg").dtype == jnp.float32
   with pytest.raises(ValueError, match="pooling"):
     layers.global_pool(x, "gem")
