@@ -255,6 +255,7 @@ def test_validation_split_selects_the_step_and_reports_its_test_numbers(
   held = data_lib.holdout_classes(5, 0.4, seed=0)
   val = result["validation"]
   assert val["classes"] == held.tolist() and val["num_classes"] == 2
+  assert val["by"] == "class"
   train = data_lib.load_split("digits", "train", data_dir=data_dir)
   labels = data_lib.split_labels(train)
   assert val["num_images"] == int(np.isin(labels, held).sum())
