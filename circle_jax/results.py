@@ -256,7 +256,10 @@ def describe_data(cfg: Mapping[str, Any],
   ``metrics``: the ``metrics.json`` of the complete runs (the first gives
   the number of test queries and the validation split, if any).
   """
-  from circle_jax.data import registry  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from circle_jax.data import registry
+  from circle_jax.data import rotations as rotations_lib
+  # pylint: enable=g-import-not-at-top
   name = cfg["dataset"]["name"]
   try:
     spec = registry.get_dataset_info(name)
@@ -276,18 +279,16 @@ def describe_data(cfg: Mapping[str, Any],
     copies += ["2 mirror images"] if mirror else []
     settings = [f"dataset.rotations={rotations}"] if rotations > 1 else []
     settings += ["dataset.mirror_classes=True"] if mirror else []
-    n = kept * rotations * (2 if mirror else 1)
+    n = kept * rotations_lib.class_copies(rotations, mirror)
     train = (f"train on {kept} classes x {' x '.join(copies)} = {n} classes "
              f"({', '.join(settings)})")
-  if val and val.get("by") == "superclass":
-    train += (f", select on {val['num_classes']} held-out train classes of "
-              f"held-out {spec.superclass_name}s ({val['num_images']} images, "
-              f"dataset.validation_fraction={val['fraction']:g}, "
-              "dataset.validation_by=superclass)")
-  elif val:
-    train += (f", select on {val['num_classes']} held-out train classes "
+  if val:
+    by_superclass = val.get("by") == "superclass"
+    of = f" of held-out {spec.superclass_name}s" if by_superclass else ""
+    how = ", dataset.validation_by=superclass" if by_superclass else ""
+    train += (f", select on {val['num_classes']} held-out train classes{of} "
               f"({val['num_images']} images, "
-              f"dataset.validation_fraction={val['fraction']:g})")
+              f"dataset.validation_fraction={val['fraction']:g}{how})")
   if "query" in spec.eval_splits:
     test = (f"{int(images)} query images, retrieved among "
             f"{spec.num_images['gallery']} gallery images")

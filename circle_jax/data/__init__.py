@@ -36,6 +36,7 @@ from circle_jax.data.registry import get_builder
 from circle_jax.data.registry import get_dataset_info
 from circle_jax.data.registry import is_prepared
 from circle_jax.data.registry import load_split
+from circle_jax.data.rotations import class_copies
 from circle_jax.data.rotations import ROTATIONS
 from circle_jax.data.rotations import RotatedClasses
 from circle_jax.data.samplers import PKSampler

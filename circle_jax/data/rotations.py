@@ -37,6 +37,12 @@ _TRANSPOSE = {1: Image.Transpose.ROTATE_90, 2: Image.Transpose.ROTATE_180,
               3: Image.Transpose.ROTATE_270}
 
 
+def class_copies(rotations: int, mirror: bool = False) -> int:
+  """How many classes each class becomes: ``R``, or ``2 R`` with mirror
+  images (what :class:`RotatedClasses` makes of a source)."""
+  return int(rotations) * (2 if mirror else 1)
+
+
 def rotate_encoded(data: bytes, quarter_turns: int, *,
                    mirror: bool = False) -> bytes:
   """Encoded image bytes rotated counter-clockwise by ``90 * quarter_turns``
@@ -70,9 +76,9 @@ class RotatedClasses:
   ``2 R`` with ``mirror``) is record ``i`` of `source`, flipped left to right
   when ``k >= R``, then rotated counter-clockwise by ``(k mod R) * 360 / R``
   degrees, with label ``k * C + label_i`` (``C`` = the source's class
-  count): copy 0 is the source unchanged, with its labels. Supports what the pipelines use
-  (``len``, ``source[i]``, ``source.__getitems__(indices)``, :attr:`labels`)
-  and is picklable when the source is.
+  count): copy 0 is the source unchanged, with its labels. Supports what the
+  pipelines use (``len``, ``source[i]``, ``source.__getitems__(indices)``,
+  :attr:`labels`) and is picklable when the source is.
 
   Args:
     source: a random-access source of ``{'image': bytes, 'label', ...}``
@@ -92,7 +98,7 @@ class RotatedClasses:
     self.source = source
     self.rotations = int(rotations)
     self.mirror = bool(mirror)
-    self.copies = self.rotations * (2 if self.mirror else 1)
+    self.copies = class_copies(self.rotations, self.mirror)
     self.num_base_records = len(base)
     self.num_base_classes = int(base.max()) + 1
     self.labels = np.concatenate(

@@ -58,6 +58,12 @@ def _superclass_starts(num_classes: int, superclasses: Sequence[int]
   return np.concatenate([[0], np.cumsum(sizes)])
 
 
+def _seeded_choice(n: int, k: int, seed: int) -> np.ndarray:
+  """``k`` of ``range(n)``, sorted: a function of ``(n, k, seed)`` only."""
+  rng = np.random.default_rng([int(seed), 7919])
+  return np.sort(rng.permutation(n)[:k]).astype(np.int64)
+
+
 def holdout_superclasses(num_superclasses: int, fraction: float,
                          seed: int = 0) -> np.ndarray:
   """The sorted superclass indices held out: ``max(1, round(fraction * G))``
@@ -70,8 +76,7 @@ def holdout_superclasses(num_superclasses: int, fraction: float,
     raise ValueError(
         f"validation fraction {fraction} of {num_superclasses} superclasses "
         f"holds out {n} and leaves none to train on; lower it.")
-  rng = np.random.default_rng([int(seed), 7919])
-  return np.sort(rng.permutation(num_superclasses)[:n]).astype(np.int64)
+  return _seeded_choice(num_superclasses, n, seed)
 
 
 def holdout_classes(num_classes: int, fraction: float, seed: int = 0, *,
@@ -97,8 +102,7 @@ def holdout_classes(num_classes: int, fraction: float, seed: int = 0, *,
   if superclasses is None:
     n = max(2, int(round(fraction * num_classes)))
     _check_sides(num_classes, n, f"validation fraction {fraction}")
-    rng = np.random.default_rng([int(seed), 7919])
-    return np.sort(rng.permutation(num_classes)[:n]).astype(np.int64)
+    return _seeded_choice(num_classes, n, seed)
   starts = _superclass_starts(num_classes, superclasses)
   groups = holdout_superclasses(len(starts) - 1, fraction, seed)
   held = np.concatenate([np.arange(starts[g], starts[g + 1]) for g in groups])

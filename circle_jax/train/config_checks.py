@@ -50,8 +50,8 @@ def validation_superclasses(config, info) -> Optional[Tuple[int, ...]]:
 def class_copies(config) -> int:
   """How many classes each trained class becomes: ``dataset.rotations``,
   twice that with ``dataset.mirror_classes``."""
-  return config.dataset.rotations * (2 if config.dataset.mirror_classes
-                                     else 1)
+  return data_lib.class_copies(config.dataset.rotations,
+                               config.dataset.mirror_classes)
 
 
 def num_holdout_classes(config, info) -> int:

@@ -164,7 +164,7 @@ def test_mirror_classes_by_hand():
       [[1, 4], [2, 5], [3, 6]])
   src = _Source()
   d4 = data.RotatedClasses(src, 4, mirror=True)
-  assert len(d4) == 40 and d4.copies == 8
+  assert len(d4) == 40 and d4.copies == 8 == data.class_copies(4, True)
   np.testing.assert_array_equal(d4.labels, np.repeat(np.arange(8), 5) * 2
                                 + np.tile([0, 0, 0, 1, 1], 8))
   # Copy k >= 4: the mirror image turned by k - 4 quarter turns; the 8
