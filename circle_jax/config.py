@@ -226,6 +226,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_at_init = True            # evaluate the untrained model (step 0)
   c.eval_ks = placeholder(tuple)   # Recall@K's K; None: the dataset's
   c.eval_clustering = True         # NMI / AMI of k-means
+  # Test-time augmentation: every evaluation image is also embedded shifted
+  # by this many pixels up, down, left and right, and the 5 unit embeddings
+  # averaged (circle_jax.train.run.model_apply). 0: off.
+  c.eval_shift = 0
   # Episodic few-shot classification at every evaluation, next to retrieval
   # (circle_jax.evaluation.fewshot; metrics fewshot_{N}way_{K}shot and
   # fewshot_{N}way_{K}shot_ci95 for each N of `ways` and K of `shots`).

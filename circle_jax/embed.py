@@ -97,7 +97,7 @@ def embed_folder(workdir: str, images: str, *, batch_size: int = 64,
                run.step)
   config = run.config
   preprocess = run_lib.eval_preprocess(config, run.info)
-  embed = placement.embed_fn(run_lib.model_apply(run.model))
+  embed = placement.embed_fn(run_lib.eval_apply(run.config, run.model))
   variables = placement.replicate(run.variables)
   decoded, kept, skipped = [], [], []
   for p in paths:

@@ -16,6 +16,12 @@ Each run is the real main job in its own process::
 * A run whose workdir holds a complete ``metrics.json`` (with ``result``) of
   the same config is reused, so an interrupted comparison resumes where it
   stopped (the interrupted run itself resumes from its last checkpoint).
+* A finished run whose config differs only in how it is evaluated
+  (``eval_ks``, ``eval_clustering``, ``eval_shift``, ``fewshot``;
+  ``circle_jax.train.workdir.EVALUATION_FIELDS``) is re-evaluated, not retrained: its
+  main job resumes at the last step and evaluates it again
+  (``metrics.json``'s ``config_changes`` records the change; the training
+  time is kept).
 * A workdir that holds a run of *another* config (other steps, batch, ...)
   is not touched: that run is reported as failed, naming the differing
   fields (use another ``--workdir``).
@@ -293,16 +299,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             file=sys.stderr)
   todo = [r for r in runs if r.status == "pending"]
   conflicts = sum(r.status == "failed" for r in runs)
+  again = sum(r.reevaluate for r in todo)
   print(f"[compare] {len(runs)} runs ({compare_report.plural(len(losses), 'loss')} x "
         f"{compare_report.plural(len(seeds), 'seed')}"
         + (f" + {compare_report.plural(len(ablations), 'ablation')}"
            if ablations else "") + f") in {args.workdir}: "
-        f"{len(runs) - len(todo) - conflicts} finished, {len(todo)} to train"
+        f"{len(runs) - len(todo) - conflicts} finished, "
+        f"{len(todo) - again} to train"
+        + (f", {again} to re-evaluate" if again else "")
         + (f", {conflicts} with another config there" if conflicts else ""),
         flush=True)
   if args.dry_run:
     for r in runs:
-      state = {"pending": "train", "reused": "reuse"}.get(r.status, "CONFLICT")
+      state = ("re-eval" if r.reevaluate else
+               {"pending": "train", "reused": "reuse"}.get(r.status,
+                                                           "CONFLICT"))
       print(f"{state:8s} {shlex.join(r.command)}")
       if r.error:
         print(f"         {r.error}")

@@ -1,7 +1,10 @@
 """The runs of a loss comparison: one main job per (loss, seed).
 
 :func:`prepare` decides whether a run's workdir already holds it (complete,
-same config: reused) or another run (a conflict); :func:`execute` trains it
+same config: reused), holds it evaluated otherwise (complete, and only
+``circle_jax.train.workdir.EVALUATION_FIELDS`` differ: re-evaluated, its main
+job resumes at the last step and evaluates again, training nothing) or holds
+another run (a conflict); :func:`execute` trains it
 with ``python -m experiments.main`` in a child process and records the
 outcome. ``experiments/compare.py`` (the command line) plans the runs and
 ``experiments/compare_report.py`` writes their report.
@@ -61,10 +64,12 @@ class Run:
     config: the resolved config of the run (plain JSON), as the main job
       will build it.
     status: ``"pending"``, ``"reused"`` (complete before this invocation),
-      ``"done"`` (trained now) or ``"failed"``.
+      ``"done"`` (trained or re-evaluated now) or ``"failed"``.
+    reevaluate: a pending run that is complete but evaluated with other
+      ``workdir.EVALUATION_FIELDS``: the main job only evaluates it again.
     metrics: the run's ``metrics.json`` once complete.
-    wall_seconds: wall time of the process that completed the run (None if
-      unknown, e.g. a run made by hand).
+    wall_seconds: wall time of the process that trained the run (None if
+      unknown, e.g. a run made by hand); a re-evaluation keeps it.
     error: why the run failed (with the tail of its stderr).
     info: ``compare_run.json`` (command, wall time, machine).
     variant: the ablation it belongs to (``--ablation NAME:...``), "" for
@@ -82,6 +87,7 @@ class Run:
   error: str = ""
   info: Dict[str, Any] = dataclasses.field(default_factory=dict)
   variant: str = ""
+  reevaluate: bool = False
 
   @property
   def complete(self) -> bool:
@@ -149,18 +155,23 @@ def complete_metrics(workdir: str) -> Optional[Dict[str, Any]]:
   return metrics
 
 
-def _workdir_conflict(run: Run) -> str:
-  """Why ``run.workdir`` holds another run ("" if it does not)."""
-  saved = None
+def _saved_differences(run: Run) -> List[Tuple[str, Any, Any]]:
+  """The fields in which ``run.workdir``'s saved config differs from the
+  run's ([] if there is none)."""
   metrics = _read_json(os.path.join(run.workdir, METRICS_FILE))
   if isinstance(metrics, dict) and isinstance(metrics.get("config"), dict):
     saved = metrics["config"]
   else:
     saved = _read_json(os.path.join(run.workdir, "config.json"))
   if not isinstance(saved, dict):
-    return ""
-  diff = config_differences(saved, run.config)
-  if not diff:
+    return []
+  return config_differences(saved, run.config)
+
+
+def _workdir_conflict(diff: List[Tuple[str, Any, Any]], run: Run) -> str:
+  """Why ``run.workdir`` holds another run ("" if it does not): a field
+  outside ``workdir.EVALUATION_FIELDS`` differs."""
+  if all(workdir_lib.is_evaluation_field(d[0]) for d in diff):
     return ""
   shown = "; ".join(f"{p}: {_short(a)} (there) vs {_short(b)} (this "
                     "comparison)" for p, a, b in diff[:5])
@@ -175,13 +186,20 @@ def _short(v) -> str:
 
 
 def prepare(run: Run) -> None:
-  """Marks ``run`` reused (complete, same config) or failed (conflict)."""
-  conflict = _workdir_conflict(run)
+  """Marks ``run`` reused (complete, same config), failed (conflict), or
+  pending; pending with ``reevaluate`` when it is complete but evaluated
+  with other ``workdir.EVALUATION_FIELDS``."""
+  diff = _saved_differences(run)
+  conflict = _workdir_conflict(diff, run)
   if conflict:
     run.status, run.error = "failed", conflict
     return
   metrics = complete_metrics(run.workdir)
-  if metrics is not None:
+  if metrics is not None and diff:
+    run.status, run.reevaluate = "pending", True
+    run.info = _read_json(os.path.join(run.workdir, RUN_FILE)) or {}
+    run.wall_seconds = run.info.get("wall_seconds")
+  elif metrics is not None:
     run.status, run.metrics = "reused", metrics
     info = _read_json(os.path.join(run.workdir, RUN_FILE)) or {}
     run.info = info
@@ -219,13 +237,20 @@ def execute(run: Run, env: Dict[str, str]) -> None:
   wall = time.time() - t0
   metrics = complete_metrics(run.workdir)
   if code == 0 and metrics is not None:
-    run.status, run.metrics, run.wall_seconds = "done", metrics, wall
-    run.info = {
-        "command": run.command, "wall_seconds": wall,
-        "finished": datetime.datetime.now().isoformat(timespec="seconds"),
-        **hostenv.machine_info(),
-        "load_average": [load_start, os.getloadavg()[0]],
-    }
+    finished = datetime.datetime.now().isoformat(timespec="seconds")
+    if run.reevaluate:  # the training's record stays; this one is added
+      run.status, run.metrics = "done", metrics
+      run.info = {**run.info, "reevaluated": (
+          run.info.get("reevaluated", []) + [{
+              "command": run.command, "wall_seconds": wall,
+              "finished": finished}])}
+    else:
+      run.status, run.metrics, run.wall_seconds = "done", metrics, wall
+      run.info = {
+          "command": run.command, "wall_seconds": wall, "finished": finished,
+          **hostenv.machine_info(),
+          "load_average": [load_start, os.getloadavg()[0]],
+      }
     with open(os.path.join(run.workdir, RUN_FILE), "w") as f:
       json.dump(run.info, f, indent=2)
     return

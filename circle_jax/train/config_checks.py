@@ -401,6 +401,13 @@ def check_config(config, *, device_count: Optional[int] = None,
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
       _fail(field, f"must be an int >= 0 (0 disables); got {v!r}.")
   # Metric.
+  shift = config.eval_shift
+  size = info.get_preprocess(train=False,
+                             **dict(config.dataset.preprocess)).image_size
+  if (isinstance(shift, bool) or not isinstance(shift, int) or shift < 0
+      or 2 * shift >= size):
+    _fail("eval_shift", f"must be an int in [0, {(size - 1) // 2}] (pixels of "
+          f"the {size} px evaluation image; 0: off); got {shift!r}.")
   ks = tuple(config.eval_ks or info.ks)
   _check_fewshot(config, info, held_out)
   names = metric_names(ks, config.eval_clustering, config.fewshot)

@@ -38,7 +38,7 @@ class Evaluator:
   def __init__(self, config, info, model, placement, validation_source=None):
     self.config, self.info = config, info
     self.placement = parallel.get_placement(placement)
-    self.apply_fn = run_lib.model_apply(model)
+    self.apply_fn = run_lib.eval_apply(config, model)
     self.preprocess = run_lib.eval_preprocess(config, info)
     self.sources = {split: run_lib.load_split(config, info, split)
                     for split in info.eval_splits}

@@ -139,6 +139,7 @@ class Job:
   init_metrics: Optional[dict] = None
   init_val: Optional[dict] = None
   last_eval: tuple = (None, None)
+  eval_changed: bool = False     # resumed with other evaluation settings
   pending: List[tuple] = dataclasses.field(default_factory=list)
   train_seconds: float = 0.0
   t0: float = 0.0
@@ -266,6 +267,8 @@ def _build(config, workdir, reporter, force_resume) -> Job:
     reporter.note(f"Resumed from step {int(host['step'])} ({workdir}).")
     for path, old, new in changes:
       reporter.note(f"  changed on resume: {path}: {old} -> {new}")
+    job.eval_changed = any(workdir_lib.is_evaluation_field(path)
+                           for path, _, _ in changes)
   primary = jax.process_index() == 0
   if primary:
     workdir_lib.record(workdir, job.config_dict, step=int(host["step"]),
@@ -461,8 +464,8 @@ def _read_best(job: Job, *, final_step: int):
   """
   try:
     saved = job.ckpts.best_metrics()
-    if saved is None or job.select_on == "test" or (
-        saved["step"] == final_step):
+    if saved is None or (job.select_on == "test" and not job.eval_changed
+                         ) or saved["step"] == final_step:
       return saved, None, ""
     tree, _, _ = job.ckpts.restore(job.template, which="best")
     return saved, tree, ""
@@ -485,10 +488,17 @@ def _finish(job: Job) -> Dict[str, Any]:
   if saved_best is not None:
     best = {"step": saved_best["step"], "metric": config.best_metric,
             "mode": config.best_mode, "selected_on": job.select_on}
+    # Resumed with other evaluation settings: the selected step is evaluated
+    # anew (best_tree is None when it is the last step).
     if job.select_on == "test":
-      best["test"] = saved_best["metrics"]
+      best["test"] = (saved_best["metrics"] if not job.eval_changed
+                      else final if best_tree is None
+                      else job.evaluator.test(best_tree))
     else:
       best["validation"] = saved_best["metrics"]
+      if job.eval_changed:
+        best["validation"] = job.evaluator.validation(
+            job.host_tree() if best_tree is None else best_tree)
       best["test"] = (final if best_tree is None
                       else job.evaluator.test(best_tree))
     result_part = {"step": best["step"], "selection": job.select_on,

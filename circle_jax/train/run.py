@@ -32,6 +32,7 @@ from circle_jax import config as config_lib
 from circle_jax import data as data_lib
 from circle_jax import losses as losses_lib
 from circle_jax import models as models_lib
+from circle_jax import ops
 from circle_jax import parallel
 from circle_jax.errors import UserError
 from circle_jax.train import checkpoint as ckpt_lib
@@ -258,9 +259,42 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 # ----------------------------------------------------------------------------
 
 
-def model_apply(model) -> Callable:
-  """``apply_fn(variables, images)``: the model in eval mode."""
-  return functools.partial(model.apply, train=False)
+def shifted_views(images: jax.Array, shift: int) -> jax.Array:
+  """``[5, b, H, W, C]``: the images, then shifted by ``shift`` pixels down,
+  up, right and left; the uncovered border repeats the edge pixels."""
+  s = int(shift)
+  h, w = images.shape[1:3]
+  padded = jnp.pad(images, ((0, 0), (s, s), (s, s), (0, 0)), mode="edge")
+  offsets = ((0, 0), (-s, 0), (s, 0), (0, -s), (0, s))
+  return jnp.stack([padded[:, s + dy:s + dy + h, s + dx:s + dx + w]
+                    for dy, dx in offsets])
+
+
+def model_apply(model, shift: int = 0) -> Callable:
+  """``apply_fn(variables, images)``: the model in eval mode.
+
+  With ``shift > 0`` (``config.eval_shift``), test-time augmentation: the
+  mean of the L2-normalised outputs of the 5 :func:`shifted_views` of each
+  image, run as one batch of ``5 b``. Its norm is at most 1; cosine
+  similarities ignore it.
+  """
+  apply = functools.partial(model.apply, train=False)
+  if not shift:
+    return apply
+
+  def apply_shifted(variables, images):
+    views = shifted_views(images, shift)
+    out = apply(variables, views.reshape((-1,) + images.shape[1:]))
+    out = out.reshape(views.shape[:2] + out.shape[1:])
+    return ops.l2_normalize(out).mean(axis=0)
+
+  return apply_shifted
+
+
+def eval_apply(config, model) -> Callable:
+  """The evaluation's ``apply_fn``: :func:`model_apply` with the config's
+  ``eval_shift``."""
+  return model_apply(model, config.get("eval_shift", 0))
 
 
 def embed_split(variables, apply_fn: Callable, source, preprocess, *,
@@ -342,7 +376,7 @@ class Run:
       source = load_split(self.config, self.info,
                           split or self.info.eval_splits[0])
     return embed_split(
-        self.variables, model_apply(self.model), source,
+        self.variables, eval_apply(self.config, self.model), source,
         eval_preprocess(self.config, self.info), placement=self.placement,
         batch_size=self.config.batch.eval_batch_size,
         num_threads=self.config.dataset.num_threads)

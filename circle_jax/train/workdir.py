@@ -32,8 +32,18 @@ RESUMABLE_FIELDS = (
     "checkpoint_every_steps", "eval_at_init", "eval_ks", "eval_clustering",
     "async_checkpoints", "parallelism", "dataset.data_dir",
     "dataset.manual_dir", "dataset.num_workers", "dataset.num_threads",
-    "batch.eval_batch_size", "fewshot",
+    "batch.eval_batch_size", "fewshot", "eval_shift",
 )
+
+# The resumable fields that only change how a run is evaluated. A finished
+# run resumed with other values is evaluated again at its last step (and at
+# its selected best step, which stays the one selected when it trained).
+EVALUATION_FIELDS = ("eval_ks", "eval_clustering", "eval_shift", "fewshot")
+
+
+def is_evaluation_field(path: str) -> bool:
+  return any(path == f or path.startswith(f + ".") for f in EVALUATION_FIELDS)
+
 
 # The value shown for a field that one of two configs lacks.
 ABSENT = "<absent>"

@@ -254,6 +254,28 @@ def test_report_from_fixture_runs(tmp_path):
 # ----------------------------------------------------------------------------
 
 
+def test_run_evaluated_otherwise_is_reevaluated_not_retrained(tmp_path):
+  _write_run(tmp_path, "circle", 0, _test_metrics(0.5, 0.2, 0.3), wall=12.0)
+  run = _run(tmp_path, "circle", 0, ["--config.eval_shift=1",
+                                     "--config.fewshot.ways=(5,)"])
+  compare_runs.prepare(run)
+  assert run.status == "pending" and run.reevaluate
+  assert run.wall_seconds == 12.0 and run.metrics is None
+  # A training field among the differences: refused, as before.
+  run = _run(tmp_path, "circle", 0, ["--config.eval_shift=1",
+                                     "--config.num_train_steps=9"])
+  compare_runs.prepare(run)
+  assert run.status == "failed" and not run.reevaluate
+  assert "num_train_steps" in run.error and "eval_shift" in run.error
+
+
+def test_evaluation_fields_are_resumable():
+  """The main job must accept what the runner re-evaluates."""
+  from circle_jax.train import workdir as workdir_lib
+  assert set(workdir_lib.EVALUATION_FIELDS) <= set(
+      workdir_lib.RESUMABLE_FIELDS)
+
+
 def test_cli_end_to_end_on_digits(tmp_path):
   env = dict(os.environ)
   env["XLA_FLAGS"] = ""  # one CPU device (conftest simulates 8)
@@ -285,3 +307,30 @@ def test_cli_end_to_end_on_digits(tmp_path):
                         text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr
   assert "4 finished, 0 to train" in proc.stdout
+  # Another evaluation of one finished run: re-evaluated, not retrained.
+  workdir = tmp_path / "runs" / "circle" / "seed_0"
+  before = json.loads((workdir / "metrics.json").read_text())
+  ckpts = {str(p): p.stat().st_mtime_ns
+           for p in (workdir / "checkpoints").rglob("*") if p.is_file()}
+  wall = json.loads((workdir / "compare_run.json").read_text())["wall_seconds"]
+  cmd2 = [a for a in cmd if a not in ("circle,multi_similarity", "2")]
+  cmd2[cmd2.index("--losses") + 1:cmd2.index("--losses") + 1] = ["circle"]
+  cmd2[cmd2.index("--seeds") + 1:cmd2.index("--seeds") + 1] = ["1"]
+  proc = subprocess.run(cmd2 + ["--config.eval_shift=1"], cwd=tmp_path,
+                        env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert "0 finished, 0 to train, 1 to re-evaluate" in proc.stdout
+  after = json.loads((workdir / "metrics.json").read_text())
+  # No step trained: the checkpoints are untouched, the training time is
+  # the last checkpoint's (metrics.json's also counts its final write).
+  assert ckpts == {str(p): p.stat().st_mtime_ns
+                   for p in (workdir / "checkpoints").rglob("*")
+                   if p.is_file()}
+  assert after["train_seconds"] == pytest.approx(before["train_seconds"],
+                                                 rel=0.2)
+  assert after["config"]["eval_shift"] == 1 and after["result"]["step"] == 3
+  assert after["result"]["test"] != before["result"]["test"]
+  assert [list(c["changes"]) for c in after["config_changes"]] == [
+      ["eval_shift"]]
+  info = json.loads((workdir / "compare_run.json").read_text())
+  assert info["wall_seconds"] == wall and len(info["reevaluated"]) == 1

@@ -32,6 +32,9 @@ def test_default_configs_pass():
     ({"best_metric": "recall@3"}, "config.best_metric"),
     ({"optim.name": "lamb"}, "config.optim.name"),
     ({"dataset.name": "cub200"}, "config.dataset.manual_dir"),
+    ({"eval_shift": -1}, "config.eval_shift: must be an int in"),
+    ({"eval_shift": 8}, "of the 16 px evaluation image; 0: off); got 8."),
+    ({"eval_shift": True}, "config.eval_shift"),
     ({"loss.collective": "rign"}, "config.loss.collective: must be one of "
      "('all_gather', 'ring')"),
 ])

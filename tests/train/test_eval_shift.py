@@ -1,0 +1,147 @@
+"""Test-time augmentation by shifted copies (``config.eval_shift``)."""
+
+import json
+import os
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from circle_jax import evaluation as eval_lib
+from circle_jax.train import loop
+from circle_jax.train import run as run_lib
+from tests.train import helpers
+
+
+def test_shifted_views_by_hand():
+  x = np.arange(9.0).reshape(1, 3, 3, 1)
+  views = np.asarray(run_lib.shifted_views(jnp.asarray(x), 1))[:, 0, :, :, 0]
+  np.testing.assert_array_equal(views[0], [[0, 1, 2], [3, 4, 5], [6, 7, 8]])
+  # Down, up, right, left; the uncovered row or column repeats the edge.
+  np.testing.assert_array_equal(views[1], [[0, 1, 2], [0, 1, 2], [3, 4, 5]])
+  np.testing.assert_array_equal(views[2], [[3, 4, 5], [6, 7, 8], [6, 7, 8]])
+  np.testing.assert_array_equal(views[3], [[0, 0, 1], [3, 3, 4], [6, 6, 7]])
+  np.testing.assert_array_equal(views[4], [[1, 2, 2], [4, 5, 5], [7, 8, 8]])
+
+
+class _Tiny(nn.Module):
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    x = nn.Conv(3, (3, 3))(x)
+    return nn.Dense(4)(jnp.tanh(x).reshape(x.shape[0], -1))
+
+
+def _naive_shift(x, dy, dx, s):
+  """``x`` moved by ``(dy, dx)`` pixels (positive: down, right), edge
+  pixels repeated, one image at a time."""
+  out = np.empty_like(x)
+  h, w = x.shape[1:3]
+  for n in range(x.shape[0]):
+    for i in range(h):
+      for j in range(w):
+        out[n, i, j] = x[n, min(max(i - dy, 0), h - 1),
+                         min(max(j - dx, 0), w - 1)]
+  return out
+
+
+@pytest.mark.parametrize("shift", [1, 2])
+def test_model_apply_averages_unit_outputs_of_the_views(shift):
+  model = _Tiny()
+  x = np.random.default_rng(0).normal(size=(3, 6, 5, 2)).astype(np.float32)
+  variables = model.init(jax.random.PRNGKey(0), x)
+  plain = run_lib.model_apply(model)
+  want = np.zeros((3, 4))
+  for dy, dx in ((0, 0), (shift, 0), (-shift, 0), (0, shift), (0, -shift)):
+    out = np.asarray(plain(variables, _naive_shift(x, dy, dx, shift)),
+                     np.float64)
+    want += out / np.linalg.norm(out, axis=1, keepdims=True) / 5
+  got = jax.jit(run_lib.model_apply(model, shift))(variables, x)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(run_lib.model_apply(model, 0)(variables, x),
+                                plain(variables, x))
+
+
+def test_trainer_evaluates_with_the_shifted_views(tmp_path):
+  """The run's metrics are those of the shift-averaged embeddings, computed
+  here from the plain model; without the shift they differ."""
+  c = helpers.digits_config(**{
+      "dataset.data_dir": str(tmp_path / "tfds"), "dataset.num_threads": 2,
+      "num_train_steps": 2, "eval_every_steps": 0, "eval_at_init": False,
+      "checkpoint_every_steps": 0, "log_every_steps": 1,
+      "eval_clustering": False, "best_metric": "", "eval_shift": 1})
+  workdir = str(tmp_path / "run")
+  loop.train_and_evaluate(c, workdir)
+  with open(os.path.join(workdir, "metrics.json")) as f:
+    final = json.load(f)["final"]
+  run = run_lib.restore_run(workdir)
+  emb, labels = run.embed_split()
+  source = run_lib.load_split(run.config, run.info, run.info.eval_splits[0])
+  pre = run_lib.eval_preprocess(run.config, run.info)
+  kw = dict(placement=run.placement, batch_size=64, num_threads=1)
+  views = []
+  for dy, dx in ((0, 0), (1, 0), (-1, 0), (0, 1), (0, -1)):
+    shift = lambda v, x, dy=dy, dx=dx: run.model.apply(  # noqa: E731
+        v, jnp.asarray(_naive_shift(np.asarray(x), dy, dx, 1)), train=False)
+    out, lab = run_lib.embed_split(
+        run.variables, lambda v, x, f=shift: jax.pure_callback(
+            lambda a: np.asarray(f(run.variables, a), np.float32),
+            jax.ShapeDtypeStruct((x.shape[0], 4), np.float32), x),
+        source, pre, **kw)
+    np.testing.assert_array_equal(lab, labels)
+    views.append(out / np.linalg.norm(out, axis=1, keepdims=True))
+  want = np.mean(views, axis=0)
+  np.testing.assert_allclose(emb, want, rtol=1e-5, atol=1e-6)
+  metrics = eval_lib.retrieval_metrics(emb, labels, ks=tuple(run.info.ks))
+  for k, v in metrics.items():
+    assert final[k] == pytest.approx(float(v), abs=1e-6)
+  plain, _ = run_lib.embed_split(run.variables, run_lib.model_apply(run.model),
+                                 source, pre, **kw)
+  assert not np.allclose(plain / np.linalg.norm(plain, axis=1, keepdims=True),
+                         emb / np.linalg.norm(emb, axis=1, keepdims=True),
+                         atol=1e-3)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.4])
+def test_finished_run_resumed_with_a_shift_is_evaluated_again(tmp_path,
+                                                              fraction):
+  """Its last and its selected step are evaluated with the new setting (on
+  the test split, and on the validation split that selected it); the
+  selection stays; nothing is trained."""
+  c = helpers.digits_config(**{
+      "dataset.data_dir": str(tmp_path / "tfds"), "dataset.num_threads": 2,
+      "dataset.validation_fraction": fraction,
+      "batch.classes_per_batch": 3 if fraction else 5,
+      "num_train_steps": 4, "eval_every_steps": 2, "eval_at_init": False,
+      "checkpoint_every_steps": 2, "log_every_steps": 2,
+      "eval_clustering": False, "best_mode": "min"})
+  workdir = str(tmp_path / "run")
+  before = loop.train_and_evaluate(c, workdir)
+  c.eval_shift = 1
+  after = loop.train_and_evaluate(c, workdir)
+  assert after["train_seconds"] == pytest.approx(before["train_seconds"],
+                                                 rel=0.2)
+  assert after["best"]["step"] == before["best"]["step"]
+  assert after["result"]["step"] == before["result"]["step"]
+  for which, part in (("best", after["result"]["test"]),
+                      ("latest", after["final"])):
+    run = run_lib.restore_run(workdir, which)
+    emb, labels = run.embed_split()  # with the run's eval_shift, now 1
+    assert run.config.eval_shift == 1
+    want = eval_lib.retrieval_metrics(emb, labels, ks=tuple(run.info.ks))
+    for k, v in want.items():
+      assert part[k] == pytest.approx(float(v), abs=1e-6), (which, k)
+  assert after["final"] != before["final"]
+  if fraction:
+    run = run_lib.restore_run(workdir, "best")
+    _, val = run_lib.load_sources(run.config, run.info)
+    emb, labels = run.embed_split(source=val)
+    want = eval_lib.retrieval_metrics(emb, labels, ks=tuple(run.info.ks))
+    for k, v in want.items():
+      assert after["best"]["validation"][k] == pytest.approx(float(v),
+                                                             abs=1e-6), k
+    assert after["best"]["validation"] != before["best"]["validation"]
+  assert [list(ch["changes"]) for ch in after["config_changes"]] == [
+      ["eval_shift"]]
