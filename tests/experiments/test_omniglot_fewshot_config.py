@@ -45,5 +45,17 @@ def test_the_selection_variant_holds_out_one_whole_alphabet():
   del c.model.kwargs["num_blocks"]
   assert c.model.to_dict() == base.model.to_dict()
   assert c.num_train_steps == base.num_train_steps
+  assert c.eval_shift == base.eval_shift == 1
   with pytest.raises(ValueError, match="unknown variant 'x'"):
     omniglot_fewshot.get_config("x")
+
+
+def test_round3_is_the_previous_recipe():
+  """The committed table's runs: 3,300 steps, no evaluation shift, all else
+  the recipe's."""
+  old, base = omniglot_fewshot.get_config("round3"), omniglot_fewshot.get_config()
+  config_checks.check_config(old, device_count=1)
+  assert (old.num_train_steps, old.eval_shift) == (3300, 0)
+  assert (base.num_train_steps, base.eval_shift) == (8000, 1)
+  old.num_train_steps, old.eval_shift = base.num_train_steps, base.eval_shift
+  assert old.to_dict() == base.to_dict()
