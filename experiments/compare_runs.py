@@ -132,8 +132,7 @@ def config_differences(saved: Dict[str, Any], expected: Dict[str, Any]
                        ) -> List[Tuple[str, Any, Any]]:
   """Fields (outside :data:`IGNORED_FIELDS`) whose values differ."""
   return [d for d in workdir_lib.config_diff(saved, expected)
-          if not any(d[0] == f or d[0].startswith(f + ".")
-                     for f in IGNORED_FIELDS)]
+          if not workdir_lib.in_fields(d[0], IGNORED_FIELDS)]
 
 
 def _read_json(path: str) -> Optional[Any]:
@@ -195,15 +194,13 @@ def prepare(run: Run) -> None:
     run.status, run.error = "failed", conflict
     return
   metrics = complete_metrics(run.workdir)
-  if metrics is not None and diff:
-    run.status, run.reevaluate = "pending", True
+  if metrics is not None:
     run.info = _read_json(os.path.join(run.workdir, RUN_FILE)) or {}
     run.wall_seconds = run.info.get("wall_seconds")
-  elif metrics is not None:
-    run.status, run.metrics = "reused", metrics
-    info = _read_json(os.path.join(run.workdir, RUN_FILE)) or {}
-    run.info = info
-    run.wall_seconds = info.get("wall_seconds")
+    if diff:
+      run.status, run.reevaluate = "pending", True
+    else:
+      run.status, run.metrics = "reused", metrics
 
 
 def _tail(path: str, lines: int = STDERR_TAIL_LINES) -> str:

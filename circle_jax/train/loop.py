@@ -488,19 +488,19 @@ def _finish(job: Job) -> Dict[str, Any]:
   if saved_best is not None:
     best = {"step": saved_best["step"], "metric": config.best_metric,
             "mode": config.best_mode, "selected_on": job.select_on}
-    # Resumed with other evaluation settings: the selected step is evaluated
-    # anew (best_tree is None when it is the last step).
-    if job.select_on == "test":
-      best["test"] = (saved_best["metrics"] if not job.eval_changed
-                      else final if best_tree is None
-                      else job.evaluator.test(best_tree))
+    # The saved metrics are the selected step's test (or validation)
+    # metrics; resumed with other evaluation settings, they are evaluated
+    # anew (best_tree is None when the selected step is the last).
+    if job.select_on == "test" and not job.eval_changed:
+      best["test"] = saved_best["metrics"]
     else:
-      best["validation"] = saved_best["metrics"]
-      if job.eval_changed:
-        best["validation"] = job.evaluator.validation(
-            job.host_tree() if best_tree is None else best_tree)
       best["test"] = (final if best_tree is None
                       else job.evaluator.test(best_tree))
+    if job.select_on == "validation" and not job.eval_changed:
+      best["validation"] = saved_best["metrics"]
+    elif job.select_on == "validation":
+      best["validation"] = job.evaluator.validation(
+          job.host_tree() if best_tree is None else best_tree)
     result_part = {"step": best["step"], "selection": job.select_on,
                    "metric": config.best_metric, "test": best["test"]}
   elif best_note:  # unreadable: the last step's result

@@ -294,7 +294,7 @@ def model_apply(model, shift: int = 0) -> Callable:
 def eval_apply(config, model) -> Callable:
   """The evaluation's ``apply_fn``: :func:`model_apply` with the config's
   ``eval_shift``."""
-  return model_apply(model, config.get("eval_shift", 0))
+  return model_apply(model, config.eval_shift)
 
 
 def embed_split(variables, apply_fn: Callable, source, preprocess, *,

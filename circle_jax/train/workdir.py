@@ -41,8 +41,14 @@ RESUMABLE_FIELDS = (
 EVALUATION_FIELDS = ("eval_ks", "eval_clustering", "eval_shift", "fewshot")
 
 
+def in_fields(path: str, fields) -> bool:
+  """Whether the flat config path ``path`` is one of ``fields`` or inside
+  one of them (``'fewshot.ways'`` is in ``('fewshot',)``)."""
+  return any(path == f or path.startswith(f + ".") for f in fields)
+
+
 def is_evaluation_field(path: str) -> bool:
-  return any(path == f or path.startswith(f + ".") for f in EVALUATION_FIELDS)
+  return in_fields(path, EVALUATION_FIELDS)
 
 
 # The value shown for a field that one of two configs lacks.
@@ -147,7 +153,7 @@ def check_resume(workdir: str, new: Dict[str, Any], *, resume_step: int,
 
 
 def _resumable(path: str) -> bool:
-  return any(path == f or path.startswith(f + ".") for f in RESUMABLE_FIELDS)
+  return in_fields(path, RESUMABLE_FIELDS)
 
 
 def _short(v) -> str:
