@@ -202,6 +202,9 @@ def _summary_line(run: Run) -> str:
   shown = ", ".join(f"{t} {100 * test[k]:.1f}" for k, t in
                     (("recall@1", "R@1"), ("map@r", "MAP@R"), ("nmi", "NMI"))
                     if k in test)
+  if run.reevaluate:  # wall_seconds stays the training's
+    wall = run.info["reevaluated"][-1]["wall_seconds"]
+    return f"re-evaluated in {wall:.0f} s: {shown}"
   wall = f" in {run.wall_seconds:.0f} s" if run.wall_seconds else ""
   return f"{run.status}{wall}: {shown}"
 

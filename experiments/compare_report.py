@@ -223,10 +223,12 @@ def _times(runs: Sequence[Any], elapsed: float) -> str:
   trains = [r.metrics["train_seconds"] for r in runs
             if r.metrics is not None and r.metrics.get("train_seconds")
             is not None]
-  now = sum(r.status == "done" for r in runs)
+  now = sum(r.status == "done" and not r.reevaluate for r in runs)
+  again = sum(r.status == "done" and r.reevaluate for r in runs)
   reused = sum(r.status == "reused" for r in runs)
-  text = (f"this invocation {elapsed:.0f} s ({now} runs trained, {reused} "
-          "reused)")
+  again = f", {again} re-evaluated" if again else ""
+  text = (f"this invocation {elapsed:.0f} s ({now} runs trained{again}, "
+          f"{reused} reused)")
   if walls:
     text += (f"; all {len(walls)} timed runs {sum(walls):.0f} s, per run "
              f"{statistics.fmean(walls):.0f} s wall (min {min(walls):.0f}, "

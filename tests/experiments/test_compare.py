@@ -320,6 +320,9 @@ def test_cli_end_to_end_on_digits(tmp_path):
                         env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   assert "0 finished, 0 to train, 1 to re-evaluate" in proc.stdout
+  assert "circle seed 0 re-evaluated in " in proc.stdout
+  assert "(0 runs trained, 1 re-evaluated, 0 reused)" in pathlib.Path(
+      str(out) + ".md").read_text()
   after = json.loads((workdir / "metrics.json").read_text())
   # No step trained: the checkpoints are untouched, the training time is
   # the last checkpoint's (metrics.json's also counts its final write).
