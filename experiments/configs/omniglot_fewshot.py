@@ -51,8 +51,7 @@ step (as Snell et al. retrain on train + validation): 670 s of training on
 an idle 2-core CPU.
 
 The ``round3`` variant is the previous recipe (3,300 steps, no evaluation
-shift), the one of the committed table until the table of this recipe
-replaces it.
+shift); the notes compare its table with this recipe's.
 """
 
 from experiments.configs import omniglot_small
