@@ -224,9 +224,9 @@ def _times(runs: Sequence[Any], elapsed: float) -> str:
             if r.metrics is not None and r.metrics.get("train_seconds")
             is not None]
   now = sum(r.status == "done" and not r.reevaluate for r in runs)
-  again = sum(r.status == "done" and r.reevaluate for r in runs)
+  reevaluated = sum(r.status == "done" and r.reevaluate for r in runs)
   reused = sum(r.status == "reused" for r in runs)
-  again = f", {again} re-evaluated" if again else ""
+  again = f", {reevaluated} re-evaluated" if reevaluated else ""
   text = (f"this invocation {elapsed:.0f} s ({now} runs trained{again}, "
           f"{reused} reused)")
   if walls:
