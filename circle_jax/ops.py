@@ -10,7 +10,8 @@ use these instead of their own copies:
 * masked reductions (:func:`masked_logsumexp`, :func:`log1p_sum_exp`,
   :func:`masked_mean`) that never exponentiate a masked-out entry and give 0
   gradient on empty sets, and :func:`nonpositive` for the shifted logits
-  they exponentiate;
+  they exponentiate, and :func:`two_set_exp` (both label sets of each row
+  in one ``exp`` pass);
 * the global batch across devices: :func:`global_sum` (a ``psum`` whose
   backward pass is the identity, exact under ``jax.shard_map`` and
   ``jax.pmap``) and :func:`gather_global`.
@@ -19,7 +20,7 @@ use these instead of their own copies:
 from __future__ import annotations
 
 import functools
-from typing import Tuple
+from typing import Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -145,12 +146,65 @@ def masked_mean(x: Array, mask: Array, axis: int = -1) -> Array:
   return total / jnp.maximum(count, 1.0)
 
 
+def two_set_exp(
+    logit_p: Array,
+    logit_n: Array,
+    pos: Array,
+    neg: Array,
+    shift: Optional[Tuple[Array, Array]] = None,
+    axis: int = -1,
+) -> Tuple[Array, Array, Array]:
+  """Max-shifted ``exp`` over two disjoint sets of each row, one pass.
+
+  The pair losses need, for every anchor row, a logsumexp (or softmax
+  weights) over its positives and another over its negatives. Doing them
+  separately costs two ``exp`` passes over the whole ``[M, N]`` block; here
+  the two logits are merged entry-wise (``where(pos, logit_p, logit_n)``),
+  each set is shifted by its own row maximum, and ``exp`` runs once per entry.
+
+  Args:
+    logit_p: ``[..., N]`` logits of the positive set (read where ``pos``).
+    logit_n: ``[..., N]`` logits of the negative set (read where ``neg``).
+    pos: ``[..., N]`` bool; must not overlap ``neg``.
+    neg: ``[..., N]`` bool.
+    shift: optional ``(m_p, m_n)``, each ``[..., 1]``: the row maxima of the
+      two sets when the caller already has them (e.g. Multi-Similarity's
+      mining statistics, or maxima over devices), which saves the two max
+      passes; a shift above the maximum is also exact (short of underflow),
+      one below it by rounding clamps the entries above it to ``exp(0)``
+      (:func:`circle_jax.ops.nonpositive`). Non-finite entries (empty sets)
+      are replaced by 0.
+    axis: the axis of the sets (default the last; Proxy-Anchor uses 0).
+
+  Returns:
+    ``(e, m_p, m_n)``: ``e`` has the shape of the logits,
+    ``exp(min(logit - m, 0))`` with the maximum ``m`` of the entry's set, and 0 outside ``pos | neg``
+    (so a non-empty set sums to about 1 or more, and only an empty set to
+    exactly 0); ``m_p`` and ``m_n`` have size 1 along
+    ``axis``: the maxima of each set (0 for an empty set), without gradient.
+  """
+  z = jnp.where(pos, logit_p, logit_n).astype(jnp.float32)
+  if shift is None:
+    m_p = jnp.max(jnp.where(pos, z, -jnp.inf), axis=axis, keepdims=True)
+    m_n = jnp.max(jnp.where(neg, z, -jnp.inf), axis=axis, keepdims=True)
+  else:
+    m_p, m_n = (jnp.asarray(m, jnp.float32) for m in shift)
+  m_p = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m_p), m_p, 0.0))
+  m_n = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m_n), m_n, 0.0))
+  # The shift may exceed a recomputed logit's maximum by its rounding (or a
+  # caller's shift be slightly off): the clamp keeps every term <= 1.
+  e = jnp.exp(jnp.where(pos | neg, nonpositive(z - jnp.where(pos, m_p, m_n)),
+                        -jnp.inf))
+  return e, m_p, m_n
+
+
 # ----------------------------------------------------------------------------
 # Global batch across devices.
 # ----------------------------------------------------------------------------
 
 
-def _axes(axis_name) -> Tuple:
+def axis_names(axis_name) -> Tuple:
+  """``axis_name`` as a tuple of axis names (one name, or several)."""
   return axis_name if isinstance(axis_name, tuple) else (axis_name,)
 
 
@@ -211,7 +265,7 @@ def global_sum(x: Array, axis_name) -> Array:
   """
   varying = varying_axes(x)
   return _global_sum(x, axis_name,
-                     tuple(a for a in _axes(axis_name) if a in varying))
+                     tuple(a for a in axis_names(axis_name) if a in varying))
 
 
 def maybe_global_sum(x: Array, axis_name) -> Array:

@@ -3,10 +3,15 @@
 Every loss is a pure function of embeddings (or of a similarity/distance
 matrix) and integer labels: jit- and vmap-able, float32 compute, a float32
 scalar out. Pair-based losses take ``axis_name`` to see the global batch
-across devices. See ``_common`` for the shared conventions, ``engines`` for
-how the pair losses' rules are run (dense or blockwise) and
+across devices. See ``_common`` for the shared conventions,
+:mod:`circle_jax.losses.engine` for how the pair losses' rules are run
+(dense, blockwise, device ring) and the keywords they share, and
 :mod:`circle_jax.ops` for the public numerical building blocks.
 """
+
+from circle_jax.losses.engine import (
+    Candidates,
+)
 
 from circle_jax.losses.circle import (
     circle_loss,
@@ -38,15 +43,23 @@ from circle_jax.losses.proxy_anchor import (
 from circle_jax.losses.validation import (
     validate_labels,
 )
-from circle_jax.losses.pair_baselines import (
+from circle_jax.losses.contrastive import (
     contrastive_loss,
     contrastive_loss_from_distance,
+)
+from circle_jax.losses.triplet import (
     triplet_margin_loss,
     triplet_margin_loss_from_distance,
+)
+from circle_jax.losses.lifted_structure import (
     lifted_structure_loss,
     lifted_structure_loss_from_distance,
+)
+from circle_jax.losses.n_pair import (
     n_pair_loss,
     n_pair_loss_from_similarity,
+)
+from circle_jax.losses.margin import (
     margin_loss,
     margin_loss_from_distance,
 )

@@ -30,8 +30,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from circle_jax.losses import _common
-from circle_jax.losses import engines
+from circle_jax.losses import ranges
+from circle_jax.losses import engine
 
 Array = jax.Array
 
@@ -45,13 +45,13 @@ def _softplus_of_sum(lse_p, lse_n):
   """``log(1 + sum_n exp(logit_n) * sum_p exp(logit_p))`` from the two
   logsumexps: ``softplus(lse_p + lse_n)``, finite for any scale. An anchor
   with an empty set (``lse = -inf``) gives 0 with a zero gradient."""
-  valid = engines.both_sets_nonempty(lse_p, lse_n)
+  valid = engine.both_sets_nonempty(lse_p, lse_n)
   x = jnp.where(valid, lse_p + lse_n, 0.0)
   return jnp.where(valid, jax.nn.softplus(x), 0.0), valid
 
 
-@engines.rule_dataclass
-class Circle(engines.PairRule):
+@engine.rule_dataclass
+class Circle(engine.PairRule):
   """Circle loss rule (eq. 6 with ``O_p = 1 + m``, ``O_n = -m``,
   ``Delta_p = 1 - m``, ``Delta_n = m``); its fields are the pair-wise forms'
   defaults.
@@ -65,8 +65,8 @@ class Circle(engines.PairRule):
   gamma: float = 80.0
 
   ranges = types.MappingProxyType({
-      "margin": _common.SIMILARITY_MARGIN_RANGE,
-      "gamma": _common.SCALE_RANGE})
+      "margin": ranges.SIMILARITY_MARGIN_RANGE,
+      "gamma": ranges.SCALE_RANGE})
 
   def logits(self, s):
     # The weights alpha are constants in backprop (the paper scales the
@@ -81,8 +81,8 @@ class Circle(engines.PairRule):
     return _softplus_of_sum(lse_p, lse_n)
 
 
-@engines.rule_dataclass
-class Unified(engines.PairRule):
+@engine.rule_dataclass
+class Unified(engine.PairRule):
   """Unified loss rule (eq. 1): ``softplus(LSE_N gamma (s_n + m) + LSE_P
   -gamma s_p)``; its fields are the pair-wise forms' defaults.
 
@@ -160,8 +160,8 @@ def circle_loss_from_similarity(
     Sun et al., "Circle Loss: A Unified Perspective of Pair Similarity
     Optimization", CVPR 2020, eqs. (6), (9), (10).
   """
-  return engines.matrix_loss(Circle(margin=margin, gamma=gamma), similarity,
-                             labels, pos_mask=pos_mask, neg_mask=neg_mask)
+  return engine.matrix_loss(Circle(margin=margin, gamma=gamma), similarity,
+                            labels, pos_mask=pos_mask, neg_mask=neg_mask)
 
 
 def circle_loss(
@@ -170,16 +170,7 @@ def circle_loss(
     *,
     margin: float = Circle.margin,
     gamma: float = Circle.gamma,
-    axis_name=None,
-    pos_mask: Optional[Array] = None,
-    neg_mask: Optional[Array] = None,
-    block_size: Optional[int] = None,
-    collective: str = "all_gather",
-    ref_embeddings: Optional[Array] = None,
-    ref_labels: Optional[Array] = None,
-    ref_valid: Optional[Array] = None,
-    ids: Optional[Array] = None,
-    ref_ids: Optional[Array] = None,
+    **options,
 ) -> Array:
   r"""Pair-wise Circle loss of a batch of embeddings.
 
@@ -199,29 +190,9 @@ def circle_loss(
     labels: ``[B]`` integer labels.
     margin: relaxation ``m``, in [-1, 1].
     gamma: scale ``gamma``, in [1e-6, 1e4].
-    axis_name: optional mapped axis (``jax.shard_map`` / ``jax.pmap``). The
-      local anchors are compared with the batch gathered over the axis; the
-      result is the loss of the global batch on every device and the gradient
-      is that of the single-device loss on the concatenated batch.
-    pos_mask: optional ``[B, B_global]`` bool mask of usable positive pairs
-      (``B_global == B`` without ``axis_name``), intersected with the labels.
-    neg_mask: optional ``[B, B_global]`` bool mask of usable negative pairs.
-    block_size: ``None`` (default) builds the ``[B, B_global]`` similarity
-      block at once. An integer processes anchor rows and candidate columns
-      in blocks of that size (online logsumexp / weighted sums, and a
-      ``custom_vjp`` that recomputes blocks in the backward pass), so memory
-      is ``O(block_size^2 + B * D)`` instead of ``O(B^2)``; values and gradients
-      equal the dense ones to float32 rounding. See
-      :mod:`circle_jax.losses.engines`.
-    collective: with ``axis_name``, how the anchors meet the global batch:
-      ``"all_gather"`` (default) gathers it on every device (memory grows
-      with the device count); ``"ring"`` passes column shards around the
-      devices with ``ppermute`` (:mod:`circle_jax.losses.ring`; per-device
-      memory independent of the device count), same value and gradients to
-      float32 rounding. Ignored without ``axis_name``.
-    ref_embeddings, ref_labels, ref_valid, ids, ref_ids: references (e.g. a
-      cross-batch memory) the anchors meet instead of the batch; see
-      :func:`circle_jax.losses.engines.pair_sides` and docs/losses.md.
+    **options: the pair losses' shared keywords (``axis_name``,
+      ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``),
+      documented once at :func:`circle_jax.losses.engine.embedding_loss`.
 
   Returns:
     float32 scalar: the mean over anchors that have at least one positive and
@@ -231,12 +202,8 @@ def circle_loss(
     Sun et al., "Circle Loss: A Unified Perspective of Pair Similarity
     Optimization", CVPR 2020, eq. (6).
   """
-  return engines.embedding_loss(
-      Circle(margin=margin, gamma=gamma), embeddings, labels,
-      axis_name=axis_name, pos_mask=pos_mask, neg_mask=neg_mask,
-      block_size=block_size, collective=collective,
-      ref_embeddings=ref_embeddings, ref_labels=ref_labels,
-      ref_valid=ref_valid, ids=ids, ref_ids=ref_ids)
+  return engine.embedding_loss(
+      Circle(margin=margin, gamma=gamma), embeddings, labels, **options)
 
 
 def circle_loss_class_level(
@@ -279,8 +246,8 @@ def circle_loss_class_level(
     Sun et al., "Circle Loss: A Unified Perspective of Pair Similarity
     Optimization", CVPR 2020, eq. (6) with class-level labels.
   """
-  return engines.class_level_loss(Circle(margin=margin, gamma=gamma),
-                                  embeddings, labels, class_weights)
+  return engine.class_level_loss(Circle(margin=margin, gamma=gamma),
+                                 embeddings, labels, class_weights)
 
 
 # ----------------------------------------------------------------------------
@@ -326,8 +293,8 @@ def unified_loss_from_similarity(
     Sun et al., "Circle Loss: A Unified Perspective of Pair Similarity
     Optimization", CVPR 2020, eqs. (1) and (3).
   """
-  return engines.matrix_loss(Unified(gamma=gamma, margin=margin), similarity,
-                             labels, pos_mask=pos_mask, neg_mask=neg_mask)
+  return engine.matrix_loss(Unified(gamma=gamma, margin=margin), similarity,
+                            labels, pos_mask=pos_mask, neg_mask=neg_mask)
 
 
 def unified_loss(
@@ -336,16 +303,7 @@ def unified_loss(
     *,
     gamma: float = Unified.gamma,
     margin: float = Unified.margin,
-    axis_name=None,
-    pos_mask: Optional[Array] = None,
-    neg_mask: Optional[Array] = None,
-    block_size: Optional[int] = None,
-    collective: str = "all_gather",
-    ref_embeddings: Optional[Array] = None,
-    ref_labels: Optional[Array] = None,
-    ref_valid: Optional[Array] = None,
-    ids: Optional[Array] = None,
-    ref_ids: Optional[Array] = None,
+    **options,
 ) -> Array:
   r"""Unified loss of pair similarity (eq. 1) with pair-wise labels.
 
@@ -363,18 +321,9 @@ def unified_loss(
     labels: ``[B]`` integer labels.
     gamma: scale ``gamma``, in [1e-6, 1e4].
     margin: margin ``m``, in [-1, 1].
-    axis_name: optional mapped axis; the global-batch loss (see
-      :func:`circle_loss`).
-    pos_mask: optional ``[B, B_global]`` bool mask of usable positive pairs.
-    neg_mask: optional ``[B, B_global]`` bool mask of usable negative pairs.
-    block_size: ``None`` (dense) or the block size of the blockwise engine
-      (see :func:`circle_loss`).
-    collective: ``"all_gather"`` or ``"ring"``: how the anchors meet the
-      global batch with ``axis_name`` (see
-      :func:`circle_jax.losses.circle_loss`).
-    ref_embeddings, ref_labels, ref_valid, ids, ref_ids: references (e.g. a
-      cross-batch memory) the anchors meet instead of the batch; see
-      :func:`circle_jax.losses.engines.pair_sides` and docs/losses.md.
+    **options: the pair losses' shared keywords (``axis_name``,
+      ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``),
+      documented once at :func:`circle_jax.losses.engine.embedding_loss`.
 
   Returns:
     float32 scalar: the mean over valid anchors (0 when there is none).
@@ -383,12 +332,8 @@ def unified_loss(
     Sun et al., "Circle Loss: A Unified Perspective of Pair Similarity
     Optimization", CVPR 2020, eq. (1).
   """
-  return engines.embedding_loss(
-      Unified(gamma=gamma, margin=margin), embeddings, labels,
-      axis_name=axis_name, pos_mask=pos_mask, neg_mask=neg_mask,
-      block_size=block_size, collective=collective,
-      ref_embeddings=ref_embeddings, ref_labels=ref_labels,
-      ref_valid=ref_valid, ids=ids, ref_ids=ref_ids)
+  return engine.embedding_loss(
+      Unified(gamma=gamma, margin=margin), embeddings, labels, **options)
 
 
 def unified_loss_class_level(
@@ -430,5 +375,5 @@ def unified_loss_class_level(
     Optimization", CVPR 2020, eqs. (1)-(2). Wang et al., "Additive Margin
     Softmax for Face Verification", IEEE SPL 2018.
   """
-  return engines.class_level_loss(Unified(gamma=gamma, margin=margin),
-                                  embeddings, labels, class_weights)
+  return engine.class_level_loss(Unified(gamma=gamma, margin=margin),
+                                 embeddings, labels, class_weights)

@@ -21,6 +21,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from circle_jax import ops
+from circle_jax.losses import ranges
 from circle_jax.losses import _common
 
 Array = jax.Array
@@ -111,9 +113,9 @@ def cosface_loss(
     Recognition", CVPR 2018, eq. 4. Wang, Cheng, Liu, Liu, "Additive Margin
     Softmax for Face Verification", IEEE SPL 2018.
   """
-  _common.check_positive(scale, "scale")
+  ranges.check_range(scale, "scale", ranges.POSITIVE_RANGE)
   x, labels, w = _inputs(embeddings, labels, class_weights)
-  cos = _common.cosine_similarity(x, w)
+  cos = ops.cosine_similarity(x, w)
   onehot = jax.nn.one_hot(labels, w.shape[0], dtype=bool)
   logits = scale * jnp.where(onehot, cos - margin, cos)
   return _cross_entropy(logits, onehot, axis_name)
@@ -205,11 +207,11 @@ def arcface_loss(
     Deng, Guo, Xue, Zafeiriou, "ArcFace: Additive Angular Margin Loss for
     Deep Face Recognition", CVPR 2019, eq. 3 (and the insightface code).
   """
-  _common.check_positive(scale, "scale")
+  ranges.check_range(scale, "scale", ranges.POSITIVE_RANGE)
   x, labels, w = _inputs(embeddings, labels, class_weights)
-  cos = jnp.clip(_common.cosine_similarity(x, w), -1.0, 1.0)
+  cos = jnp.clip(ops.cosine_similarity(x, w), -1.0, 1.0)
   onehot = jax.nn.one_hot(labels, w.shape[0], dtype=bool)
-  sin = _common.safe_sqrt(1.0 - cos * cos)
+  sin = ops.safe_sqrt(1.0 - cos * cos)
   cos_m, sin_m = jnp.cos(margin), jnp.sin(margin)
   phi = cos * cos_m - sin * sin_m
   if easy_margin:

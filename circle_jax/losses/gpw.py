@@ -19,7 +19,7 @@ from typing import Callable, Tuple
 import jax
 import jax.numpy as jnp
 
-from circle_jax.losses import _common
+from circle_jax.losses import engine
 
 Array = jax.Array
 
@@ -71,8 +71,7 @@ def pair_weights(
     raise TypeError(
         f"`loss_fn` must be a callable similarity-matrix loss such as "
         f"`multi_similarity_loss_from_similarity`; got {type(loss_fn)}.")
-  similarity, labels = _common.check_similarity(similarity, labels)
+  similarity, labels, pos, neg = engine.square_block(similarity, labels)
   grad = jax.grad(lambda s: loss_fn(s, labels, **hyper))(similarity)
-  pos, neg = _common.pair_masks(labels, labels, 0)
   magnitude = jnp.abs(grad).astype(jnp.float32)
   return (jnp.where(pos, magnitude, 0.0), jnp.where(neg, magnitude, 0.0))

@@ -30,8 +30,10 @@ from typing import Optional, Tuple
 import jax
 import jax.numpy as jnp
 
+from circle_jax import ops
+from circle_jax.losses import ranges
 from circle_jax.losses import _common
-from circle_jax.losses import engines
+from circle_jax.losses import engine
 from circle_jax.losses.multi_similarity import MultiSimilarity
 
 Array = jax.Array
@@ -42,7 +44,9 @@ _LOG_FLOOR = 1e-8
 
 def _block(embeddings, labels, axis_name):
   """Stop-gradient cosine block ``[M, N]`` and its label masks."""
-  sim, pos, neg, offset = _common.pair_block(embeddings, labels, axis_name)
+  rows, _, sim, pos, neg = engine.pair_block(embeddings, labels,
+                                             axis_name=axis_name)
+  offset = _common.local_row_offset(rows.z.shape[0], axis_name)
   return jax.lax.stop_gradient(sim), pos, neg, offset
 
 
@@ -239,7 +243,7 @@ def multi_similarity_miner(
   """
   rule = MultiSimilarity(epsilon=epsilon)  # the loss's own mining
   sim, pos, neg, _ = _block(embeddings, labels, axis_name)
-  return engines.selected_pairs(rule, sim, pos, neg)
+  return engine.selected_pairs(rule, sim, pos, neg)
 
 
 def batch_hard_miner(
@@ -268,7 +272,7 @@ def batch_hard_miner(
     Re-Identification", arXiv:1703.07737, 2017.
   """
   sim, pos, neg, _ = _block(embeddings, labels, axis_name)
-  return batch_hard_masks(_common.euclidean_from_cosine(sim), pos, neg)
+  return batch_hard_masks(ops.euclidean_from_cosine(sim), pos, neg)
 
 
 def semi_hard_miner(
@@ -302,9 +306,9 @@ def semi_hard_miner(
     Schroff, Kalenichenko, Philbin, "FaceNet: A Unified Embedding for Face
     Recognition and Clustering", CVPR 2015, Sec. 3.2.
   """
-  _common.check_nonnegative(margin, "margin")
+  ranges.check_range(margin, "margin", ranges.NONNEGATIVE_RANGE)
   sim, pos, neg, _ = _block(embeddings, labels, axis_name)
-  return semi_hard_masks(_common.euclidean_from_cosine(sim), pos, neg,
+  return semi_hard_masks(ops.euclidean_from_cosine(sim), pos, neg,
                          margin=margin)
 
 
@@ -338,7 +342,7 @@ def pair_margin_miner(
     (PairMarginMiner of pytorch-metric-learning).
   """
   sim, pos, neg, _ = _block(embeddings, labels, axis_name)
-  return pair_margin_masks(_common.euclidean_from_cosine(sim), pos, neg,
+  return pair_margin_masks(ops.euclidean_from_cosine(sim), pos, neg,
                            pos_margin=pos_margin, neg_margin=neg_margin)
 
 
@@ -386,9 +390,9 @@ def distance_weighted_miner(
     Wu, Manmatha, Smola, Kraehenbuehl, "Sampling Matters in Deep Embedding
     Learning", ICCV 2017, eq. 4 and Sec. 4.
   """
-  _common.check_nonnegative(cutoff, "cutoff")
+  ranges.check_range(cutoff, "cutoff", ranges.NONNEGATIVE_RANGE)
   sim, pos, neg, offset = _block(embeddings, labels, axis_name)
-  dist = _common.euclidean_from_cosine(sim)
+  dist = ops.euclidean_from_cosine(sim)
   return distance_weighted_weights(
       dist, pos, neg, offset, key, embeddings.shape[1], cutoff=cutoff,
       nonzero_loss_cutoff=nonzero_loss_cutoff)

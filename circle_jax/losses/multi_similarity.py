@@ -27,14 +27,15 @@ from typing import Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-from circle_jax.losses import _common
-from circle_jax.losses import engines
+from circle_jax import ops
+from circle_jax.losses import ranges
+from circle_jax.losses import engine
 
 Array = jax.Array
 
 
-@engines.rule_dataclass(meta=("mining",))
-class MultiSimilarity(engines.PairRule):
+@engine.rule_dataclass(meta=("mining",))
+class MultiSimilarity(engine.PairRule):
   """Multi-Similarity rule: the paper's pair mining and two soft-plus terms.
 
   Its fields are the defaults of every form of the loss (and of
@@ -64,10 +65,10 @@ class MultiSimilarity(engines.PairRule):
   reduction = "batch_mean"
 
   ranges = types.MappingProxyType({
-      "alpha": _common.SCALE_RANGE,
-      "beta": _common.SCALE_RANGE,
-      "base": _common.SIMILARITY_MARGIN_RANGE,
-      "epsilon": _common.NONNEGATIVE_RANGE})
+      "alpha": ranges.SCALE_RANGE,
+      "beta": ranges.SCALE_RANGE,
+      "base": ranges.SIMILARITY_MARGIN_RANGE,
+      "epsilon": ranges.NONNEGATIVE_RANGE})
 
   def select(self, s, pos, neg, pre):
     if not self.mining:
@@ -87,7 +88,7 @@ class MultiSimilarity(engines.PairRule):
   def combine(self, lse_p, lse_n):
     # An anchor whose (mined) positive or negative set is empty contributes 0
     # (with or without mining).
-    valid = engines.both_sets_nonempty(lse_p, lse_n)
+    valid = engine.both_sets_nonempty(lse_p, lse_n)
     pos_term = jnp.logaddexp(0.0, lse_p) / self.alpha
     neg_term = jnp.logaddexp(0.0, lse_n) / self.beta
     return jnp.where(valid, pos_term + neg_term, 0.0), valid
@@ -157,8 +158,8 @@ def multi_similarity_loss_from_similarity(
   """
   rule = MultiSimilarity(alpha=alpha, beta=beta, base=base, epsilon=epsilon,
                          mining=mining)
-  return engines.matrix_loss(rule, similarity, labels, pos_mask=pos_mask,
-                             neg_mask=neg_mask)
+  return engine.matrix_loss(rule, similarity, labels, pos_mask=pos_mask,
+                            neg_mask=neg_mask)
 
 
 def multi_similarity_loss(
@@ -170,16 +171,7 @@ def multi_similarity_loss(
     base: float = MultiSimilarity.base,
     epsilon: float = MultiSimilarity.epsilon,
     mining: bool = MultiSimilarity.mining,
-    axis_name=None,
-    pos_mask: Optional[Array] = None,
-    neg_mask: Optional[Array] = None,
-    block_size: Optional[int] = None,
-    collective: str = "all_gather",
-    ref_embeddings: Optional[Array] = None,
-    ref_labels: Optional[Array] = None,
-    ref_valid: Optional[Array] = None,
-    ids: Optional[Array] = None,
-    ref_ids: Optional[Array] = None,
+    **options,
 ) -> Array:
   r"""Multi-Similarity loss of a batch of embeddings.
 
@@ -203,25 +195,9 @@ def multi_similarity_loss(
     base: similarity margin ``lambda``, in [-1, 1].
     epsilon: mining margin ``epsilon``, >= 0.
     mining: apply the paper's pair mining.
-    axis_name: optional mapped axis (``jax.shard_map`` / ``jax.pmap``): local
-      anchors against the gathered global batch; the value is the loss of the
-      global batch (divided by the global batch size) on every device, with
-      the single-device gradient.
-    pos_mask: optional ``[B, B_global]`` bool mask of usable positive pairs.
-    neg_mask: optional ``[B, B_global]`` bool mask of usable negative pairs.
-    block_size: ``None`` (default) builds the ``[B, B_global]`` similarity
-      block at once. An integer processes anchor rows and candidate columns
-      in blocks of that size (online logsumexp / weighted sums, and a
-      ``custom_vjp`` that recomputes blocks in the backward pass), so memory
-      is ``O(block_size^2 + B * D)`` instead of ``O(B^2)``; values and gradients
-      equal the dense ones to float32 rounding. See
-      :mod:`circle_jax.losses.engines`.
-    collective: ``"all_gather"`` or ``"ring"``: how the anchors meet the
-      global batch with ``axis_name`` (see
-      :func:`circle_jax.losses.circle_loss`).
-    ref_embeddings, ref_labels, ref_valid, ids, ref_ids: references (e.g. a
-      cross-batch memory) the anchors meet instead of the batch; see
-      :func:`circle_jax.losses.engines.pair_sides` and docs/losses.md.
+    **options: the pair losses' shared keywords (``axis_name``,
+      ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``),
+      documented once at :func:`circle_jax.losses.engine.embedding_loss`.
 
   Returns:
     float32 scalar: ``sum_i l_i / B``.
@@ -232,11 +208,8 @@ def multi_similarity_loss(
   """
   rule = MultiSimilarity(alpha=alpha, beta=beta, base=base, epsilon=epsilon,
                          mining=mining)
-  return engines.embedding_loss(
-      rule, embeddings, labels, axis_name=axis_name, pos_mask=pos_mask,
-      neg_mask=neg_mask, block_size=block_size, collective=collective,
-      ref_embeddings=ref_embeddings, ref_labels=ref_labels,
-      ref_valid=ref_valid, ids=ids, ref_ids=ref_ids)
+  return engine.embedding_loss(
+      rule, embeddings, labels, **options)
 
 
 def multi_similarity_weights(
@@ -285,14 +258,14 @@ def multi_similarity_weights(
   """
   rule = MultiSimilarity(alpha=alpha, beta=beta, base=base, epsilon=epsilon,
                          mining=mining)
-  similarity, labels = _common.check_similarity(similarity, labels)
-  pos, neg = _common.pair_masks(labels, labels, 0, pos_mask, neg_mask)
+  similarity, labels, pos, neg = engine.square_block(similarity, labels,
+                                                     pos_mask, neg_mask)
   s = jax.lax.stop_gradient(similarity)
-  pos, neg = engines.selected_pairs(rule, s, pos, neg)
+  pos, neg = engine.selected_pairs(rule, s, pos, neg)
   valid = (jnp.any(pos, axis=-1) & jnp.any(neg, axis=-1))[:, None]
 
   def weights(logits, mask):
-    log_norm = _common.log1p_sum_exp(logits, mask)[:, None]
+    log_norm = ops.log1p_sum_exp(logits, mask)[:, None]
     keep = mask & valid
     return jnp.where(keep, jnp.exp(jnp.where(keep, logits - log_norm, 0.0)),
                      0.0)

@@ -35,6 +35,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from circle_jax import ops
+from circle_jax.losses import ranges
 from circle_jax.losses import _common
 from circle_jax.losses import ranked_list as _ranked_list
 
@@ -83,7 +85,7 @@ def _batch_log1p_sum_exp_two_sets(logit_p: Array, logit_n: Array, pos: Array,
 
   For the positive and the negative samples of every proxy (column), each
   max-shifted with its global per-column maximum, with one ``exp`` per
-  (sample, proxy) pair for both sets (:func:`_common.two_set_exp`); ``exp`` is
+  (sample, proxy) pair for both sets (:func:`ops.two_set_exp`); ``exp`` is
   never taken of an entry outside its set. An empty set gives 0 with a zero
   gradient. The per-device partial sums are combined with ``global_sum``,
   whose identity backward makes the gradient exact under ``shard_map`` and
@@ -96,14 +98,14 @@ def _batch_log1p_sum_exp_two_sets(logit_p: Array, logit_n: Array, pos: Array,
     m = jnp.max(jnp.where(mask, logits, -jnp.inf), axis=0, keepdims=True)
     return _pmax_const(m, axis_name)
 
-  e, m_p, m_n = _common.two_set_exp(
+  e, m_p, m_n = ops.two_set_exp(
       logit_p, logit_n, pos, neg,
       shift=(global_max(logit_p, pos), global_max(logit_n, neg)), axis=0)
 
   def term(mask, m):
-    s = _common.maybe_global_sum(
+    s = ops.maybe_global_sum(
         jnp.sum(jnp.where(mask, e, 0.0), axis=0, keepdims=True), axis_name)
-    return jnp.logaddexp(0.0, _common.log_of_shifted_sum(s, m)[0])
+    return jnp.logaddexp(0.0, ops.log_of_shifted_sum(s, m)[0])
 
   return term(pos, m_p), term(neg, m_n)
 
@@ -154,7 +156,7 @@ def proxy_anchor_loss_from_similarity(
   Returns:
     A float32 scalar.
   """
-  _common.check_positive(alpha, "alpha")
+  ranges.check_range(alpha, "alpha", ranges.POSITIVE_RANGE)
   similarity, labels = _check_sample_to_proxy(similarity, labels, "similarity")
   num_classes = similarity.shape[1]
   pos, neg = _proxy_masks(labels, num_classes)
@@ -217,7 +219,7 @@ def proxy_anchor_loss(
   x = _common.check_embeddings(embeddings)
   labels = _common.check_labels(labels, x.shape[0])
   p = _common.check_class_vectors(proxies, x.shape[1], "proxies")
-  similarity = jnp.matmul(_common.l2_normalize(x), _common.l2_normalize(p).T,
+  similarity = jnp.matmul(ops.l2_normalize(x), ops.l2_normalize(p).T,
                           precision=jax.lax.Precision.HIGHEST)
   return proxy_anchor_loss_from_similarity(
       similarity, labels, margin=margin, alpha=alpha, axis_name=axis_name)
@@ -278,7 +280,7 @@ def ranked_proxy_anchor_loss_from_distance(
   pos_set, neg_set = rule.select(distance, pos, neg, ())
 
   # Positive term: per proxy, the plain mean over its non-trivial positives.
-  pos_sum = _common.maybe_global_sum(
+  pos_sum = ops.maybe_global_sum(
       jnp.sum(jnp.where(pos_set, pos_hinge, 0.0), axis=0), axis_name)
   pos_count = _psum_const(jnp.sum(pos_set.astype(jnp.float32), axis=0),
                           axis_name)
@@ -294,7 +296,7 @@ def ranked_proxy_anchor_loss_from_distance(
   m = jnp.where(jnp.isfinite(m), m, 0.0)
   w = jax.lax.stop_gradient(jnp.exp(jnp.where(neg_set, logits - m, -jnp.inf)))
   w_sum = _psum_const(jnp.sum(w, axis=0), axis_name)  # 0 only when empty
-  neg_num = _common.maybe_global_sum(
+  neg_num = ops.maybe_global_sum(
       jnp.sum(jnp.where(neg_set, w * neg_hinge, 0.0), axis=0), axis_name)
   neg_per_proxy = neg_num / jnp.where(w_sum == 0, 1.0, w_sum)
   neg_term = jnp.sum(neg_per_proxy) / num_classes
@@ -380,10 +382,10 @@ def ranked_proxy_anchor_loss(
   x = _common.check_embeddings(embeddings)
   labels = _common.check_labels(labels, x.shape[0])
   p = _common.check_class_vectors(proxies, x.shape[1], "proxies")
-  similarity = jnp.matmul(_common.l2_normalize(x), _common.l2_normalize(p).T,
+  similarity = jnp.matmul(ops.l2_normalize(x), ops.l2_normalize(p).T,
                           precision=jax.lax.Precision.HIGHEST)
   if distance == "euclidean":
-    dist = _common.euclidean_from_cosine(similarity)
+    dist = ops.euclidean_from_cosine(similarity)
   else:
     dist = 1.0 - similarity
   return ranked_proxy_anchor_loss_from_distance(

@@ -20,6 +20,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from circle_jax import ops
+from circle_jax.losses import ranges
 from circle_jax.losses import _common
 
 Array = jax.Array
@@ -78,14 +80,14 @@ def proxy_nca_loss(
     Learning using Proxies", ICCV 2017, eq. 5. Teh, DeVries, Taylor,
     "ProxyNCA++", ECCV 2020.
   """
-  _common.check_positive(scale, "scale")
+  ranges.check_range(scale, "scale", ranges.POSITIVE_RANGE)
   x, labels, p = _inputs(embeddings, labels, proxies, "proxies")
-  cos = _common.cosine_similarity(x, p)  # [B, C]
+  cos = ops.cosine_similarity(x, p)  # [B, C]
   logits = -scale * jnp.maximum(2.0 - 2.0 * cos, 0.0)
   onehot = jax.nn.one_hot(labels, p.shape[0], dtype=bool)
   target = jnp.sum(jnp.where(onehot, logits, 0.0), axis=1)
   mask = jnp.ones_like(onehot) if include_positive else ~onehot
-  lse = _common.masked_logsumexp(logits, mask)
+  lse = ops.masked_logsumexp(logits, mask)
   has = mask.any(axis=1)
   per_sample = jnp.where(has, jnp.where(has, lse, 0.0) - target, 0.0)
   return _common.sum_over_batch(per_sample, axis_name)
@@ -99,7 +101,7 @@ def soft_triple_regularizer(centers: Array, *, centers_per_class: int) -> Array:
   the official code).
   """
   k = centers_per_class
-  w = _common.l2_normalize(centers).reshape(-1, k, centers.shape[1])
+  w = ops.l2_normalize(centers).reshape(-1, k, centers.shape[1])
   c = w.shape[0]
   gram = jnp.einsum("ckd,cjd->ckj", w, w, precision=jax.lax.Precision.HIGHEST)
   upper = jnp.triu(jnp.ones((k, k), bool), 1)
@@ -162,7 +164,7 @@ def soft_triple_loss(
     raise ValueError(
         f"`centers_per_class` must be a positive Python int; got "
         f"{centers_per_class!r}.")
-  _common.check_positive(gamma, "gamma")
+  ranges.check_range(gamma, "gamma", ranges.POSITIVE_RANGE)
   x, labels, w = _inputs(embeddings, labels, centers, "centers")
   k = centers_per_class
   if w.shape[0] % k:
@@ -170,7 +172,7 @@ def soft_triple_loss(
         f"`centers` has {w.shape[0]} rows, not a multiple of "
         f"centers_per_class={k}; it must be [num_classes * {k}, dim].")
   num_classes = w.shape[0] // k
-  sim = _common.cosine_similarity(x, w).reshape(x.shape[0], num_classes, k)
+  sim = ops.cosine_similarity(x, w).reshape(x.shape[0], num_classes, k)
   assign = jax.nn.softmax(sim / gamma, axis=2)
   class_sim = jnp.sum(assign * sim, axis=2)  # [B, C]
   onehot = jax.nn.one_hot(labels, num_classes, dtype=jnp.float32)

@@ -32,14 +32,15 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from circle_jax.losses import _common
-from circle_jax.losses import engines
+from circle_jax import ops
+from circle_jax.losses import ranges
+from circle_jax.losses import engine
 
 Array = jax.Array
 
 
-@engines.rule_dataclass(meta=("on_distance",))
-class RankedList(engines.PairRule):
+@engine.rule_dataclass(meta=("on_distance",))
+class RankedList(engine.PairRule):
   """Ranked List rule on distances: non-trivial pairs, hinges, weighted means.
 
   Its fields are the defaults of every form of the loss (the paper's:
@@ -73,14 +74,14 @@ class RankedList(engines.PairRule):
   reduction = "batch_mean"
 
   ranges = types.MappingProxyType({
-      "alpha": _common.HyperRange(0.0, 2.0, False, True),
-      "margin": _common.DISTANCE_MARGIN_RANGE,
-      "t_neg": _common.TEMPERATURE_RANGE,
-      "t_pos": _common.TEMPERATURE_RANGE,
-      "imbalance": _common.UNIT_INTERVAL})
+      "alpha": ranges.HyperRange(0.0, 2.0, False, True),
+      "margin": ranges.DISTANCE_MARGIN_RANGE,
+      "t_neg": ranges.TEMPERATURE_RANGE,
+      "t_pos": ranges.TEMPERATURE_RANGE,
+      "imbalance": ranges.UNIT_INTERVAL})
 
   def prepare(self, s):
-    return s if self.on_distance else _common.euclidean_from_cosine(s)
+    return s if self.on_distance else ops.euclidean_from_cosine(s)
 
   def hinges(self, d):
     """``(d - (alpha - m), alpha - d)``: positive and negative violations."""
@@ -164,8 +165,8 @@ def ranked_list_loss_from_distance(
   """
   rule = RankedList(alpha=alpha, margin=margin, t_neg=t_neg, t_pos=t_pos,
                     imbalance=imbalance, on_distance=True)
-  return engines.matrix_loss(rule, distance, labels, pos_mask=pos_mask,
-                             neg_mask=neg_mask, name="distance")
+  return engine.matrix_loss(rule, distance, labels, pos_mask=pos_mask,
+                            neg_mask=neg_mask, name="distance")
 
 
 def ranked_list_loss_from_similarity(
@@ -199,8 +200,8 @@ def ranked_list_loss_from_similarity(
   """
   rule = RankedList(alpha=alpha, margin=margin, t_neg=t_neg, t_pos=t_pos,
                     imbalance=imbalance)
-  return engines.matrix_loss(rule, similarity, labels, pos_mask=pos_mask,
-                             neg_mask=neg_mask)
+  return engine.matrix_loss(rule, similarity, labels, pos_mask=pos_mask,
+                            neg_mask=neg_mask)
 
 
 def ranked_list_loss(
@@ -212,16 +213,7 @@ def ranked_list_loss(
     t_neg: float = RankedList.t_neg,
     t_pos: float = RankedList.t_pos,
     imbalance: float = RankedList.imbalance,
-    axis_name=None,
-    pos_mask: Optional[Array] = None,
-    neg_mask: Optional[Array] = None,
-    block_size: Optional[int] = None,
-    collective: str = "all_gather",
-    ref_embeddings: Optional[Array] = None,
-    ref_labels: Optional[Array] = None,
-    ref_valid: Optional[Array] = None,
-    ids: Optional[Array] = None,
-    ref_ids: Optional[Array] = None,
+    **options,
 ) -> Array:
   r"""Ranked List Loss (RLL) on the Euclidean distance of normalised embeddings.
 
@@ -257,27 +249,9 @@ def ranked_list_loss(
     t_neg: temperature :math:`T_n` of the negative weighting, in [0, 1e4].
     t_pos: temperature :math:`T_p` of the positive weighting, in [0, 1e4].
     imbalance: :math:`\lambda`, the weight of the negative term, in [0, 1].
-    axis_name: optional mapped axis (``jax.shard_map`` / ``jax.pmap``). Each
-      device compares its local anchors with the global batch gathered over
-      the axis; the result is the loss of the global batch on every device and
-      the gradient w.r.t. the local embeddings is exact.
-    pos_mask: optional ``[B, B_global]`` bool mask of usable positive pairs
-      (rows: this device's anchors, columns: the global batch), intersected
-      with the label mask.
-    neg_mask: optional ``[B, B_global]`` bool mask of usable negative pairs.
-    block_size: ``None`` (default) builds the ``[B, B_global]`` similarity
-      block at once. An integer processes anchor rows and candidate columns
-      in blocks of that size (online logsumexp / weighted sums, and a
-      ``custom_vjp`` that recomputes blocks in the backward pass), so memory
-      is ``O(block_size^2 + B * D)`` instead of ``O(B^2)``; values and gradients
-      equal the dense ones to float32 rounding. See
-      :mod:`circle_jax.losses.engines`.
-    collective: ``"all_gather"`` or ``"ring"``: how the anchors meet the
-      global batch with ``axis_name`` (see
-      :func:`circle_jax.losses.circle_loss`).
-    ref_embeddings, ref_labels, ref_valid, ids, ref_ids: references (e.g. a
-      cross-batch memory) the anchors meet instead of the batch; see
-      :func:`circle_jax.losses.engines.pair_sides` and docs/losses.md.
+    **options: the pair losses' shared keywords (``axis_name``,
+      ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``),
+      documented once at :func:`circle_jax.losses.engine.embedding_loss`.
 
   Returns:
     A float32 scalar: the mean of the per-anchor losses over all anchors of
@@ -289,8 +263,5 @@ def ranked_list_loss(
   """
   rule = RankedList(alpha=alpha, margin=margin, t_neg=t_neg, t_pos=t_pos,
                     imbalance=imbalance)
-  return engines.embedding_loss(
-      rule, embeddings, labels, axis_name=axis_name, pos_mask=pos_mask,
-      neg_mask=neg_mask, block_size=block_size, collective=collective,
-      ref_embeddings=ref_embeddings, ref_labels=ref_labels,
-      ref_valid=ref_valid, ids=ids, ref_ids=ref_ids)
+  return engine.embedding_loss(
+      rule, embeddings, labels, **options)

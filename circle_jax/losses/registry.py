@@ -34,29 +34,31 @@ from typing import Any, Callable, Dict, Mapping, Optional
 import jax
 import jax.numpy as jnp
 
-from circle_jax.losses import _common
 from circle_jax.losses import circle as _circle
 from circle_jax.losses import classification as _classification
+from circle_jax.losses import contrastive as _contrastive
+from circle_jax.losses import engine
+from circle_jax.losses import lifted_structure as _lifted
+from circle_jax.losses import margin as _margin
 from circle_jax.losses import multi_similarity as _multi_similarity
-from circle_jax.losses import pair_baselines as _pair
+from circle_jax.losses import n_pair as _n_pair
 from circle_jax.losses import proxy_anchor as _proxy_anchor
 from circle_jax.losses import proxy_baselines as _proxy
+from circle_jax.losses import ranges
 from circle_jax.losses import ranked_list as _ranked_list
+from circle_jax.losses import triplet as _triplet
 
 Array = jax.Array
 
 KINDS = ("pair", "proxy", "classifier")
 # Keyword arguments that are not hyperparameters: routed by `apply`, or
 # arrays (miner masks / weights, softmax's optional bias).
-_ROUTED = ("axis_name", "key")
+_ROUTED = ("axis_name", "key", "ref")
 _PER_BATCH = ("pos_mask", "neg_mask", "pair_weights", "bias")
 # Execution options that do not change the loss (accepted by `apply`, not
 # listed among the hyperparameter defaults): the blockwise engine and the
 # device ring of the rule-based pair losses.
 _EXECUTION = ("block_size", "collective")
-# The reference embeddings of the pair losses (a cross-batch memory), routed
-# by `apply` (see engines.pair_sides).
-_REFERENCES = ("ref_embeddings", "ref_labels", "ref_valid", "ids", "ref_ids")
 
 
 # ----------------------------------------------------------------------------
@@ -113,21 +115,31 @@ def _margin_beta(key, num_classes, embedding_dim, **hyper):
 # ----------------------------------------------------------------------------
 
 
-def _signature_defaults(fn) -> Dict[str, Any]:
+def _keywords(fn):
+  """``fn``'s keyword-only names, with the pair options of ``**options``
+  (:data:`circle_jax.losses.engine.OPTIONS`)."""
   params = inspect.signature(fn).parameters
+  names = [name for name, p in params.items()
+           if p.kind is inspect.Parameter.KEYWORD_ONLY]
+  if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+    names += [o for o in engine.OPTIONS if o not in names]
+  return names, params
+
+
+def _signature_defaults(fn) -> Dict[str, Any]:
+  _, params = _keywords(fn)
   return {
       name: p.default for name, p in params.items()
       if p.kind is inspect.Parameter.KEYWORD_ONLY
       and p.default is not inspect.Parameter.empty
-      and name not in _ROUTED + _PER_BATCH + _EXECUTION + _REFERENCES
+      and name not in _ROUTED + _PER_BATCH + _EXECUTION
   }
 
 
-def _accepted_keywords(fn):
-  params = inspect.signature(fn).parameters
-  return tuple(name for name, p in params.items()
-               if p.kind is inspect.Parameter.KEYWORD_ONLY
-               and name not in _ROUTED + _REFERENCES)
+def _accepted_keywords(fn, execution_options):
+  names, _ = _keywords(fn)
+  return tuple(n for n in names if n not in _ROUTED
+               and (n not in _EXECUTION or n in execution_options))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,9 +169,9 @@ class LossEntry:
     hyper_ranges: the documented range (:class:`HyperRange`) of each
       hyperparameter that has one (read-only; empty for a loss without
       documented ranges).
-    supports_ref: whether ``fn`` takes reference embeddings
-      (``ref_embeddings``, ``ref_labels``, ``ref_valid``, ``ids``,
-      ``ref_ids``; every pair loss, no proxy or classifier loss).
+    supports_ref: whether ``fn`` takes reference embeddings (``ref``, a
+      :class:`circle_jax.losses.Candidates`; every pair loss, no proxy or
+      classifier loss).
   """
 
   name: str
@@ -179,8 +191,7 @@ class LossEntry:
   supports_ref: bool = False
 
   def apply(self, embeddings, labels, params=None, *, key=None,
-            axis_name=None, ref_embeddings=None, ref_labels=None,
-            ref_valid=None, ids=None, ref_ids=None, **hyper) -> Array:
+            axis_name=None, ref=None, **hyper) -> Array:
     """Calls the loss uniformly.
 
     Args:
@@ -193,7 +204,7 @@ class LossEntry:
         one.
       axis_name: mapped axis for a global-batch loss; an error for losses
         without ``supports_axis_name``.
-      ref_embeddings, ref_labels, ref_valid, ids, ref_ids: reference
+      ref: optional :class:`circle_jax.losses.Candidates`, reference
         embeddings (e.g. a cross-batch memory), forwarded to the loss; an
         error for losses without ``supports_ref``.
       **hyper: hyperparameter overrides (and per-batch ``pos_mask`` /
@@ -202,7 +213,7 @@ class LossEntry:
     Returns:
       float32 scalar loss.
     """
-    accepted = _accepted_keywords(self.fn)
+    accepted = _accepted_keywords(self.fn, self.execution_options)
     unknown = sorted(set(hyper) - set(accepted))
     if unknown:
       raise ValueError(
@@ -223,14 +234,12 @@ class LossEntry:
             f"Loss {self.name!r} does not support `axis_name`; compute it on "
             f"the gathered global batch instead.")
       hyper["axis_name"] = axis_name
-    references = {k: v for k, v in zip(
-        _REFERENCES, (ref_embeddings, ref_labels, ref_valid, ids, ref_ids))
-                  if v is not None}
-    if references and not self.supports_ref:
-      raise ValueError(
-          f"Loss {self.name!r} does not support reference embeddings "
-          f"({', '.join(sorted(references))}); only the pair losses do.")
-    hyper.update(references)
+    if ref is not None:
+      if not self.supports_ref:
+        raise ValueError(
+            f"Loss {self.name!r} does not support reference embeddings "
+            "(`ref`); only the pair losses do.")
+      hyper["ref"] = ref
     if self.needs_key:
       hyper["key"] = key
     args = (embeddings, labels)
@@ -241,8 +250,10 @@ class LossEntry:
 
 def _entry(name, fn, kind, *, paper, reduction, param_name=None,
            init=_no_params, param_init="", needs_key=False,
-           rule=None) -> LossEntry:
-  """A registry entry; ``rule``: the rule class whose ``ranges`` apply."""
+           rule=None, tiled=True) -> LossEntry:
+  """A registry entry; ``rule``: the rule class whose ``ranges`` apply;
+  ``tiled``: whether a pair loss runs on the tiled engines (``block_size``,
+  ``collective``)."""
   if kind not in KINDS:
     raise ValueError(f"kind must be one of {KINDS}; got {kind!r}.")
   defaults = _signature_defaults(fn)
@@ -254,17 +265,18 @@ def _entry(name, fn, kind, *, paper, reduction, param_name=None,
     merged = {**defaults, **hyper}
     return init(key, num_classes, embedding_dim, **merged)
 
-  params = inspect.signature(fn).parameters
+  names, _ = _keywords(fn)
+  execution = tuple(o for o in _EXECUTION if o in names) if tiled else ()
   return LossEntry(
       name=name, fn=fn, kind=kind, param_name=param_name,
       init_params=init_params,
       defaults=types.MappingProxyType(defaults),
-      supports_axis_name="axis_name" in params,
+      supports_axis_name="axis_name" in names,
       needs_key=needs_key, paper=paper, reduction=reduction,
       param_init=param_init,
-      execution_options=tuple(o for o in _EXECUTION if o in params),
+      execution_options=execution,
       hyper_ranges=types.MappingProxyType(ranges),
-      supports_ref="ref_embeddings" in params)
+      supports_ref="ref" in names)
 
 
 _PROXY_ANCHOR_PAPER = (
@@ -277,6 +289,11 @@ LOSSES: Mapping[str, LossEntry] = types.MappingProxyType({e.name: e for e in [
     _entry("circle", _circle.circle_loss, "pair", rule=_circle.Circle,
            paper="Sun et al., \"Circle Loss: A Unified Perspective of Pair "
                  "Similarity Optimization\", CVPR 2020 (eq. 6)",
+           reduction="mean over anchors with >= 1 positive and >= 1 "
+                     "negative"),
+    _entry("unified", _circle.unified_loss, "pair", rule=_circle.Unified,
+           paper="Sun et al., \"Circle Loss: A Unified Perspective of Pair "
+                 "Similarity Optimization\", CVPR 2020 (eq. 1)",
            reduction="mean over anchors with >= 1 positive and >= 1 "
                      "negative"),
     _entry("circle_class_level", _circle.circle_loss_class_level,
@@ -314,28 +331,30 @@ LOSSES: Mapping[str, LossEntry] = types.MappingProxyType({e.name: e for e in [
            reduction="positive term / #proxies with positives + negative "
                      "term / #classes"),
     # Pair baselines.
-    _entry("contrastive", _pair.contrastive_loss, "pair",
-           rule=_pair.Contrastive,
+    _entry("contrastive", _contrastive.contrastive_loss, "pair",
+           rule=_contrastive.Contrastive,
            paper="Hadsell, Chopra, LeCun, CVPR 2006; two-margin form of "
                  "Musgrave et al., \"A Metric Learning Reality Check\", "
                  "ECCV 2020",
            reduction="mean over non-zero positive pairs + mean over "
                      "non-zero negative pairs"),
-    _entry("triplet", _pair.triplet_margin_loss, "pair",
+    _entry("triplet", _triplet.triplet_margin_loss, "pair", tiled=False,
            paper="Schroff et al., \"FaceNet\", CVPR 2015; Hermans et al., "
                  "\"In Defense of the Triplet Loss\", 2017",
            reduction="all: mean over non-zero triplets; batch_hard: mean "
                      "over anchors; semi_hard: mean over positive pairs"),
-    _entry("lifted_structure", _pair.lifted_structure_loss, "pair",
+    _entry("lifted_structure", _lifted.lifted_structure_loss, "pair",
+           tiled=False,
            paper="Oh Song et al., \"Deep Metric Learning via Lifted "
                  "Structured Feature Embedding\", CVPR 2016 (smooth form)",
            reduction="sum over ordered positive pairs of [J]_+^2 / (2 #pairs)"),
-    _entry("n_pair", _pair.n_pair_loss, "pair",
+    _entry("n_pair", _n_pair.n_pair_loss, "pair", tiled=False,
            paper="Sohn, \"Improved Deep Metric Learning with Multi-class "
                  "N-pair Loss Objective\", NeurIPS 2016",
            reduction="mean over positive pairs + l2_reg * mean squared "
                      "norm"),
-    _entry("margin", _pair.margin_loss, "pair", param_name="beta",
+    _entry("margin", _margin.margin_loss, "pair", param_name="beta",
+           tiled=False,
            init=_margin_beta, param_init="constant 1.2 per class",
            needs_key=True,
            paper="Wu et al., \"Sampling Matters in Deep Embedding "
@@ -393,7 +412,7 @@ def get_loss(name: str) -> LossEntry:
     ) from None
 
 
-HyperRange = _common.HyperRange
+HyperRange = ranges.HyperRange
 
 
 def hyper_ranges(name: str) -> Mapping[str, HyperRange]:
@@ -422,7 +441,7 @@ def validate_hyper(name: str, **hyper) -> None:
     ValueError: for an unknown loss, or naming the first parameter outside
       its range, the loss and the range.
   """
-  _common.check_ranges(hyper, hyper_ranges(name), f"loss {name!r}")
+  ranges.check_ranges(hyper, hyper_ranges(name), f"loss {name!r}")
 
 
 def _format_default(value):

@@ -19,7 +19,7 @@ from circle_jax import data as data_lib
 from circle_jax.evaluation import fewshot as fewshot_lib
 from circle_jax.errors import UserError
 from circle_jax import losses as losses_lib
-from circle_jax.losses.engines import COLLECTIVES
+from circle_jax.losses.engine import COLLECTIVES
 from circle_jax import models as models_lib
 from circle_jax.train import optim as optim_lib
 from circle_jax import parallel
@@ -181,9 +181,9 @@ def _check_loss_hyper(entry, hyper: dict, embedding_dim: int,
                                             **hyper), x, params)
     if references:
       jax.eval_shape(lambda e, p: entry.apply(
-          e, y, p, key=jax.random.PRNGKey(0), ref_embeddings=e, ref_labels=y,
-          ref_valid=jnp.ones(4, bool), ids=jnp.arange(4),
-          ref_ids=jnp.arange(4, 8), **hyper), x, params)
+          e, y, p, key=jax.random.PRNGKey(0), ref=losses_lib.Candidates(
+              e, y, valid=jnp.ones(4, bool), ids=jnp.arange(4, 8),
+              anchor_ids=jnp.arange(4)), **hyper), x, params)
   except (ValueError, TypeError) as e:
     message = str(e).splitlines()[0]
     named = re.search(r"`(\w+)`", message)

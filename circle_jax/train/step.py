@@ -45,7 +45,7 @@ PyTree = Any
 AXIS = parallel.AXIS
 
 # loss_fn(embeddings [b, D], labels [b], loss_params, *, key, axis_name,
-#         **references) -> scalar
+#         ref=None) -> scalar
 LossFn = Callable[..., jax.Array]
 
 
@@ -59,23 +59,22 @@ def make_loss_fn(entry, hyper: Optional[dict] = None) -> LossFn:
 
   Returns:
     ``loss_fn(embeddings, labels, loss_params, *, key, axis_name,
-    **references)``; ``references`` are the reference-embedding keywords of
-    the loss API (``ref_embeddings``, ``ref_labels``, ``ref_valid``, ``ids``,
-    ``ref_ids``; the cross-batch memory's, :mod:`circle_jax.train.xbm`).
+    ref=None)``; ``ref`` is the loss API's reference embeddings
+    (a ``circle_jax.losses.Candidates``; the cross-batch memory's,
+    :mod:`circle_jax.train.xbm`).
     Losses that cannot see the global batch are averaged over devices (the
     gradient of that mean is exact under both wrappers, via ``global_sum``).
   """
   hyper = dict(hyper or {})
 
-  def loss_fn(embeddings, labels, loss_params, *, key, axis_name,
-              **references):
+  def loss_fn(embeddings, labels, loss_params, *, key, axis_name, ref=None):
     params = None
     if entry.param_name is not None:
       params = loss_params[entry.param_name]
     if entry.supports_axis_name or axis_name is None:
       return entry.apply(embeddings, labels, params, key=key,
-                         axis_name=axis_name, **references, **hyper)
-    if references:
+                         axis_name=axis_name, ref=ref, **hyper)
+    if ref is not None:
       raise ValueError(f"Loss {entry.name!r} cannot see the global batch, so "
                        "it cannot meet a memory sharded over the devices.")
     local = entry.apply(embeddings, labels, params, key=key, **hyper)

@@ -12,13 +12,14 @@ holds. Each step (from ``config.xbm.start_step`` on):
    exactly the ``B`` oldest rows);
 2. the loss is ``L(batch, batch) + weight * L(batch, memory)``, the second
    term through the loss API's reference embeddings: the batch's anchors
-   meet every filled memory row (empty rows take no part, ``ref_valid``).
+   meet every filled memory row (empty rows take no part: the
+   ``valid`` of its ``circle_jax.losses.Candidates``).
 
 The memory is read *after* the enqueue, as in the authors' code, so it holds
 the batch itself; its own copies are no pairs: memory row ``r`` has the id
 ``r`` (its global slot index) and each anchor the id of the row it was just
 written to, so the loss drops exactly the anchor-with-its-own-copy pairs
-(``ids`` / ``ref_ids``). Before ``start_step`` nothing is written, the memory
+(the candidates' ``ids`` / ``anchor_ids``). Before ``start_step`` nothing is written, the memory
 stays empty and the memory term is zero.
 
 Placement: the rows are split over the devices like the batch
@@ -43,6 +44,8 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from circle_jax import losses as losses_lib
 
 Array = jax.Array
 EMPTY = -1  # the label of an empty row
@@ -197,8 +200,9 @@ def loss_with_memory(loss_fn: Callable, memory: Memory, embeddings: Array,
                        axis_name=axis_name)
   memory_loss = loss_fn(
       embeddings, labels, loss_params, key=jax.random.fold_in(key, 1),
-      axis_name=axis_name,
-      ref_embeddings=memory.embeddings.astype(jnp.float32),
-      ref_labels=memory.labels, ref_valid=memory.labels != EMPTY, ids=ids,
-      ref_ids=device * rows + jnp.arange(rows, dtype=jnp.int32))
+      axis_name=axis_name, ref=losses_lib.Candidates(
+          memory.embeddings.astype(jnp.float32), memory.labels,
+          valid=memory.labels != EMPTY,
+          ids=device * rows + jnp.arange(rows, dtype=jnp.int32),
+          anchor_ids=ids))
   return batch_loss + memory.weight * memory_loss, memory

@@ -116,10 +116,17 @@ def _miners():
   return out
 
 
+# Registry names added after the numbers were pinned; their functions are
+# pinned under their own names below ("unified" is `unified_loss`).
+_REGISTERED_AFTER_PINNING = ("unified",)
+
+
 def cases():
   """``{case name: thunk returning a dict of arrays}``."""
   out = {}
   for name, entry in losses.LOSSES.items():
+    if name in _REGISTERED_AFTER_PINNING:
+      continue
     out[f"{name}/dense"] = functools.partial(_entry_case, name)
     if entry.supports_axis_name:
       out[f"{name}/sharded"] = functools.partial(_entry_case, name,

@@ -6,14 +6,14 @@ with the device count. Here each device keeps its local anchors (rows) and
 its local column shard, and the shards travel around the ring of devices
 with ``jax.lax.ppermute``: at each of the ``n`` steps (``n`` = axis size) a
 device folds the tiles of its rows against the shard it holds into the
-rows' online set statistics (:func:`engines.stats_update`), then passes the
+rows' online set statistics (:func:`circle_jax.losses.engine.tiles.stats_update`), then passes the
 shard on. A rule with a pre-pass (Multi-Similarity's mining statistics)
 takes one ring pass for it first.
 
 The backward pass is a ``custom_vjp`` that runs the ring again from the
-rows' saved ``O(B_local)`` statistics: it recomputes each tile, forms its
-``dL/ds`` with :func:`engines.tile_cotangent`, accumulates ``dL/dz_rows``
-locally and ``dL/dz_cols`` into an accumulator that travels *with* the
+rows' saved ``O(B_local)`` statistics: at each step the shared backward
+sweep (:func:`circle_jax.losses.engine.sweep.sweep`) recomputes each tile
+against the shard it holds, accumulates ``dL/dz_rows`` locally and ``dL/dz_cols`` into an accumulator that travels *with* the
 column shard, so that after the full cycle each shard's gradient is back at
 its owner (one last ``ppermute`` of the accumulator alone).
 
@@ -23,7 +23,7 @@ step), independent of the device count. Only ``axis_name`` collectives are
 used (``ppermute``, ``axis_index``), so it runs under ``jax.shard_map`` and
 ``jax.pmap``. The schedule is that of ring exchange for contrastive losses
 (Cheng et al., 2024; the neighbour exchange of open_clip's SigLIP loss),
-here for any label-masked rule of :mod:`circle_jax.losses.engines`.
+here for any label-masked rule (:mod:`circle_jax.losses.engine.rule`).
 
 References:
   Cheng et al., "Breaking the Memory Barrier: Near Infinite Batch Size
@@ -40,11 +40,10 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax import ops
-from circle_jax.losses import engines
+from circle_jax.losses.engine import sweep as sweep_lib
+from circle_jax.losses.engine import tiles
 
 Array = jax.Array
-
-_F32 = jnp.float32
 
 
 def _shift(x, axis_name, n):
@@ -60,7 +59,7 @@ def _varying_like(tree, ref, axis_name):
   constants (the padding mask) are cast to match. Under ``jax.pmap`` types
   record no axis and nothing changes.
   """
-  axes = [a for a in ops._axes(axis_name) if a in ops.varying_axes(ref)]
+  axes = [a for a in ops.axis_names(axis_name) if a in ops.varying_axes(ref)]
 
   def cast(x):
     missing = tuple(a for a in axes if a not in ops.varying_axes(x))
@@ -99,12 +98,12 @@ def _with_masks(plan, axis_name, rows_t, pos_mask, neg_mask, k):
       return None
     part = jax.lax.dynamic_slice_in_dim(mask, owner * plan.cols, plan.cols,
                                         axis=1)
-    return engines._mask_blocks(plan, part)
+    return tiles.mask_blocks(plan, part)
 
   return dict(rows_t, pos_mask=columns(pos_mask), neg_mask=columns(neg_mask))
 
 
-def _fold(plan, rows_t, shard, state, tile_fn):
+def _fold(plan, geometry, rows_t, shard, state, tile_fn):
   """Folds every tile of the rows against ``shard`` into per-row-block state.
 
   ``tile_fn(rows_b, state_b, s, pos, neg) -> state_b``.
@@ -113,7 +112,7 @@ def _fold(plan, rows_t, shard, state, tile_fn):
     rows_b, state_b = args
 
     def step(j, state_b):
-      s, pos, neg, _ = engines._tile(rows_b, shard, j)
+      s, pos, neg, _ = tiles.tile(geometry, rows_b, shard, j)
       return tile_fn(rows_b, state_b, s, pos, neg)
 
     return jax.lax.fori_loop(0, plan.num_col_blocks, step, state_b)
@@ -122,28 +121,26 @@ def _fold(plan, rows_t, shard, state, tile_fn):
 
 
 def _ring_impl(plan, axis_name, rule, rows, cols, pos_mask, neg_mask):
-  rows_t, cols_t = engines._prepare(plan, rows, cols, None, None)
+  rows_t, cols_t = tiles.prepare_tiles(plan, rows, cols)
   like = rows_t["z"][:, :, 0]
-  pre = engines.prepass_init(rule, like)
+  pre = tiles.prepass_init(rule, like)
+  fold = functools.partial(_fold, plan, rule.geometry)
   if rule.prepass:
     def pre_visit(pre, shard, k):
       rows_k = _with_masks(plan, axis_name, rows_t, pos_mask, neg_mask, k)
-      return _fold(plan, rows_k, shard, pre, lambda rows_b, pre_b, s, pos, neg:
-                   engines.prepass_update(rule, pre_b, s, pos, neg)), shard
+      return fold(rows_k, shard, pre, lambda rows_b, pre_b, s, pos, neg:
+                  tiles.prepass_update(rule, pre_b, s, pos, neg)), shard
     pre, _ = _ring_pass(axis_name, pre_visit, pre, cols_t)
 
   def visit(stats, shard, k):
     rows_k = dict(_with_masks(plan, axis_name, rows_t, pos_mask, neg_mask, k),
                   pre=pre)
-    return _fold(plan, rows_k, shard, stats, lambda rows_b, st, s, pos, neg:
-                 engines.stats_update(rule, st, s, pos, neg,
-                                      engines._expand(rows_b["pre"]))), shard
+    return fold(rows_k, shard, stats, lambda rows_b, st, s, pos, neg:
+                tiles.stats_update(rule, st, s, pos, neg,
+                                   tiles.expand(rows_b["pre"]))), shard
 
-  stats, _ = _ring_pass(axis_name, visit, engines.stats_init(like), cols_t)
-  loss, valid = jax.vmap(
-      lambda st: rule.combine(*engines.stats_finish(rule, st)))(stats)
-  out = jax.tree.map(lambda a: a.reshape(-1)[: plan.rows], (loss, valid))
-  return out, (pre, stats)
+  stats, _ = _ring_pass(axis_name, visit, tiles.stats_init(like), cols_t)
+  return tiles.finish_rows(rule, plan, stats), (pre, stats)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -157,42 +154,15 @@ def _ring_fwd(plan, axis_name, rule, rows, cols, pos_mask, neg_mask):
   return out, (rule, rows, cols, pos_mask, neg_mask, pre, stats)
 
 
-def _zero_cotangent(side, dz):
-  """A PairSide cotangent: ``dz`` for the embeddings, nothing for the rest."""
-  return type(side)(dz.astype(side.z.dtype), *([None] * (len(side) - 1)))
-
-
 def _ring_bwd(plan, axis_name, res, cts):
   rule, rows, cols, pos_mask, neg_mask, pre, stats = res
   # The validity output carries no gradient.
-  ct = jax.tree.map(
-      lambda c: engines._blocks(c.astype(_F32), plan.num_row_blocks,
-                                plan.row_block), cts[0])
-  rows_t, cols_t = engines._prepare(plan, rows, cols, None, None)
-  rows_t = dict(rows_t, pre=pre, stats=stats, ct=ct)
-  hi = jax.lax.Precision.HIGHEST
+  rows_t, cols_t = sweep_lib.saved_rows(plan, rows, cols, pre, stats, cts[0])
 
   def visit(dz_rows, shard, k):
     rows_k = _with_masks(plan, axis_name, rows_t, pos_mask, neg_mask, k)
-
-    def row_fn(dz_cols, args):
-      rows_b, dz_row = args
-
-      def step(j, carry):
-        dz_row, dz_cols = carry
-        s, pos, neg, z_c = engines._tile(rows_b, shard, j)
-        g = engines.tile_cotangent(rule, s, pos, neg,
-                                   engines._expand(rows_b["pre"]),
-                                   rows_b["stats"], rows_b["ct"])
-        dz_row = dz_row + jnp.matmul(g, z_c, precision=hi)
-        dz_cols = dz_cols.at[j].add(jnp.matmul(g.T, rows_b["z"], precision=hi))
-        return dz_row, dz_cols
-
-      dz_row, dz_cols = jax.lax.fori_loop(0, plan.num_col_blocks, step,
-                                          (dz_row, dz_cols))
-      return dz_cols, dz_row
-
-    dz_cols, dz_rows = jax.lax.scan(row_fn, shard["dz"], (rows_k, dz_rows))
+    dz_rows, dz_cols = sweep_lib.sweep(plan, rule, rows_k, shard, dz_rows,
+                                       shard["dz"])
     return dz_rows, dict(shard, dz=dz_cols)
 
   shard = dict(cols_t, dz=jnp.zeros_like(cols_t["z"]))
@@ -200,18 +170,16 @@ def _ring_bwd(plan, axis_name, res, cts):
                               shard)
   # The accumulator's last move brings every shard's gradient home.
   dz_cols = _shift(shard["dz"], axis_name, jax.lax.axis_size(axis_name))
-  dz_rows = dz_rows.reshape(-1, rows.z.shape[1])[: plan.rows]
-  dz_cols = dz_cols.reshape(-1, cols.z.shape[1])[: plan.cols]
   # Hyperparameters, labels, ids and masks get no gradient.
   d_rule = jax.tree.map(jnp.zeros_like, rule)
-  return (d_rule, _zero_cotangent(rows, dz_rows),
-          _zero_cotangent(cols, dz_cols), None, None)
+  return (d_rule, sweep_lib.side_cotangent(rows, dz_rows, plan.rows),
+          sweep_lib.side_cotangent(cols, dz_cols, plan.cols), None, None)
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)
 
 
-def ring_per_anchor(rule, rows: engines.PairSide, local_cols: engines.PairSide,
+def ring_per_anchor(rule, rows: tiles.PairSide, local_cols: tiles.PairSide,
                     *, axis_name, block_size: Optional[int] = None,
                     pos_mask: Optional[Array] = None,
                     neg_mask: Optional[Array] = None):
@@ -223,17 +191,18 @@ def ring_per_anchor(rule, rows: engines.PairSide, local_cols: engines.PairSide,
   device once (module docstring). ``local_cols`` may be the rows themselves
   (the global batch) or any other columns, e.g. reference embeddings, with
   ids that place the anchors among them (a row and a column with the same
-  id are the same sample and never a pair) and, where :class:`PairSide` has
-  it, a ``valid`` mask (invalid columns take no part in any pair).
+  id are the same sample and never a pair) and a ``valid`` mask (invalid
+  columns take no part in any pair).
 
   Args:
     rule: the pair rule.
-    rows: this device's anchors (:class:`engines.PairSide`), ``[M, D]``.
+    rows: this device's anchors (:class:`tiles.PairSide`), ``[M, D]``.
     local_cols: this device's column shard, ``[N, D]`` (the same ``N`` on
       every device).
     axis_name: the mapped axis of the ring.
     block_size: ``None`` for one ``[M, N]`` tile per ring step (the "dense"
-      ring), or rows / columns per tile (static int; need not divide them).
+      ring), or rows / columns per tile (a checked static int; need not
+      divide them).
     pos_mask, neg_mask: optional ``[M, n N]`` bool miner masks over the
       global columns.
 
@@ -242,12 +211,6 @@ def ring_per_anchor(rule, rows: engines.PairSide, local_cols: engines.PairSide,
     gathered columns to float32 rounding; gradients flow to ``rows.z`` and
     ``local_cols.z`` (each shard's gradient from every device's anchors).
   """
-  m, n = rows.z.shape[0], local_cols.z.shape[0]
-  if block_size is None:
-    plan = engines._Plan(rows=m, cols=n, row_block=m, col_block=n)
-  else:
-    block_size = engines.check_block_size(block_size)
-    plan = engines._Plan(rows=m, cols=n, row_block=min(block_size, m),
-                         col_block=min(block_size, n))
-  rule = jax.tree.map(lambda v: jnp.asarray(v, _F32), rule)
+  plan = tiles.Plan.of(rows.z.shape[0], local_cols.z.shape[0], block_size)
+  rule = jax.tree.map(lambda v: jnp.asarray(v, tiles.F32), rule)
   return _ring(plan, axis_name, rule, rows, local_cols, pos_mask, neg_mask)

@@ -1,0 +1,78 @@
+"""Engines that run a pair-loss *rule* over anchors and candidates.
+
+A pair loss is split in two:
+
+* its **rule**, in the loss's own module (e.g. ``circle.py``): what the loss
+  computes from a tile of similarities and the anchors' positive / negative
+  pair masks (the interface: :mod:`~circle_jax.losses.engine.rule`);
+* an **engine**, here, that evaluates any rule and derives its gradient. No
+  engine holds a loss formula and nothing here imports a loss.
+
+The rooms, read top to bottom:
+
+=============  ===========================================================
+``rule``       the rule interface (:class:`PairRule`, ``rule_dataclass``)
+``geometry``   the similarity of a tile (:class:`Cosine` today, one matmul)
+``tiles``      tile pieces: sides, the one pair-mask helper, tiling, online
+               statistics, the rule-derived ``dL/ds`` of a tile
+``sides``      the anchors and the candidates (:class:`Candidates`)
+``dense``      the dense engine (one ``[M, N]`` block, autodiff)
+``sweep``      the backward sweep shared by the tiled engines' ``custom_vjp``
+``blockwise``  the blockwise engine (tiles, ``O(block^2)`` memory)
+``ring``       the device-ring engine (column shards over ``ppermute``)
+``dispatch``   the one choice of engine, and the loss front ends
+=============  ===========================================================
+
+Imports go one way: ``rule`` <- ``geometry``; ``tiles`` <- ``rule``;
+``sides``, ``dense``, ``sweep`` <- ``tiles``; ``blockwise``, ``ring`` <-
+``sweep``; ``dispatch`` <- all engines. Engines import only ``tiles``,
+``sweep``, ``rule`` / ``geometry`` and :mod:`circle_jax.ops`.
+
+Adding a pair loss: write its rule (a :func:`rule_dataclass` subclass of
+:class:`PairRule`) and its public functions in its own module, calling
+:func:`embedding_loss` (``**options``: the shared keywords, documented
+there once) and :func:`matrix_loss`; register it in
+:mod:`circle_jax.losses.registry` and export it from
+:mod:`circle_jax.losses`. Three files, no engine touched.
+
+Adding an engine: a new module here, a function ``(rule, rows, cols, ...)
+-> (per_anchor, valid)`` built from the tile pieces (:func:`tiles.tile`,
+``prepass_update``, ``stats_init`` / ``stats_update`` / ``stats_finish``,
+``finish_rows``) and, for its ``custom_vjp``, :func:`sweep.sweep`; then one
+branch in :func:`dispatch.per_anchor`. No loss touched.
+
+Adding a geometry: a :class:`geometry.Geometry` subclass (``embed``,
+``tile`` and optionally ``tile_vjp``), set as a rule's ``geometry``. No
+engine touched.
+"""
+
+from circle_jax.losses.engine.dense import dense_per_anchor, selected_pairs
+from circle_jax.losses.engine.dispatch import (
+    COLLECTIVES,
+    OPTIONS,
+    check_collective,
+    class_level_loss,
+    dense_block,
+    embedding_loss,
+    matrix_loss,
+    per_anchor,
+    reduce_per_anchor,
+)
+from circle_jax.losses.engine.blockwise import (
+    blockwise_per_anchor,
+    check_block_size,
+)
+from circle_jax.losses.engine.geometry import COSINE, DOT, Cosine, Dot, Geometry
+from circle_jax.losses.engine.ring import ring_per_anchor
+from circle_jax.losses.engine.rule import (
+    PairRule,
+    both_sets_nonempty,
+    rule_dataclass,
+)
+from circle_jax.losses.engine.sides import (
+    Candidates,
+    pair_block,
+    pair_sides,
+    square_block,
+)
+from circle_jax.losses.engine.tiles import PairSide, pair_masks

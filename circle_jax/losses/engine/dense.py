@@ -1,0 +1,83 @@
+"""The dense engine: a rule on a whole ``[M, N]`` block, by autodiff.
+
+Both label sets of a row share one ``exp`` pass
+(:func:`circle_jax.ops.two_set_exp`); the gradient is JAX's, so the dense
+engine is the reference the tiled engines (blockwise, ring) are tested
+against.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import jax
+import jax.numpy as jnp
+
+from circle_jax import ops
+from circle_jax.losses.engine import tiles
+
+Array = jax.Array
+
+
+def selected_pairs(rule, similarity: Array, pos: Array, neg: Array):
+  """The pairs ``rule`` uses in a whole block (pre-pass and selection).
+
+  Without gradient; e.g. Multi-Similarity's mining as a miner.
+
+  Returns:
+    ``(pos, neg)``, ``[M, N]`` bool.
+  """
+  s = jax.lax.stop_gradient(similarity)
+  pre = tiles.prepass_update(rule, None, s, pos, neg, keepdims=True)
+  return rule.select(rule.prepare(s), pos, neg, pre)
+
+
+def dense_per_anchor(rule, similarity: Array, pos: Array,
+                     neg: Array) -> Tuple[Array, Array]:
+  """Runs ``rule`` on a whole ``[M, N]`` block, differentiated by autodiff.
+
+  Both sets of a row share one ``exp`` pass
+  (:func:`circle_jax.ops.two_set_exp`).
+
+  Args:
+    rule: the pair rule.
+    similarity: ``[M, N]`` float32 block (for a rule on distances, whatever
+      its ``prepare`` reads).
+    pos, neg: ``[M, N]`` bool label (and miner) masks, disjoint.
+
+  Returns:
+    ``(per_anchor [M], valid [M])``.
+  """
+  x = rule.prepare(similarity)
+  pre = tiles.prepass_update(rule, None, similarity, pos, neg, keepdims=True)
+  pos, neg = rule.select(jax.lax.stop_gradient(x), pos, neg, pre)
+  if rule.statistic == "sum":
+    v_p, v_n = rule.values(x)
+
+    def total(mask, v):
+      count = jnp.sum(mask.astype(tiles.F32), axis=-1)
+      return jnp.sum(jnp.where(mask, v, 0.0), axis=-1), count
+
+    return rule.combine(total(pos, v_p), total(neg, v_n))
+  logit_p, logit_n = rule.logits(x)
+  e, m_p, m_n = ops.two_set_exp(logit_p, logit_n, pos, neg,
+                                    rule.shift(pre))
+  if rule.statistic == "lse":
+    s_p = jnp.sum(jnp.where(pos, e, 0.0), axis=-1, keepdims=True)
+    s_n = jnp.sum(jnp.where(neg, e, 0.0), axis=-1, keepdims=True)
+    stat_p = jnp.squeeze(ops.log_of_shifted_sum(s_p, m_p), -1)
+    stat_n = jnp.squeeze(ops.log_of_shifted_sum(s_n, m_n), -1)
+  else:
+    e = jax.lax.stop_gradient(e)
+    v_p, v_n = rule.values(x)
+
+    def mean(mask, v):
+      # An empty set has all weights 0 (total 0); a non-empty one has total
+      # about >= 1 (its maximum gives exp(0), up to the rounding of a
+      # recomputed logit, which at large temperatures is not exactly 0).
+      total = jnp.sum(jnp.where(mask, e, 0.0), axis=-1)
+      return (jnp.sum(jnp.where(mask, e * v, 0.0), axis=-1)
+              / jnp.where(total == 0, 1.0, total))
+
+    stat_p, stat_n = mean(pos, v_p), mean(neg, v_n)
+  return rule.combine(stat_p, stat_n)

@@ -1,0 +1,185 @@
+"""The one place that picks an engine, and the loss front ends built on it.
+
+:func:`embedding_loss` is the embedding form of every rule-based pair loss:
+its keyword options (:data:`OPTIONS`) are the pair losses' shared keywords,
+documented here once; each loss forwards them as ``**options``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from circle_jax.losses import _common
+from circle_jax.losses.engine import blockwise
+from circle_jax.losses.engine import dense
+from circle_jax.losses.engine import geometry as geometry_lib
+from circle_jax.losses.engine import ring
+from circle_jax.losses.engine import sides
+
+Array = jax.Array
+
+COLLECTIVES = ("all_gather", "ring")
+# The keyword options every embedding-form pair loss takes (**options).
+OPTIONS = ("axis_name", "pos_mask", "neg_mask", "block_size", "collective",
+           "ref")
+
+
+def check_collective(collective) -> str:
+  """One of :data:`COLLECTIVES`, with an error naming them."""
+  if collective not in COLLECTIVES:
+    raise ValueError(f"`collective` must be one of {COLLECTIVES}; got "
+                     f"{collective!r}.")
+  return collective
+
+
+def reduce_per_anchor(rule, per_anchor: Array, valid: Array, axis_name=None):
+  """The rule's reduction of the per-anchor losses, as a float32 scalar."""
+  if hasattr(rule, "reduce"):
+    loss = rule.reduce(per_anchor, valid, axis_name)
+  elif rule.reduction == "valid_mean":
+    loss = _common.mean_over_valid(per_anchor, valid, axis_name)
+  else:
+    loss = _common.sum_over_batch(per_anchor, axis_name)
+  return _common.to_float32_scalar(loss)
+
+
+def per_anchor(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
+               neg_mask=None, block_size: Optional[int] = None,
+               collective: str = "all_gather",
+               ref: Optional[sides.Candidates] = None):
+  """``(per_anchor [B], valid [B])`` of ``rule``, on the engine the options
+  pick (arguments: :func:`embedding_loss`)."""
+  on_ring = check_collective(collective) == "ring" and axis_name is not None
+  if block_size is not None:
+    block_size = blockwise.check_block_size(block_size)
+  rows, cols = sides.pair_sides(embeddings, labels, axis_name=axis_name,
+                                ref=ref, geometry=rule.geometry,
+                                gather_columns=not on_ring)
+  n = cols.z.shape[0] * (jax.lax.axis_size(axis_name) if on_ring else 1)
+  shape = (rows.z.shape[0], n)
+  pos_mask = _common.check_mask(pos_mask, shape, "pos_mask")
+  neg_mask = _common.check_mask(neg_mask, shape, "neg_mask")
+  if on_ring:
+    return ring.ring_per_anchor(rule, rows, cols, axis_name=axis_name,
+                                block_size=block_size, pos_mask=pos_mask,
+                                neg_mask=neg_mask)
+  if block_size is None:
+    s = rule.geometry.tile(rows.z, cols.z)
+    pos, neg = sides.checked_pair_masks(rows, cols, shape, pos_mask,
+                                        neg_mask)
+    return dense.dense_per_anchor(rule, s, pos, neg)
+  return blockwise.blockwise_per_anchor(rule, rows, cols,
+                                        block_size=block_size,
+                                        pos_mask=pos_mask, neg_mask=neg_mask)
+
+
+def embedding_loss(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
+                   neg_mask=None, block_size: Optional[int] = None,
+                   collective: str = "all_gather",
+                   ref: Optional[sides.Candidates] = None) -> Array:
+  """A pair loss of a batch of embeddings (every ``*_loss(**options)``).
+
+  The embeddings are checked and mapped by the rule's geometry (cosine:
+  L2-normalised, computed in float32); the local anchors (rows) meet the
+  candidates (columns): the batch, or the references ``ref``.
+
+  Args:
+    rule: the pair rule (its hyperparameters already set).
+    embeddings: ``[B, D]`` float32 or bfloat16 (the local anchors).
+    labels: ``[B]`` integer labels.
+    axis_name: optional mapped axis (``jax.shard_map`` / ``jax.pmap``). The
+      local anchors meet the candidates of every device; the result is the
+      loss of the global batch on every device and the gradient that of the
+      single-device loss on the concatenated batch.
+    pos_mask, neg_mask: optional ``[B, N]`` bool masks of usable positive /
+      negative pairs (a miner's, :mod:`circle_jax.losses.miners`; ``N`` the
+      global number of candidates), intersected with the label masks.
+    block_size: ``None`` (default) forms the ``[B, N]`` block at once (the
+      dense engine, autodiff). An int runs the blockwise engine: rows and
+      columns in tiles of that size with online statistics and a
+      ``custom_vjp`` that recomputes tiles in the backward pass, memory
+      ``O(block_size^2 + (B + N) D)``; values and gradients equal the dense
+      ones to float32 rounding.
+    collective: with ``axis_name``, how the anchors meet the other devices'
+      candidates: ``"all_gather"`` (default) gathers them on every device
+      (memory grows with the device count); ``"ring"`` passes column shards
+      around the devices with ``ppermute`` (:mod:`circle_jax.losses.engine.ring`;
+      per-device memory independent of the device count). Ignored without
+      ``axis_name``.
+    ref: optional :class:`circle_jax.losses.Candidates`, reference
+      embeddings (e.g. a cross-batch memory) the anchors meet instead of the
+      batch, as pytorch-metric-learning's ``ref_emb``; see docs/losses.md.
+
+  Returns:
+    float32 scalar: the rule's reduction of the per-anchor losses.
+  """
+  values, valid = per_anchor(
+      rule, embeddings, labels, axis_name=axis_name, pos_mask=pos_mask,
+      neg_mask=neg_mask, block_size=block_size, collective=collective,
+      ref=ref)
+  return reduce_per_anchor(rule, values, valid, axis_name)
+
+
+def matrix_loss(rule, matrix, labels, *, pos_mask=None, neg_mask=None,
+                name: str = "similarity") -> Array:
+  """A pair loss of a square ``[B, B]`` matrix (the ``*_from_*`` forms)."""
+  matrix, _, pos, neg = sides.square_block(matrix, labels, pos_mask, neg_mask,
+                                           name)
+  return reduce_per_anchor(rule, *dense.dense_per_anchor(rule, matrix, pos,
+                                                         neg))
+
+
+def class_level_loss(rule, embeddings, labels, class_weights) -> Array:
+  """A rule with class-level labels: each sample against ``C`` class vectors.
+
+  The positive set is the sample's own class, the negatives the others; the
+  result is the mean over all samples (a label outside ``[0, C)`` has no
+  positive and contributes 0).
+  """
+  embeddings = _common.check_embeddings(embeddings)
+  labels = _common.check_labels(labels, embeddings.shape[0])
+  class_weights = _common.check_class_vectors(
+      class_weights, embeddings.shape[1], name="class_weights")
+  similarity = rule.geometry.tile(rule.geometry.embed(embeddings),
+                                  rule.geometry.embed(class_weights))
+  classes = jnp.arange(class_weights.shape[0], dtype=labels.dtype)
+  pos = labels[:, None] == classes[None, :]
+  values, _ = dense.dense_per_anchor(rule, similarity, pos, ~pos)
+  return _common.to_float32_scalar(jnp.mean(values))
+
+
+def dense_block(embeddings, labels, *, loss: str, reason: str,
+                geometry=None, axis_name=None, pos_mask=None, neg_mask=None,
+                block_size: Optional[int] = None,
+                collective: str = "all_gather",
+                ref: Optional[sides.Candidates] = None):
+  """The dense ``[M, N]`` block of a pair loss that is not a rule.
+
+  Such a loss takes the same ``**options`` as the rule-based ones
+  (:func:`embedding_loss`) and builds its block here; a tiled engine
+  (``block_size``, ``collective="ring"``) is refused with ``reason``.
+
+  Args:
+    embeddings, labels: as :func:`embedding_loss`.
+    loss: the loss's name, for the message.
+    reason: why it has no tiled form, for the message.
+    geometry: the block's geometry (default cosine).
+    axis_name, pos_mask, neg_mask, block_size, collective, ref: the options
+      of :func:`embedding_loss`.
+
+  Returns:
+    ``(rows, cols, s, pos, neg)`` as :func:`sides.pair_block`.
+  """
+  tiled = block_size is not None or (
+      check_collective(collective) == "ring" and axis_name is not None)
+  if tiled:
+    raise ValueError(
+        f"The {loss} has only the dense engine ({reason}); drop "
+        "`block_size` and `collective=\"ring\"`.")
+  return sides.pair_block(
+      embeddings, labels, axis_name=axis_name, pos_mask=pos_mask,
+      neg_mask=neg_mask, ref=ref,
+      geometry=geometry_lib.COSINE if geometry is None else geometry)

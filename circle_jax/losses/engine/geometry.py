@@ -1,0 +1,75 @@
+"""The geometry of a pair loss: what the similarity of a tile is.
+
+Every engine asks the rule's geometry (``rule.geometry``) for the tile's
+similarities and, in a ``custom_vjp``'s backward sweep, for the tile's
+contribution to the embeddings' gradient. Nothing else in an engine knows
+how a similarity is made, so a new geometry is a new class here (or in the
+loss's own module) and no engine changes. The interface:
+
+* ``embed(x) -> z``: the per-sample map applied to each side (rows and
+  columns) before any tile is formed, outside the engines (so autodiff
+  differentiates it), e.g. L2 normalisation onto the unit sphere;
+* ``tile(z_rows, z_cols) -> s``: the ``[R, C]`` similarities of a tile;
+* ``tile_vjp(z_rows, z_cols, g) -> (dz_rows, dz_cols)``: the pull-back of a
+  tile's ``dL/ds`` ``g`` (default: ``jax.vjp`` of ``tile``).
+
+A geometry is a frozen (hashable) dataclass: its fields are static.
+:class:`Cosine` is today's geometry (one matmul of unit vectors per tile);
+:class:`Dot` keeps the raw inner products (the N-pair loss). A hyperbolic
+(Poincaré-ball) geometry would map ``embed`` onto the ball and compute
+``tile`` from the tile's matmul and the two sides' squared norms
+(``||x - y||^2 = |x|^2 + |y|^2 - 2 x.y``); a rule then reads the distance in
+its ``prepare``, and losses that softmax over every candidate (SupCon) are
+rules with the ``"lse"`` statistic on the negatives-and-positives set, so
+neither needs an engine change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from circle_jax import ops
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+  """Defaults of the geometry interface (module docstring)."""
+
+  def embed(self, x):
+    return x
+
+  def tile(self, z_rows, z_cols):
+    raise NotImplementedError
+
+  def tile_vjp(self, z_rows, z_cols, g):
+    _, pull = jax.vjp(self.tile, z_rows, z_cols)
+    return pull(g)
+
+
+@dataclasses.dataclass(frozen=True)
+class Dot(Geometry):
+  """Raw inner products ``s_ij = x_i . x_j`` (float32, HIGHEST precision)."""
+
+  def tile(self, z_rows, z_cols):
+    return jnp.matmul(z_rows, z_cols.T, precision=_HIGHEST)
+
+  def tile_vjp(self, z_rows, z_cols, g):
+    return (jnp.matmul(g, z_cols, precision=_HIGHEST),
+            jnp.matmul(g.T, z_rows, precision=_HIGHEST))
+
+
+@dataclasses.dataclass(frozen=True)
+class Cosine(Dot):
+  """Cosine similarity: inner products of L2-normalised embeddings."""
+
+  def embed(self, x):
+    return ops.l2_normalize(x)
+
+
+COSINE = Cosine()
+DOT = Dot()

@@ -1,0 +1,115 @@
+"""The pair-rule interface: what a pair loss says, and nothing about how it
+is run (see :mod:`circle_jax.losses.engine` for the whole contract).
+
+A rule sees a tile ``s`` ``[R, C]`` of similarities (rows: anchors, columns:
+candidates; what "similarity" means is the geometry's,
+:mod:`circle_jax.losses.engine.geometry`) and the anchors' positive /
+negative pair masks. :class:`PairRule` gives the defaults of every method.
+All block methods are elementwise in the tile (the engines rely on it to
+tile the block):
+
+* ``prepare(s)``: the quantity ``x`` the rule reads (the similarity itself,
+  or e.g. the Euclidean distance of unit vectors);
+* ``prepass``: per-anchor statistics of ``x`` over the label sets, taken
+  without gradient before anything else, as ``(op, set)`` pairs with
+  ``op in ("min", "max")`` and ``set in ("pos", "neg")``; the engines hand
+  them to the rule as ``[R, 1]`` arrays ``pre``;
+* ``select(x, pos, neg, pre)``: the pairs the loss uses (mining, non-trivial
+  pairs), decisions without gradient;
+* ``statistic``: ``"lse"``, the set statistic is ``logsumexp(logit)``;
+  ``"mean"``, the ``exp(logit)``-weighted mean of ``values(x)``, the weights
+  constant in backprop; or ``"sum"``, the pair ``(sum of values(x), number
+  of pairs)`` of the set (the count without gradient);
+* ``logits(x) -> (logit_p, logit_n)`` (not for ``"sum"``) and, for
+  ``"mean"`` and ``"sum"``, ``values(x) -> (v_p, v_n)``;
+* ``shift(pre)``: optionally the row maxima of the logits when the pre-pass
+  already gives them (saves the dense engine two max passes), else ``None``;
+* ``combine(stat_p, stat_n) -> (per_anchor, valid)``, rowwise; an empty set's
+  statistic is ``-inf`` (``"lse"``) or ``0`` (``"mean"``, ``"sum"``);
+  ``per_anchor`` is ``[R]`` or a tuple of ``[R]`` terms;
+* ``geometry``: how a tile's similarities are made
+  (:mod:`circle_jax.losses.engine.geometry`; cosine by default);
+* ``ranges``: the documented range of each hyperparameter (name ->
+  :class:`circle_jax.losses.ranges.HyperRange`), checked for concrete values
+  when the rule is built and exposed by :func:`circle_jax.losses.hyper_ranges`;
+* ``reduction``: ``"valid_mean"`` (mean over valid anchors of the global
+  batch), ``"batch_mean"`` (sum over anchors / global batch size), or the
+  rule's own ``reduce(per_anchor, valid, axis_name)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Mapping, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from circle_jax.losses import ranges as ranges_lib
+from circle_jax.losses.engine import geometry as geometry_lib
+
+NEG_INF = -jnp.inf
+
+
+class PairRule:
+  """Defaults of the rule interface (see the module docstring)."""
+
+  # The similarity of a tile (geometry.py); a class attribute, static.
+  geometry: geometry_lib.Geometry = geometry_lib.COSINE
+  statistic = "lse"
+  prepass: Tuple[Tuple[str, str], ...] = ()
+  reduction = "valid_mean"
+  ranges: Mapping[str, ranges_lib.HyperRange] = types.MappingProxyType({})
+
+  def check_ranges(self):
+    """Raises ValueError for a concrete hyperparameter outside ``ranges``."""
+    ranges_lib.check_ranges({n: getattr(self, n) for n in self.ranges},
+                            self.ranges, f"the {type(self).__name__} rule")
+
+  def __post_init__(self):
+    self.check_ranges()
+
+  def prepare(self, s):
+    return s
+
+  def select(self, x, pos, neg, pre):
+    del x, pre
+    return pos, neg
+
+  def values(self, x):
+    raise NotImplementedError(f"{type(self).__name__} has no values.")
+
+  def logits(self, x):
+    # "sum" rules weigh every pair of a set by exp(0) = 1.
+    zero = jnp.zeros_like(x)
+    return zero, zero
+
+  def shift(self, pre):
+    del pre
+    return None
+
+
+def both_sets_nonempty(stat_p, stat_n):
+  """Validity of an anchor whose set statistics are logsumexps (``-inf`` empty).
+
+  NaN is not ``-inf``, so a non-finite input is never taken for an empty set.
+  """
+  return (stat_p != NEG_INF) & (stat_n != NEG_INF)
+
+
+def rule_dataclass(cls=None, *, meta=()):
+  """A frozen dataclass rule whose hyperparameters are pytree leaves.
+
+  Fields named in ``meta`` are static (e.g. ``mining``); the others are the
+  hyperparameters, which may be Python numbers or traced scalars. The
+  class's field defaults are the loss's defaults (the public functions read
+  them from there) and ``__post_init__`` checks them when concrete.
+  """
+  def wrap(cls):
+    cls = dataclasses.dataclass(frozen=True)(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    return jax.tree_util.register_dataclass(
+        cls, data_fields=[n for n in names if n not in meta],
+        meta_fields=list(meta))
+  return wrap if cls is None else wrap(cls)
