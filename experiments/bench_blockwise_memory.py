@@ -52,16 +52,13 @@ def measure(loss: str, batch: int, dim: int, block_size: int,
   import numpy as np  # pylint: disable=import-outside-toplevel
 
   import circle_jax.losses as cj  # pylint: disable=import-outside-toplevel
-  from circle_jax.losses import blockwise  # pylint: disable=import-outside-toplevel
-
-  block_fn = getattr(blockwise, f"{loss}_loss_blockwise")
-  dense_fn = getattr(cj, f"{loss}_loss")
+  loss_fn = getattr(cj, f"{loss}_loss")
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(size=(batch, dim)), jnp.float32)
   labels = jnp.asarray(rng.permutation(np.arange(batch) // 4), jnp.int32)
 
   f = jax.jit(jax.value_and_grad(
-      lambda x, y: block_fn(x, y, block_size=block_size)))
+      lambda x, y: loss_fn(x, y, block_size=block_size)))
   t0 = time.perf_counter()
   compiled = f.lower(x, labels).compile()
   compile_s = time.perf_counter() - t0
@@ -71,7 +68,7 @@ def measure(loss: str, batch: int, dim: int, block_size: int,
              compile_s=compile_s, analysis_peak_bytes=peak,
              analysis_temp_bytes=temp)
   if dense_analysis:
-    g = jax.jit(jax.value_and_grad(lambda x, y: dense_fn(x, y)))
+    g = jax.jit(jax.value_and_grad(lambda x, y: loss_fn(x, y)))
     out["dense_analysis_peak_bytes"] = timing.compiled_memory(
         g.lower(x, labels).compile())["peak"]
   t0 = time.perf_counter()

@@ -22,7 +22,7 @@ dtype, this script measures
   the column says "n/a".
 
 Optionally (``--blockwise 1024``) the blockwise Circle / MS / RLL rows are
-added (``circle_jax.losses.blockwise``).
+added (their ``block_size=`` form, :mod:`circle_jax.losses.engine`).
 
 On Linux with glibc >= 2.35 the script re-executes itself with
 ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (``--no-hugepages`` to keep the
@@ -70,7 +70,6 @@ import jax.numpy as jnp  # noqa: E402
 
 from circle_jax import hostenv  # noqa: E402
 from circle_jax import losses as cj_losses  # noqa: E402
-from circle_jax.losses import blockwise  # noqa: E402
 from experiments import timing  # noqa: E402
 
 # A single call slower than this ends a measurement early (one call timed).
@@ -284,10 +283,8 @@ def _loss_fns(names, block_size):
       return entry.apply(x, labels, params, key=key)
     out.append((name, entry.kind, fn, entry, dict(entry.defaults)))
   if block_size:
-    bw = {"circle": blockwise.circle_loss_blockwise,
-          "multi_similarity": blockwise.multi_similarity_loss_blockwise,
-          "ranked_list": blockwise.ranked_list_loss_blockwise}
-    for name, f in bw.items():
+    for name in ("circle", "multi_similarity", "ranked_list"):
+      f = cj_losses.LOSSES[name].fn
       if name in names:
         def fn(x, labels, params, f=f):
           del params

@@ -18,7 +18,7 @@ CASES = [
      dict(alpha=3.0, beta=40.0, base=0.4, epsilon=0.2, mining=True)),
     (losses.ranked_list_loss,
      dict(alpha=1.1, margin=0.3, t_neg=8.0, t_pos=1.0, imbalance=0.4)),
-    # Every rule-based loss takes block_size (circle_jax.losses.engines).
+    # Every rule-based loss takes block_size (circle_jax.losses.engine).
     (losses.unified_loss, dict(gamma=32.0, margin=0.3)),
     (losses.contrastive_loss, dict(neg_margin=1.2, pos_margin=0.2)),
 ]

@@ -18,7 +18,6 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import circle_jax.losses as losses
-from circle_jax.losses import blockwise
 from tests.losses import reference as ref
 
 # ----------------------------------------------------------------------------
@@ -196,7 +195,7 @@ def references(batch):
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 def test_circle_matches_reference(batch, references, block_size):
   x, labels = batch
-  got = _vg(blockwise.circle_loss_blockwise, x, labels, block_size=block_size,
+  got = _vg(losses.circle_loss, x, labels, block_size=block_size,
             **HYPER["circle"])
   _assert_close(got, references["circle"], f"circle bs={block_size}")
 
@@ -204,7 +203,7 @@ def test_circle_matches_reference(batch, references, block_size):
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 def test_multi_similarity_matches_reference(batch, references, block_size):
   x, labels = batch
-  got = _vg(blockwise.multi_similarity_loss_blockwise, x, labels,
+  got = _vg(losses.multi_similarity_loss, x, labels,
             block_size=block_size, **HYPER["multi_similarity"])
   _assert_close(got, references["ms"], f"ms bs={block_size}")
 
@@ -212,7 +211,7 @@ def test_multi_similarity_matches_reference(batch, references, block_size):
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 def test_ranked_list_matches_reference(batch, references, block_size):
   x, labels = batch
-  got = _vg(blockwise.ranked_list_loss_blockwise, x, labels,
+  got = _vg(losses.ranked_list_loss, x, labels,
             block_size=block_size, **HYPER["ranked_list"])
   _assert_close(got, references["rll"], f"rll bs={block_size}")
 
@@ -222,7 +221,7 @@ def test_multi_similarity_without_mining_matches_reference(batch):
   x64 = x.astype(np.float64)
   want = (ms_ref(x64, labels, mining=False),
           numeric_grad(lambda v: ms_ref(v, labels, mining=False), x64))
-  got = _vg(blockwise.multi_similarity_loss_blockwise, x, labels, mining=False,
+  got = _vg(losses.multi_similarity_loss, x, labels, mining=False,
             block_size=1)  # 13 x 13 blocks of a single pair
   _assert_close(got, want, "ms mining=False")
 
@@ -235,7 +234,7 @@ def test_miner_masks_are_intersected_with_label_masks(batch):
   x64 = x.astype(np.float64)
   masks = dict(pos_mask=jnp.asarray(pm), neg_mask=jnp.asarray(nm))
   # (The masks are sliced by the shared block engine; one loss suffices.)
-  got = _vg(blockwise.ranked_list_loss_blockwise, x, labels, masks,
+  got = _vg(losses.ranked_list_loss, x, labels, masks,
             block_size=5, **HYPER["ranked_list"])
   _assert_close(got, rll_ref(x64, labels, t_pos=2.0, pos_mask=pm, neg_mask=nm),
                 "rll masks")
@@ -254,7 +253,7 @@ def test_hand_computed_circle_is_the_paper_circle():
   s_p = np.cos(0.3)
   s_n = np.array([np.cos(1.0), np.cos(0.7)])
   want = np.mean(np.log1p(np.exp(gamma * (s_n**2 + (s_p - 1)**2 - 2 * m**2))))
-  got = jax.jit(functools.partial(blockwise.circle_loss_blockwise, margin=m,
+  got = jax.jit(functools.partial(losses.circle_loss, margin=m,
                                   gamma=gamma, block_size=2))(x, labels)
   np.testing.assert_allclose(float(got), want, rtol=1e-6)
 
@@ -264,11 +263,11 @@ def test_hand_computed_circle_is_the_paper_circle():
 # ----------------------------------------------------------------------------
 
 DENSE = {
-    "circle": (losses.circle_loss, blockwise.circle_loss_blockwise),
+    "circle": (losses.circle_loss, losses.circle_loss),
     "multi_similarity": (losses.multi_similarity_loss,
-                         blockwise.multi_similarity_loss_blockwise),
+                         losses.multi_similarity_loss),
     "ranked_list": (losses.ranked_list_loss,
-                    blockwise.ranked_list_loss_blockwise),
+                    losses.ranked_list_loss),
 }
 
 
@@ -298,9 +297,9 @@ def test_equals_dense_public_loss(batch, name):
 # ----------------------------------------------------------------------------
 
 FNS = {
-    "circle": blockwise.circle_loss_blockwise,
-    "multi_similarity": blockwise.multi_similarity_loss_blockwise,
-    "ranked_list": blockwise.ranked_list_loss_blockwise,
+    "circle": losses.circle_loss,
+    "multi_similarity": losses.multi_similarity_loss,
+    "ranked_list": losses.ranked_list_loss,
 }
 
 
@@ -379,12 +378,12 @@ def test_vmap_over_problems_equals_loop(batch):
   x, labels = batch
   xs = np.stack([x, x[::-1] * 2.0])
   ys = np.stack([labels, labels])
-  f = jax.value_and_grad(lambda x, y: blockwise.multi_similarity_loss_blockwise(
+  f = jax.value_and_grad(lambda x, y: losses.multi_similarity_loss(
       x, y, block_size=4))
   v, g = jax.jit(jax.vmap(f))(xs, ys)
   for k in range(2):
     _assert_close((float(v[k]), np.asarray(g[k], np.float64)),
-                  _vg(blockwise.multi_similarity_loss_blockwise, xs[k], ys[k],
+                  _vg(losses.multi_similarity_loss, xs[k], ys[k],
                       block_size=4), f"vmap {k}")
 
 
@@ -422,7 +421,7 @@ def test_bfloat16_inputs_compute_in_float32(batch):
   # (tests/losses/test_bf16.py covers the dense losses at the papers' scales;
   # the blockwise ones equal them.)
   x, labels = batch
-  fn = functools.partial(blockwise.circle_loss_blockwise, block_size=4,
+  fn = functools.partial(losses.circle_loss, block_size=4,
                          gamma=256.0, margin=0.25)
 
   @jax.jit
@@ -442,7 +441,7 @@ def test_bfloat16_inputs_compute_in_float32(batch):
 
 def test_bad_inputs_raise_clear_errors(batch):
   x, labels = batch
-  fn = blockwise.circle_loss_blockwise
+  fn = losses.circle_loss
   with pytest.raises(ValueError, match="block_size"):
     fn(x, labels, block_size=0)
   with pytest.raises(TypeError, match="block_size"):
@@ -470,7 +469,7 @@ def test_no_retracing_for_repeated_calls(batch):
   @jax.jit
   def f(x, y):
     traces.append(1)
-    return blockwise.ranked_list_loss_blockwise(x, y, block_size=4)
+    return losses.ranked_list_loss(x, y, block_size=4)
 
   for k in range(3):
     f(x + k, labels)

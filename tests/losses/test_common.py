@@ -9,7 +9,9 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 from scipy.special import logsumexp as sp_logsumexp
 
+from circle_jax import ops
 from circle_jax.losses import _common
+from circle_jax.losses import engine
 
 
 def test_masked_logsumexp_matches_scipy_and_ignores_masked_values():
@@ -18,7 +20,7 @@ def test_masked_logsumexp_matches_scipy_and_ignores_masked_values():
   mask = rng.random((5, 7)) < 0.5
   mask[0] = False
   x_poisoned = np.where(mask, x, 1e30)  # masked entries must not matter
-  got = np.asarray(_common.masked_logsumexp(jnp.asarray(x_poisoned, jnp.float32),
+  got = np.asarray(ops.masked_logsumexp(jnp.asarray(x_poisoned, jnp.float32),
                                             jnp.asarray(mask)))
   for i in range(5):
     want = sp_logsumexp(x[i][mask[i]]) if mask[i].any() else -np.inf
@@ -27,7 +29,7 @@ def test_masked_logsumexp_matches_scipy_and_ignores_masked_values():
 
 @pytest.mark.parametrize("axis", [-1, 0])
 @pytest.mark.parametrize("jit", [False, True])
-def test_two_set_logsumexp_equals_two_masked_logsumexps(axis, jit):
+def test_two_set_exp_logsumexp_equals_two_masked_logsumexps(axis, jit):
   rng = np.random.default_rng(1)
   lp = rng.normal(size=(6, 9)) * 40
   ln = rng.normal(size=(6, 9)) * 40 + 100  # far apart: one shared shift fails
@@ -40,8 +42,7 @@ def test_two_set_logsumexp_equals_two_masked_logsumexps(axis, jit):
       jnp.asarray(pos), jnp.asarray(neg)]
 
   def both(lp, ln, pos, neg):
-    return _common.two_set_logsumexp(lp, ln, pos, neg) if axis == -1 else (
-        tuple(v[0] for v in _two_set_axis0(lp, ln, pos, neg)))
+    return _two_set_lse(lp, ln, pos, neg, axis=axis)
 
   got_p, got_n = (jax.jit(both) if jit else both)(*args)
   for logits, mask, got in ((lp, pos, got_p), (ln, neg, got_n)):
@@ -51,15 +52,16 @@ def test_two_set_logsumexp_equals_two_masked_logsumexps(axis, jit):
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5)
 
 
-def _two_set_axis0(lp, ln, pos, neg):
-  e, m_p, m_n = _common.two_set_exp(lp, ln, pos, neg, axis=0)
-  return (_common.log_of_shifted_sum(
-              jnp.sum(jnp.where(pos, e, 0.0), 0, keepdims=True), m_p),
-          _common.log_of_shifted_sum(
-              jnp.sum(jnp.where(neg, e, 0.0), 0, keepdims=True), m_n))
+def _two_set_lse(lp, ln, pos, neg, shift=None, axis=-1):
+  """Both sets' logsumexps from one ``ops.two_set_exp`` pass."""
+  e, m_p, m_n = ops.two_set_exp(lp, ln, pos, neg, shift, axis=axis)
+  return tuple(
+      jnp.squeeze(ops.log_of_shifted_sum(
+          jnp.sum(jnp.where(mask, e, 0.0), axis, keepdims=True), m), axis)
+      for mask, m in ((pos, m_p), (neg, m_n)))
 
 
-def test_two_set_logsumexp_gradient_and_given_shift():
+def test_two_set_exp_logsumexp_gradient_and_given_shift():
   rng = np.random.default_rng(2)
   lp = jnp.asarray(rng.normal(size=(4, 6)), jnp.float32)
   ln = jnp.asarray(rng.normal(size=(4, 6)) * 3, jnp.float32)
@@ -68,13 +70,13 @@ def test_two_set_logsumexp_gradient_and_given_shift():
   pos = pos.at[0].set(False)
 
   def two(lp, ln, shift=None):
-    a, b = _common.two_set_logsumexp(lp, ln, pos, neg, shift=shift)
+    a, b = _two_set_lse(lp, ln, pos, neg, shift=shift)
     return jnp.sum(jnp.where(jnp.isfinite(a), a, 0.0) * 1.5
                    + jnp.where(jnp.isfinite(b), b, 0.0))
 
   def separate(lp, ln):
-    a = _common.masked_logsumexp(lp, pos)
-    b = _common.masked_logsumexp(ln, neg)
+    a = ops.masked_logsumexp(lp, pos)
+    b = ops.masked_logsumexp(ln, neg)
     return jnp.sum(jnp.where(jnp.isfinite(a), a, 0.0) * 1.5
                    + jnp.where(jnp.isfinite(b), b, 0.0))
 
@@ -100,12 +102,12 @@ def test_two_set_exp_clamps_a_shift_below_the_maximum():
   lp = jnp.array([[3e10, 1e10, 0.0]], jnp.float32)
   pos = jnp.array([[True, True, False]])
   shift = (jnp.array([[3e10 - 2048.0]], jnp.float32), jnp.zeros((1, 1)))
-  e, _, _ = _common.two_set_exp(lp, lp, pos, ~pos, shift)
+  e, _, _ = ops.two_set_exp(lp, lp, pos, ~pos, shift)
   np.testing.assert_array_equal(e, [[1.0, 0.0, 1.0]])
   g = jax.grad(lambda x: jnp.sum(
-      _common.two_set_exp(x, x, pos, ~pos, shift)[0]))(lp)
+      ops.two_set_exp(x, x, pos, ~pos, shift)[0]))(lp)
   np.testing.assert_array_equal(g, [[1.0, 0.0, 1.0]])
-  lse = _common.masked_logsumexp(lp, pos)
+  lse = ops.masked_logsumexp(lp, pos)
   np.testing.assert_allclose(lse, [3e10], rtol=1e-7)
 
 
@@ -114,26 +116,26 @@ def test_logsumexp_helpers_propagate_nan_instead_of_reporting_empty():
   # like an empty set that contributes 0.
   x = jnp.array([[0.5, jnp.nan, 1.0]], jnp.float32)
   pos = jnp.array([[True, True, False]])
-  assert np.isnan(_common.masked_logsumexp(x, pos)[0])
-  a, b = _common.two_set_logsumexp(x, x, pos, ~pos)
+  assert np.isnan(ops.masked_logsumexp(x, pos)[0])
+  a, b = _two_set_lse(x, x, pos, ~pos)
   assert np.isnan(a[0]) and float(b[0]) == 1.0
 
 
 def test_empty_sets_give_zero_loss_and_zero_gradient():
   x = jnp.array([[1e4, -3.0, 2.0]], jnp.float32)
   mask = jnp.zeros((1, 3), bool)
-  f = lambda x: jnp.sum(_common.log1p_sum_exp(x, mask))
+  f = lambda x: jnp.sum(ops.log1p_sum_exp(x, mask))
   v, g = jax.value_and_grad(f)(x)
   assert float(v) == 0.0
   np.testing.assert_array_equal(np.asarray(g), 0.0)
-  h = lambda x: jnp.sum(_common.masked_mean(x, mask))
+  h = lambda x: jnp.sum(ops.masked_mean(x, mask))
   v, g = jax.value_and_grad(h)(x)
   assert float(v) == 0.0 and np.all(np.asarray(g) == 0.0)
 
 
 def test_l2_normalize_zero_vector_is_finite():
   x = jnp.zeros((2, 4), jnp.bfloat16)
-  y, vjp = jax.vjp(_common.l2_normalize, x)
+  y, vjp = jax.vjp(ops.l2_normalize, x)
   assert y.dtype == jnp.float32
   np.testing.assert_array_equal(np.asarray(y), 0.0)
   (g,) = vjp(jnp.ones_like(y))
@@ -141,22 +143,24 @@ def test_l2_normalize_zero_vector_is_finite():
 
 
 def test_euclidean_from_cosine_identical_vectors_zero_distance_finite_grad():
-  g = jax.grad(lambda s: jnp.sum(_common.euclidean_from_cosine(s)))(jnp.ones((2, 2)))
+  g = jax.grad(lambda s: jnp.sum(ops.euclidean_from_cosine(s)))(jnp.ones((2, 2)))
   assert np.all(np.isfinite(np.asarray(g)))
   np.testing.assert_array_equal(
-      np.asarray(_common.euclidean_from_cosine(jnp.ones((2, 2)))), 0.0)
+      np.asarray(ops.euclidean_from_cosine(jnp.ones((2, 2)))), 0.0)
 
 
-def test_pair_masks_exclude_self_and_respect_offset_and_miner_masks():
+def test_pair_masks_exclude_self_and_respect_ids_and_miner_masks():
   labels = jnp.array([0, 0, 1, 1])
-  pos, neg = _common.pair_masks(labels[2:], labels, row_offset=2)
+  ids = jnp.arange(4)
+  pos, neg = engine.pair_masks(labels[2:], ids[2:], labels, ids)
   np.testing.assert_array_equal(np.asarray(pos), [[0, 0, 0, 1], [0, 0, 1, 0]])
   np.testing.assert_array_equal(np.asarray(neg), [[1, 1, 0, 0], [1, 1, 0, 0]])
   keep = jnp.array([[True, False, True, True], [True, True, True, True]])
-  _, neg = _common.pair_masks(labels[2:], labels, row_offset=2, neg_mask=keep)
+  _, neg = engine.pair_masks(labels[2:], ids[2:], labels, ids, neg_mask=keep)
   np.testing.assert_array_equal(np.asarray(neg), [[1, 0, 0, 0], [1, 1, 0, 0]])
   with pytest.raises(ValueError, match="pos_mask"):
-    _common.pair_masks(labels, labels, pos_mask=jnp.ones((3, 4), bool))
+    engine.pair_block(jnp.ones((4, 2)), labels,
+                      pos_mask=jnp.ones((3, 4), bool))
 
 
 def test_input_checks_name_the_argument():
@@ -173,17 +177,14 @@ def test_input_checks_name_the_argument():
 
 
 def _toy_global_loss(x, labels):
-  s = _common.cosine_similarity(x, x)
-  pos, neg = _common.pair_masks(labels, labels)
-  per = _common.log1p_sum_exp(10 * s, neg) + _common.log1p_sum_exp(-10 * s, pos)
+  _, _, s, pos, neg = engine.pair_block(x, labels)
+  per = ops.log1p_sum_exp(10 * s, neg) + ops.log1p_sum_exp(-10 * s, pos)
   return _common.mean_over_valid(per, pos.any(1))
 
 
 def _toy_local_loss(x, labels, axis_name):
-  xg, lg, off = _common.gathered_batch(x, labels, axis_name)
-  s = _common.cosine_similarity(x, xg)
-  pos, neg = _common.pair_masks(labels, lg, row_offset=off)
-  per = _common.log1p_sum_exp(10 * s, neg) + _common.log1p_sum_exp(-10 * s, pos)
+  _, _, s, pos, neg = engine.pair_block(x, labels, axis_name=axis_name)
+  per = ops.log1p_sum_exp(10 * s, neg) + ops.log1p_sum_exp(-10 * s, pos)
   return _common.mean_over_valid(per, pos.any(1), axis_name)
 
 
@@ -209,7 +210,7 @@ def test_global_batch_value_and_gradient_equal_single_device(mode):
 def test_l2_normalize_keeps_direction_of_huge_and_tiny_norms():
   x = jnp.array([[3e30, -4e30], [3e-30, 4e-30], [1.0, 0.0], [3e38, 2.25e38]],
                 jnp.float32)
-  for f in (_common.l2_normalize, jax.jit(_common.l2_normalize)):
+  for f in (ops.l2_normalize, jax.jit(ops.l2_normalize)):
     y = np.asarray(f(x))
     np.testing.assert_allclose(
         y, [[0.6, -0.8], [0.6, 0.8], [1.0, 0.0], [0.8, 0.6]], rtol=1e-6)
@@ -218,7 +219,7 @@ def test_l2_normalize_keeps_direction_of_huge_and_tiny_norms():
 def test_l2_normalize_gradient_matches_analytic_jacobian():
   x = jnp.array([[1e20, 2e20, -2e20]], jnp.float32)
   ct = jnp.array([[0.3, -1.0, 0.5]], jnp.float32)
-  (g,) = jax.vjp(_common.l2_normalize, x)[1](ct)
+  (g,) = jax.vjp(ops.l2_normalize, x)[1](ct)
   xn = np.asarray(x, np.float64)[0]
   n = np.linalg.norm(xn)
   jac = (np.eye(3) - np.outer(xn, xn) / n**2) / n

@@ -1,4 +1,4 @@
-"""The loss rules and the engines that run them (circle_jax.losses.engines).
+"""The loss rules and the engines that run them (circle_jax.losses.engine).
 
 * The blockwise engine's dL/dS, derived from each rule, equals autodiff of the
   dense engine on the same block (empty sets, miner masks, selections).
@@ -20,12 +20,14 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import circle_jax.losses as losses
-from circle_jax.losses import _common
-from circle_jax.losses import engines
+from circle_jax import ops
+from circle_jax.losses import engine
+from circle_jax.losses.engine import tiles
 from circle_jax.losses.circle import Circle, Unified
 from circle_jax.losses.multi_similarity import MultiSimilarity
-from circle_jax.losses.pair_baselines import Contrastive
+from circle_jax.losses.contrastive import Contrastive
 from circle_jax.losses.ranked_list import RankedList
+from circle_jax.losses.triplet import BatchHard
 
 # Label 9 is a singleton (no positives); 16 samples, 8 devices x 2.
 LABELS = np.array([0, 1, 2, 0, 1, 2, 3, 3, 0, 1, 2, 3, 9, 0, 1, 2], np.int32)
@@ -40,6 +42,7 @@ RULES = {
     "rll": RankedList(),
     "rll_t_pos": RankedList(t_pos=3.0, t_neg=4.0, imbalance=0.3),
     "contrastive": Contrastive(pos_margin=0.3, neg_margin=1.2),
+    "triplet_batch_hard": BatchHard(margin=0.3),
 }
 
 # The public embedding form of each rule (all take block_size).
@@ -55,6 +58,8 @@ PUBLIC = {
                   dict(t_pos=3.0, t_neg=4.0, imbalance=0.3)),
     "contrastive": (losses.contrastive_loss,
                     dict(pos_margin=0.3, neg_margin=1.2)),
+    "triplet_batch_hard": (losses.triplet_margin_loss,
+                           dict(margin=0.3, mining="batch_hard")),
 }
 
 
@@ -66,8 +71,7 @@ def _embeddings(seed=0, dim=6):
 
 def _block():
   x = _embeddings()
-  s = _common.cosine_similarity(jnp.asarray(x), jnp.asarray(x))
-  pos, neg = _common.pair_masks(jnp.asarray(LABELS), jnp.asarray(LABELS), 0)
+  _, _, s, pos, neg = engine.pair_block(jnp.asarray(x), jnp.asarray(LABELS))
   return s, pos, neg
 
 
@@ -94,18 +98,18 @@ def test_derived_tile_cotangent_is_the_dense_gradient(name, masked):
 
   # One cotangent per anchor for each term of the rule's per-anchor output.
   ct = jax.tree.map(lambda _: ct,
-                    engines.dense_per_anchor(rule, s, pos, neg)[0])
+                    engine.dense_per_anchor(rule, s, pos, neg)[0])
 
   def dense(s):
-    per_anchor, _ = engines.dense_per_anchor(rule, s, pos, neg)
+    per_anchor, _ = engine.dense_per_anchor(rule, s, pos, neg)
     return sum(jax.tree.leaves(jax.tree.map(lambda t, c: jnp.sum(t * c),
                                             per_anchor, ct)))
 
   want = jax.grad(dense)(s)
-  pre = engines.prepass_update(rule, None, s, pos, neg)
-  stats = engines.stats_update(rule, engines.stats_init(s[:, 0]), s, pos, neg,
+  pre = tiles.prepass_update(rule, None, s, pos, neg)
+  stats = tiles.stats_update(rule, tiles.stats_init(s[:, 0]), s, pos, neg,
                                tuple(p[:, None] for p in pre))
-  got = engines.tile_cotangent(rule, s, pos, neg,
+  got = tiles.tile_cotangent(rule, s, pos, neg,
                                tuple(p[:, None] for p in pre), stats, ct)
   assert float(jnp.max(jnp.abs(want))) > 1e-3  # the test can fail
   chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-6)
@@ -120,9 +124,9 @@ def test_derived_gradient_honours_stop_gradient_constants():
   s = jnp.array([[0.3, 0.8, -0.2]])
   pos = jnp.array([[False, True, False]])
   neg = jnp.array([[False, False, True]])
-  stats = engines.stats_update(rule, engines.stats_init(s[:, 0]), s, pos, neg,
+  stats = tiles.stats_update(rule, tiles.stats_init(s[:, 0]), s, pos, neg,
                                ())
-  g = engines.tile_cotangent(rule, s, pos, neg, (), stats, jnp.ones(1))
+  g = tiles.tile_cotangent(rule, s, pos, neg, (), stats, jnp.ones(1))
   # One positive, one negative: l = softplus(lp + ln), dl/ds = sigmoid * dlogit.
   m, gamma = 0.25, 4.0
   sp, sn = 0.8, -0.2
@@ -236,7 +240,6 @@ def test_traced_hyperparameters_run_blockwise_without_gradient():
 
 @pytest.mark.parametrize("mode", ["shard_map", "shard_map_unchecked", "pmap"])
 def test_global_sum_backward_is_the_identity(mode):
-  from circle_jax import ops  # pylint: disable=import-outside-toplevel
   n = jax.device_count()
   x = jnp.arange(2.0 * n).reshape(n, 2) / 3.0
 
@@ -268,21 +271,21 @@ def _column_chunk_engine(rule, s, pos, neg, chunk):
   pre = None
   for j in range(0, n, chunk):
     sl = slice(j, j + chunk)
-    pre = engines.prepass_update(rule, pre, s[:, sl], pos[:, sl], neg[:, sl])
+    pre = tiles.prepass_update(rule, pre, s[:, sl], pos[:, sl], neg[:, sl])
   pre = tuple(p[:, None] for p in (pre or ()))
-  stats = engines.stats_init(s[:, 0])
+  stats = tiles.stats_init(s[:, 0])
   for j in range(0, n, chunk):
     sl = slice(j, j + chunk)
-    stats = engines.stats_update(rule, stats, s[:, sl], pos[:, sl],
+    stats = tiles.stats_update(rule, stats, s[:, sl], pos[:, sl],
                                  neg[:, sl], pre)
-  return rule.combine(*engines.stats_finish(rule, stats))
+  return rule.combine(*tiles.stats_finish(rule, stats))
 
 
 @pytest.mark.parametrize("name", sorted(RULES))
 def test_tile_pieces_make_another_engine_without_touching_a_loss(name):
   rule = RULES[name]
   s, pos, neg = _block()
-  want = engines.dense_per_anchor(rule, s, pos, neg)
+  want = engine.dense_per_anchor(rule, s, pos, neg)
   got = _column_chunk_engine(rule, s, pos, neg, chunk=3)
   chex.assert_trees_all_close(got[0], want[0], rtol=1e-5, atol=1e-6)
   np.testing.assert_array_equal(got[1], want[1])

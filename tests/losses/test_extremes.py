@@ -23,7 +23,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 from circle_jax import losses
 from circle_jax.losses import circle as circle_mod
 from circle_jax.losses import multi_similarity as ms_mod
-from circle_jax.losses import pair_baselines as pair_mod
+from circle_jax.losses import contrastive as contrastive_mod
 from circle_jax.losses import ranked_list as rll_mod
 from tests.losses import reference as ref
 from tests.losses.test_circle import (ref_circle_anchor, ref_pair_loss,
@@ -80,7 +80,7 @@ LOSSES = {
     "multi_similarity": (losses.multi_similarity_loss,
                          ms_mod.MultiSimilarity, _ref_ms),
     "ranked_list": (losses.ranked_list_loss, rll_mod.RankedList, _ref_rll),
-    "contrastive": (losses.contrastive_loss, pair_mod.Contrastive,
+    "contrastive": (losses.contrastive_loss, contrastive_mod.Contrastive,
                     _ref_contrastive),
 }
 
@@ -255,7 +255,7 @@ def test_class_and_proxy_forms_finite_at_the_extremes(fn, params, kwargs):
     ("circle_class_level", circle_mod.Circle),
     ("multi_similarity", ms_mod.MultiSimilarity),
     ("ranked_list", rll_mod.RankedList),
-    ("contrastive", pair_mod.Contrastive),
+    ("contrastive", contrastive_mod.Contrastive),
 ])
 def test_hyper_ranges_are_the_rules(name, rule):
   assert dict(losses.hyper_ranges(name)) == dict(rule.ranges)

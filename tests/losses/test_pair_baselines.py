@@ -9,8 +9,8 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 from jax.test_util import check_grads
 
+from circle_jax import ops
 from circle_jax import losses
-from circle_jax.losses import _common
 from circle_jax.losses import miners
 from tests.losses import reference as ref
 
@@ -334,7 +334,7 @@ def test_n_pair_with_pair_layout_masks_is_sohn():
 def test_matrix_forms_equal_wrappers():
   @jax.jit
   def run(x, y):
-    dist = _common.euclidean_from_cosine(_common.cosine_similarity(x, x))
+    dist = ops.euclidean_from_cosine(ops.cosine_similarity(x, x))
     beta = jnp.full((7,), 1.2)
     reg = 0.02 * jnp.mean(jnp.sum(x * x, 1))
     return {

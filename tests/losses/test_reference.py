@@ -2,8 +2,8 @@
 
 Wang, Zhang, Huang, Scott, "Cross-Batch Memory for Embedding Learning", CVPR
 2020 mines the anchors of a batch against stored reference embeddings. Every
-pair loss takes ``ref_embeddings`` / ``ref_labels`` / ``ref_valid`` / ``ids``
-/ ``ref_ids``; these tests hold each loss to a float64 numpy reference
+pair loss takes ``ref=Candidates(embeddings, labels, valid, ids,
+anchor_ids)``; these tests hold each loss to a float64 numpy reference
 written naively (one anchor at a time, over the anchor's reference
 positives and negatives), for references disjoint from the batch and
 references containing it (self pairs excluded by ids, or by passing the batch
@@ -204,15 +204,14 @@ def test_hand_computed_tiny_case():
   x = np.array([[2.0, 0.0]], np.float32)
   r = np.array([[0.5, np.sqrt(3) / 2], [0.0, 3.0]], np.float32)
   got = losses.triplet_margin_loss(x, np.array([0]), margin=0.5,
-                                   ref_embeddings=r,
-                                   ref_labels=np.array([0, 1]))
+                                   ref=losses.Candidates(r, np.array([0, 1])))
   np.testing.assert_allclose(float(got), 1.5 - np.sqrt(2.0), rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", sorted(LOSSES))
 def test_disjoint_references_match_float64_reference(name):
   x, r = _data()
-  got = _loss(name, x, Y, ref_embeddings=r, ref_labels=RY)
+  got = _loss(name, x, Y, ref=losses.Candidates(r, RY))
   want = reference(name, x, Y, r, RY)
   assert want != 0.0
   _close(got, want)
@@ -225,11 +224,11 @@ def test_references_containing_the_anchors_exclude_self_pairs(name):
   big_y = np.concatenate([RY, Y])
   ids = np.arange(8, dtype=np.int32) + 100
   rids = np.concatenate([np.arange(14), ids]).astype(np.int32)
-  got = _loss(name, x, Y, ref_embeddings=big, ref_labels=big_y, ids=ids,
-              ref_ids=rids)
+  got = _loss(name, x, Y, ref=losses.Candidates(big, big_y, ids=rids,
+                                                anchor_ids=ids))
   _close(got, reference(name, x, Y, big, big_y, ids=ids, rids=rids))
   # Without ids an anchor meets itself (a positive at distance 0).
-  without = _loss(name, x, Y, ref_embeddings=big, ref_labels=big_y)
+  without = _loss(name, x, Y, ref=losses.Candidates(big, big_y))
   _close(without, reference(name, x, Y, big, big_y))
 
 
@@ -237,7 +236,7 @@ def test_references_containing_the_anchors_exclude_self_pairs(name):
 def test_the_batch_itself_as_references_excludes_self_pairs(name):
   x, _ = _data()
   xj = jnp.asarray(x)  # the same object twice: ids default to the rows
-  got = _loss(name, xj, Y, ref_embeddings=xj, ref_labels=Y)
+  got = _loss(name, xj, Y, ref=losses.Candidates(xj, Y))
   rows = np.arange(8)
   _close(got, reference(name, x, Y, x, Y, ids=rows, rids=rows))
   plain = _loss(name, xj, Y)
@@ -254,8 +253,8 @@ def test_invalid_references_equal_dropping_them(name):
   x, r = _data()
   valid = np.ones(14, bool)
   valid[[1, 4, 9, 13]] = False
-  got = _loss(name, x, Y, ref_embeddings=r, ref_labels=RY, ref_valid=valid)
-  dropped = _loss(name, x, Y, ref_embeddings=r[valid], ref_labels=RY[valid])
+  got = _loss(name, x, Y, ref=losses.Candidates(r, RY, valid=valid))
+  dropped = _loss(name, x, Y, ref=losses.Candidates(r[valid], RY[valid]))
   np.testing.assert_allclose(float(got), float(dropped), rtol=1e-6, atol=1e-7)
   _close(got, reference(name, x, Y, r, RY, valid=valid))
 
@@ -266,8 +265,8 @@ def test_no_valid_reference_gives_zero_loss_and_zero_gradient():
   @jax.jit
   def all_losses(x, r):
     return {name: jax.value_and_grad(
-        lambda x, r: _loss(name, x, Y, ref_embeddings=r, ref_labels=RY,
-                           ref_valid=jnp.zeros(14, bool)),
+        lambda x, r: _loss(name, x, Y, ref=losses.Candidates(
+            r, RY, valid=jnp.zeros(14, bool))),
         argnums=(0, 1))(x, r) for name in sorted(LOSSES)}
 
   for name, (v, grads) in all_losses(x, r).items():
@@ -291,12 +290,12 @@ def _ref_kwargs():
   ids = np.arange(16, dtype=np.int32)
   rids = np.concatenate([np.arange(100, 116), np.arange(8)]).astype(np.int32)
   r[16:] = x[:8]  # the last references are anchors 0..7
-  return x, y, r, dict(ref_labels=ry, ref_valid=valid, ids=ids, ref_ids=rids)
+  return x, y, r, dict(labels=ry, valid=valid, ids=rids, anchor_ids=ids)
 
 
 def _value_and_grads(name, x, y, r, kw, **extra):
   return jax.jit(jax.value_and_grad(
-      lambda x, r: _loss(name, x, y, ref_embeddings=r, **kw, **extra),
+      lambda x, r: _loss(name, x, y, ref=losses.Candidates(r, **kw), **extra),
       argnums=(0, 1)))(x, r)
 
 
@@ -325,11 +324,11 @@ def _sharded(name, x, y, r, kw, mode, **extra):
 
   def local(x, y, r, ry, valid, ids, rids):
     return jax.value_and_grad(lambda x, r: _loss(
-        name, x, y, ref_embeddings=r, ref_labels=ry, ref_valid=valid, ids=ids,
-        ref_ids=rids, axis_name="d", **extra), argnums=(0, 1))(x, r)
+        name, x, y, ref=losses.Candidates(r, ry, valid=valid, ids=rids,
+                                          anchor_ids=ids),
+        axis_name="d", **extra), argnums=(0, 1))(x, r)
 
-  args = (x, y, r, kw["ref_labels"], kw["ref_valid"], kw["ids"],
-          kw["ref_ids"])
+  args = (x, y, r, kw["labels"], kw["valid"], kw["anchor_ids"], kw["ids"])
   if mode == "shard_map":
     mesh = Mesh(np.array(jax.devices()), ("d",))
     return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P("d"),) * 7,
@@ -364,7 +363,7 @@ def test_the_batch_itself_as_references_on_8_devices(name):
 
   def local(x, y):
     return (_loss(name, x, y, axis_name="d"),
-            _loss(name, x, y, ref_embeddings=x, ref_labels=y, axis_name="d"))
+            _loss(name, x, y, ref=losses.Candidates(x, y), axis_name="d"))
 
   mesh = Mesh(np.array(jax.devices()), ("d",))
   plain, with_refs = jax.jit(jax.shard_map(
@@ -399,7 +398,7 @@ def test_margin_sampling_with_references_does_not_depend_on_devices(mode):
 def test_check_grads(name, hyper):
   x, r = _data(seed=5, b=4, m=6)
   y, ry = Y[:4], RY[:6]
-  f = jax.jit(lambda x, r: _loss(name, x, y, ref_embeddings=r, ref_labels=ry,
+  f = jax.jit(lambda x, r: _loss(name, x, y, ref=losses.Candidates(r, ry),
                                  **hyper))
   check_grads(f, (x, r), order=1, modes=("rev",), eps=1e-3, atol=2e-3,
               rtol=2e-3)
@@ -408,7 +407,7 @@ def test_check_grads(name, hyper):
 def test_stop_gradient_keeps_the_memory_constant():
   x, r = _data()
   g = jax.grad(lambda r: losses.circle_loss(
-      x, Y, ref_embeddings=jax.lax.stop_gradient(r), ref_labels=RY))(r)
+      x, Y, ref=losses.Candidates(jax.lax.stop_gradient(r), RY)))(r)
   np.testing.assert_array_equal(np.asarray(g), 0.0)
 
 
@@ -423,16 +422,16 @@ def test_registry_forwards_references_and_rejects_them_for_other_losses():
   assert supported == {"circle", "multi_similarity", "ranked_list",
                        "contrastive", "triplet", "lifted_structure", "n_pair",
                        "margin"}
-  got = losses.get_loss("circle").apply(x, Y, ref_embeddings=r, ref_labels=RY,
-                                        ref_valid=np.ones(14, bool))
+  got = losses.get_loss("circle").apply(
+      x, Y, ref=losses.Candidates(r, RY, valid=np.ones(14, bool)))
   np.testing.assert_array_equal(np.asarray(got), np.asarray(
-      losses.circle_loss(x, Y, ref_embeddings=r, ref_labels=RY)))
-  assert "ref_ids" not in losses.get_loss("circle").defaults
+      losses.circle_loss(x, Y, ref=losses.Candidates(r, RY))))
+  assert "ref" not in losses.get_loss("circle").defaults
   entry = losses.get_loss("proxy_anchor")
   p = entry.init_params(jax.random.PRNGKey(0), 5, 4)
   with pytest.raises(ValueError, match="'proxy_anchor' does not support "
                                        "reference embeddings"):
-    entry.apply(x, Y, p, ref_embeddings=r, ref_labels=RY)
+    entry.apply(x, Y, p, ref=losses.Candidates(r, RY))
 
 
 def _one_line_error(fn, match):
@@ -446,21 +445,21 @@ def test_bad_inputs_give_one_line_errors(name):
   x, r = _data()
   ids, rids = np.arange(8), np.arange(14)
   cases = [
-      (dict(ref_labels=RY), "`ref_labels` was given without `ref_embeddings`"),
-      (dict(ref_embeddings=r), "needs `ref_labels`"),
-      (dict(ref_embeddings=r[:, :3], ref_labels=RY), "dimension 3"),
-      (dict(ref_embeddings=r, ref_labels=RY[:13]), r"`ref_labels` must have "
+      (dict(ref=(r, RY)), "`ref` must be a circle_jax.losses.Candidates"),
+      (dict(ref=losses.Candidates(r, None)), "needs its `labels`"),
+      (dict(ref=losses.Candidates(r[:, :3], RY)), "dimension 3"),
+      (dict(ref=losses.Candidates(r, RY[:13])), r"`ref.labels` must have "
                                                    r"shape \(14,\)"),
-      (dict(ref_embeddings=r, ref_labels=RY, ids=ids + 0.5, ref_ids=rids),
-       "`ids` must be an integer array"),
-      (dict(ref_embeddings=r, ref_labels=RY, ids=ids, ref_ids=rids * 1.0),
-       "`ref_ids` must be an integer array"),
-      (dict(ref_embeddings=r, ref_labels=RY, ids=ids), "both `ids` and "
-                                                       "`ref_ids`"),
-      (dict(ref_embeddings=r, ref_labels=RY, ref_valid=np.ones(14)),
-       "`ref_valid` must be a bool array"),
-      (dict(ref_embeddings=r, ref_labels=RY, ref_valid=np.ones(13, bool)),
-       r"`ref_valid` must have shape \(14,\)"),
+      (dict(ref=losses.Candidates(r, RY, ids=rids, anchor_ids=ids + 0.5)),
+       "`ref.anchor_ids` must be an integer array"),
+      (dict(ref=losses.Candidates(r, RY, ids=rids * 1.0, anchor_ids=ids)),
+       "`ref.ids` must be an integer array"),
+      (dict(ref=losses.Candidates(r, RY, anchor_ids=ids)), "both `ref.ids` and "
+                                                   "`ref.anchor_ids`"),
+      (dict(ref=losses.Candidates(r, RY, valid=np.ones(14))),
+       "`ref.valid` must be a bool array"),
+      (dict(ref=losses.Candidates(r, RY, valid=np.ones(13, bool))),
+       r"`ref.valid` must have shape \(14,\)"),
   ]
   for kw, match in cases:
     _one_line_error(lambda: _loss(name, x, Y, **kw), match)

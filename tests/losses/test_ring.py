@@ -21,8 +21,8 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 import circle_jax.losses as losses
 from circle_jax import ops
-from circle_jax.losses import engines
-from circle_jax.losses import ring
+from circle_jax.losses import engine
+from circle_jax.losses.engine import ring
 from circle_jax.losses.multi_similarity import MultiSimilarity
 
 N_DEV = 8
@@ -225,7 +225,7 @@ def test_ring_with_other_columns_equals_dense_on_the_valid_columns():
     s = zr @ zc[keep].T
     same = row_labels[:, None] == col_labels[keep][None, :]
     other = row_ids[:, None] != col_ids[keep][None, :]  # not a self pair
-    per_anchor, ok = engines.dense_per_anchor(rule, s, same & other,
+    per_anchor, ok = engine.dense_per_anchor(rule, s, same & other,
                                               ~same & other)
     return jnp.sum(jnp.where(ok, per_anchor, 0.0))
 
@@ -269,8 +269,9 @@ def test_ring_with_reference_embeddings_equals_the_single_device_loss():
   def run(x, labels, mem, mem_labels, mem_valid, ids, mem_ids, **kw):
     def one(name, x, mem):
       fn, hyper = PUBLIC[name]
-      return fn(x, labels, ref_embeddings=mem, ref_labels=mem_labels,
-                ref_valid=mem_valid, ids=ids, ref_ids=mem_ids, **hyper, **kw)
+      return fn(x, labels, ref=losses.Candidates(
+          mem, mem_labels, valid=mem_valid, ids=mem_ids, anchor_ids=ids),
+                **hyper, **kw)
     return {n: jax.value_and_grad(functools.partial(one, n), argnums=(0, 1))(
         x, mem) for n in names}
 

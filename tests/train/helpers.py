@@ -18,8 +18,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from circle_jax import ops
 from circle_jax import config as config_lib
 from circle_jax.losses import _common
+from circle_jax.losses import engine
 
 
 def digits_config(**overrides):
@@ -74,7 +76,7 @@ class TinyNet(nn.Module):
                          name="backbone")
     x = backbone(x, train=train)
     x = nn.Dense(self.embedding_dim, name="head")(x)
-    return _common.l2_normalize(x)
+    return ops.l2_normalize(x)
 
 
 class _Backbone(nn.Module):
@@ -101,27 +103,28 @@ class Entry:
   supports_axis_name: bool = True
 
   def apply(self, embeddings, labels, params=None, *, key=None,
-            axis_name=None, **hyper):
+            axis_name=None, ref=None, **hyper):
     del key
     if axis_name is not None:
       hyper["axis_name"] = axis_name
+    if ref is not None:
+      hyper["ref"] = ref
     return self.fn(embeddings, labels, params, **hyper)
 
 
 def _pair_loss(embeddings, labels, params=None, *, axis_name=None, scale=8.0):
-  """A Circle-like pair loss of the global batch (written with _common)."""
+  """A Circle-like pair loss of the global batch (written with the engine's pair block)."""
   del params
-  xg, lg, off = _common.gathered_batch(embeddings, labels, axis_name)
-  s = _common.cosine_similarity(embeddings, xg)
-  pos, neg = _common.pair_masks(labels, lg, row_offset=off)
-  per = (_common.log1p_sum_exp(scale * s, neg)
-         + _common.log1p_sum_exp(-scale * s, pos))
+  _, _, s, pos, neg = engine.pair_block(embeddings, labels,
+                                        axis_name=axis_name)
+  per = (ops.log1p_sum_exp(scale * s, neg)
+         + ops.log1p_sum_exp(-scale * s, pos))
   return _common.mean_over_valid(per, pos.any(1), axis_name)
 
 
 def _proxy_loss(embeddings, labels, proxies, *, axis_name=None, scale=8.0):
   """Normalised-softmax over proxies, mean over the global batch."""
-  s = _common.cosine_similarity(embeddings, proxies)
+  s = ops.cosine_similarity(embeddings, proxies)
   logits = scale * s
   per = jax.nn.logsumexp(logits, axis=1) - jnp.take_along_axis(
       logits, labels[:, None], axis=1)[:, 0]

@@ -1,8 +1,8 @@
 """The cross-batch memory (circle_jax/train/xbm.py) in the train step.
 
 The step-level tests use a small pair loss with the loss API's reference
-keywords (written here with ``_common``, independent of the registry's
-losses); the trainer-level tests run the digits job with a registry loss.
+value (``ref``, a ``circle_jax.losses.Candidates``; written here with
+``ops``, independent of the registry's losses); the trainer-level tests run the digits job with a registry loss.
 """
 
 import json
@@ -38,17 +38,17 @@ DIM = 4
 
 
 def _ref_pair_loss(embeddings, labels, params=None, *, axis_name=None,
-                   scale=8.0, ref_embeddings=None, ref_labels=None,
-                   ref_valid=None, ids=None, ref_ids=None):
+                   scale=8.0, ref=None):
   """helpers' toy pair loss, against references when given (the API's
   semantics: anchors x all references, invalid rows and equal ids out)."""
-  if ref_embeddings is None:
+  if ref is None:
     return helpers.PAIR.fn(embeddings, labels, params, axis_name=axis_name,
                            scale=scale)
-  refs = ops.gather_global(ref_embeddings, axis_name)
-  ref_labels = ops.gather_global(ref_labels, axis_name)
-  ref_valid = ops.gather_global(ref_valid, axis_name)
-  ref_ids = ops.gather_global(ref_ids, axis_name)
+  refs = ops.gather_global(ref.embeddings, axis_name)
+  ref_labels = ops.gather_global(ref.labels, axis_name)
+  ref_valid = ops.gather_global(ref.valid, axis_name)
+  ref_ids = ops.gather_global(ref.ids, axis_name)
+  ids = ref.anchor_ids
   s = ops.cosine_similarity(embeddings, refs)
   other = (ids[:, None] != ref_ids[None, :]) & ref_valid[None, :]
   same = labels[:, None] == ref_labels[None, :]

@@ -73,6 +73,9 @@ def _reference_side(ref: Candidates, embeddings, x, row_index, gather, embed):
     raise TypeError(
         "`ref` must be a circle_jax.losses.Candidates(embeddings, labels, "
         f"valid=None, ids=None, anchor_ids=None); got {type(ref).__name__}.")
+  if ref.labels is None:
+    raise ValueError("`ref` needs its `labels`, the [K] integer labels of the "
+                     "reference embeddings.")
   r = _common.check_embeddings(ref.embeddings, "ref.embeddings")
   if r.shape[1] != x.shape[1]:
     raise ValueError(
