@@ -39,7 +39,7 @@ Adding an engine: a new module here, a function ``(rule, rows, cols, ...)
 -> (per_anchor, valid)`` built from the tile pieces (:func:`tiles.tile`,
 ``prepass_update``, ``stats_init`` / ``stats_update`` / ``stats_finish``,
 ``finish_rows``) and, for its ``custom_vjp``, :func:`sweep.sweep`; then one
-branch in :func:`dispatch.per_anchor`. No loss touched.
+branch in :func:`dispatch.embedding_loss`. No loss touched.
 
 Adding a geometry: a :class:`geometry.Geometry` subclass (``embed``,
 ``tile`` and optionally ``tile_vjp``), set as a rule's ``geometry``. No
@@ -55,7 +55,6 @@ from circle_jax.losses.engine.dispatch import (
     dense_block,
     embedding_loss,
     matrix_loss,
-    per_anchor,
     reduce_per_anchor,
 )
 from circle_jax.losses.engine.blockwise import (

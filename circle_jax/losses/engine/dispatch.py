@@ -46,36 +46,6 @@ def reduce_per_anchor(rule, per_anchor: Array, valid: Array, axis_name=None):
   return _common.to_float32_scalar(loss)
 
 
-def per_anchor(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
-               neg_mask=None, block_size: Optional[int] = None,
-               collective: str = "all_gather",
-               ref: Optional[sides.Candidates] = None):
-  """``(per_anchor [B], valid [B])`` of ``rule``, on the engine the options
-  pick (arguments: :func:`embedding_loss`)."""
-  on_ring = check_collective(collective) == "ring" and axis_name is not None
-  if block_size is not None:
-    block_size = blockwise.check_block_size(block_size)
-  rows, cols = sides.pair_sides(embeddings, labels, axis_name=axis_name,
-                                ref=ref, geometry=rule.geometry,
-                                gather_columns=not on_ring)
-  n = cols.z.shape[0] * (jax.lax.axis_size(axis_name) if on_ring else 1)
-  shape = (rows.z.shape[0], n)
-  pos_mask = _common.check_mask(pos_mask, shape, "pos_mask")
-  neg_mask = _common.check_mask(neg_mask, shape, "neg_mask")
-  if on_ring:
-    return ring.ring_per_anchor(rule, rows, cols, axis_name=axis_name,
-                                block_size=block_size, pos_mask=pos_mask,
-                                neg_mask=neg_mask)
-  if block_size is None:
-    s = rule.geometry.tile(rows.z, cols.z)
-    pos, neg = sides.checked_pair_masks(rows, cols, shape, pos_mask,
-                                        neg_mask)
-    return dense.dense_per_anchor(rule, s, pos, neg)
-  return blockwise.blockwise_per_anchor(rule, rows, cols,
-                                        block_size=block_size,
-                                        pos_mask=pos_mask, neg_mask=neg_mask)
-
-
 def embedding_loss(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
                    neg_mask=None, block_size: Optional[int] = None,
                    collective: str = "all_gather",
@@ -116,10 +86,30 @@ def embedding_loss(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
   Returns:
     float32 scalar: the rule's reduction of the per-anchor losses.
   """
-  values, valid = per_anchor(
-      rule, embeddings, labels, axis_name=axis_name, pos_mask=pos_mask,
-      neg_mask=neg_mask, block_size=block_size, collective=collective,
-      ref=ref)
+  on_ring = check_collective(collective) == "ring" and axis_name is not None
+  if block_size is not None:
+    block_size = blockwise.check_block_size(block_size)
+  rows, cols = sides.pair_sides(embeddings, labels, axis_name=axis_name,
+                                ref=ref, geometry=rule.geometry,
+                                gather_columns=not on_ring)
+  n = cols.z.shape[0] * (jax.lax.axis_size(axis_name) if on_ring else 1)
+  shape = (rows.z.shape[0], n)
+  pos_mask = _common.check_mask(pos_mask, shape, "pos_mask")
+  neg_mask = _common.check_mask(neg_mask, shape, "neg_mask")
+  # The one choice of engine.
+  if on_ring:
+    values, valid = ring.ring_per_anchor(
+        rule, rows, cols, axis_name=axis_name, block_size=block_size,
+        pos_mask=pos_mask, neg_mask=neg_mask)
+  elif block_size is None:
+    s = rule.geometry.tile(rows.z, cols.z)
+    pos, neg = sides.checked_pair_masks(rows, cols, shape, pos_mask,
+                                        neg_mask)
+    values, valid = dense.dense_per_anchor(rule, s, pos, neg)
+  else:
+    values, valid = blockwise.blockwise_per_anchor(
+        rule, rows, cols, block_size=block_size, pos_mask=pos_mask,
+        neg_mask=neg_mask)
   return reduce_per_anchor(rule, values, valid, axis_name)
 
 
