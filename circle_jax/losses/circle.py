@@ -2,7 +2,7 @@
 
 Both losses are rules on a similarity block ``[M, N]`` (:class:`Circle`,
 :class:`Unified`, run by the dense and blockwise engines of
-:mod:`circle_jax.losses.engines`), exposed as a square similarity-matrix form
+:mod:`circle_jax.losses.engine`), exposed as a square similarity-matrix form
 (``*_from_similarity``, used by :func:`circle_jax.losses.pair_weights`) and as
 thin embedding wrappers that build the cosine-similarity block, including the
 global batch across devices (``axis_name``). The class-level variants compare
@@ -37,7 +37,7 @@ Array = jax.Array
 
 
 # ----------------------------------------------------------------------------
-# Rules (run by circle_jax.losses.engines).
+# Rules (run by circle_jax.losses.engine).
 # ----------------------------------------------------------------------------
 
 

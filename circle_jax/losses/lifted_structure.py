@@ -89,7 +89,7 @@ def lifted_structure_loss(
   negative sets are empty contributes 0. With a miner's ``neg_mask`` the sets
   ``N_i`` and ``N_j`` are the mined negatives of rows ``i`` and ``j``.
 
-  With references (``ref_embeddings``) the anchor ``i`` is a row of
+  With references (``ref``) the anchor ``i`` is a row of
   ``embeddings``, ``j`` ranges over its positives among the references and
   the negative term is the anchor's: ``N_i`` are its negatives among the
   references, and there is no ``N_j`` term (a reference is not an anchor;

@@ -118,7 +118,7 @@ def margin_loss(
   ``w_{an}`` is the draw count, ``w_{ap} = 1``), as in the official code.
   Without ``key`` every pair has weight 1 (or ``pair_weights``).
 
-  With references (``ref_embeddings``) the pairs are (anchor, reference):
+  With references (``ref``) the pairs are (anchor, reference):
   ``a`` is a row of ``embeddings`` with its class's ``beta_a``, ``p`` and
   ``n`` are its positives and negatives among the references, and the
   sampler draws each positive pair's negative among the references.

@@ -1,7 +1,7 @@
 """Multi-Similarity loss with its pair mining (Wang et al., CVPR 2019).
 
 The loss is a rule on a similarity block ``[M, N]`` (:class:`MultiSimilarity`,
-run by :mod:`circle_jax.losses.engines`), exposed as a square similarity-matrix form
+run by :mod:`circle_jax.losses.engine`), exposed as a square similarity-matrix form
 (:func:`multi_similarity_loss_from_similarity`, differentiated by
 :func:`circle_jax.losses.pair_weights`) and as an embedding wrapper
 (:func:`multi_similarity_loss`) that supports the global batch across devices.

@@ -83,7 +83,7 @@ def n_pair_loss(
   (tested); without masks both members of a pair are anchors and every other
   sample of another class is a negative.
 
-  With references (``ref_embeddings``) every anchor ``a`` (a row of
+  With references (``ref``) every anchor ``a`` (a row of
   ``embeddings``) forms a tuplet with each of its positives ``p`` among the
   references and all its negatives among the references; the L2 penalty is
   over the anchors only (the references are regularised as anchors of their

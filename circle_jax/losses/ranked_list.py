@@ -8,7 +8,7 @@ beyond a boundary ``alpha`` and pulls the positives inside ``alpha - margin``
 contribute, and the negatives are weighted by how much they violate it.
 
 The loss is a rule on an ``[M, N]`` block (:class:`RankedList`, run by
-:mod:`circle_jax.losses.engines`), exposed as a public square distance-matrix form
+:mod:`circle_jax.losses.engine`), exposed as a public square distance-matrix form
 (:func:`ranked_list_loss_from_distance`), a similarity-matrix form
 (:func:`ranked_list_loss_from_similarity`, so that General Pair Weighting
 applies), and the embedding wrapper :func:`ranked_list_loss`.

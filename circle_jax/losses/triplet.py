@@ -204,7 +204,7 @@ def triplet_margin_loss(
   is ``O(M N log N)`` and memory ``O(M N)``; the gradient is exact autodiff
   through the sort's gather and the prefix sums.
 
-  With references (``ref_embeddings``, pytorch-metric-learning's
+  With references (``ref``, pytorch-metric-learning's
   ``ref_emb`` semantics) the anchor ``a`` is a row of ``embeddings`` and its
   positives ``p`` and negatives ``n`` are references: the triplets are
   ``(a, p, n)`` with ``p`` and ``n`` among the references, mined per anchor

@@ -1,4 +1,4 @@
-"""The device-ring engine (circle_jax.losses.ring, ``collective="ring"``).
+"""The device-ring engine (circle_jax.losses.engine.ring, ``collective="ring"``).
 
 On the 8 simulated CPU devices, every rule-based loss computed on a ring
 (dense: one tile per step; blockwise: tiles that do not divide the local
