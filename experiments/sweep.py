@@ -58,6 +58,7 @@ import jax
 import numpy as np
 
 from circle_jax import config as config_lib
+from circle_jax import config_facts
 from circle_jax import data as data_lib
 from circle_jax import hostenv
 from circle_jax import sweep as grid_lib
@@ -125,7 +126,7 @@ def setup(config, grid: Grid) -> Setup:
                                                      train_pre.output_shape)
   grid_lib.check_grid(entry, grid, hyper,
                       embedding_dim=config.model.embedding_dim,
-                      num_classes=config_checks.num_classes(config, info))
+                      num_classes=config_facts.num_classes(config, info))
   fixed = {k: v for k, v in hyper.items() if k not in grid.names}
   return Setup(grid, entry, fixed, state, base_key, config=config, info=info,
                model=model, train_source=train_source,
@@ -388,7 +389,7 @@ def run_sweep(config, grid: Grid, *, num_steps: Optional[int] = None,
       "optimizer": f"{c.optim.name}, lr {c.optim.learning_rate:g}, loss-group "
                    f"multiplier {c.optim.lr_multipliers.get('loss', 1.0):g}",
       "seed": int(c.seed),
-      "batch_size": config_checks.global_batch_size(c),
+      "batch_size": config_facts.global_batch_size(c),
       "steps": steps,
       "conv": conv,
       "test_images": len(s.test_source),

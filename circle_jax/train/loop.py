@@ -55,6 +55,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from circle_jax import config_facts
 from circle_jax import data as data_lib
 from circle_jax import parallel
 from circle_jax.errors import UserError
@@ -355,7 +356,7 @@ def _train(job: Job) -> None:
                      description=f"{job.info.name}/{job.entry.name}")
   log = functools.partial(
       _log, job, lrs=optim_lib.learning_rates(config.optim, num_steps),
-      global_batch=config_checks.global_batch_size(config))
+      global_batch=config_facts.global_batch_size(config))
   job.t0 = window = time.time()
   steps_window = 0
   with preemption_lib.PreemptionWatch() as watch:

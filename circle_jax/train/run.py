@@ -29,6 +29,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from circle_jax import config as config_lib
+from circle_jax import config_facts
 from circle_jax import data as data_lib
 from circle_jax import losses as losses_lib
 from circle_jax import models as models_lib
@@ -99,8 +100,8 @@ def load_sources(config, info, reporter=None):
     source, validation = data_lib.split_classes(
         source, fraction=config.dataset.validation_fraction,
         seed=config.dataset.validation_seed,
-        superclasses=config_checks.validation_superclasses(config, info))
-  if config_checks.class_copies(config) > 1:
+        superclasses=config_facts.validation_superclasses(config, info))
+  if config_facts.class_copies(config) > 1:
     source = data_lib.RotatedClasses(source, config.dataset.rotations,
                                      mirror=config.dataset.mirror_classes)
   return source, validation
@@ -160,7 +161,7 @@ def init_state(config, model, info, sample_shape):
   The state is host-independent (the same on all processes).
   """
   entry = losses_lib.get_loss(config.loss.name)
-  hyper = config_checks.loss_hyper(config)
+  hyper = config_facts.loss_hyper(config)
   key = jax.random.PRNGKey(config.seed)
   k_model, k_loss, k_step = jax.random.split(key, 3)
   variables = model.init(k_model, jnp.zeros((1,) + tuple(sample_shape)),
@@ -168,7 +169,7 @@ def init_state(config, model, info, sample_shape):
   variables = _load_pretrained(config, dict(variables))
   loss_params = {}
   if entry.param_name is not None:
-    n = config_checks.num_classes(config, info)
+    n = config_facts.num_classes(config, info)
     loss_params = {entry.param_name: entry.init_params(
         k_loss, n, config.model.embedding_dim, **hyper)}
   frozen = ()

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from circle_jax import evaluation as eval_lib
+from circle_jax import config_facts
 from circle_jax.train import config_checks
 from circle_jax.train import evaluate as evaluate_lib
 from circle_jax.train import loop
@@ -70,7 +71,7 @@ def test_summary_orders_settings_by_ways_then_shots():
 def test_default_is_off():
   c = helpers.digits_config()
   assert c.fewshot.ways == ()
-  assert not any(n.startswith("fewshot") for n in config_checks.metric_names(
+  assert not any(n.startswith("fewshot") for n in config_facts.metric_names(
       (1,), True, c.fewshot))
 
 
@@ -105,7 +106,7 @@ def test_fewshot_metric_can_be_the_best_metric():
   c = helpers.digits_config(**{"fewshot.ways": (5,),
                                "best_metric": "fewshot_5way_5shot"})
   config_checks.check_config(c, device_count=8, process_count=1)
-  assert np.isin(["fewshot_5way_1shot"], config_checks.metric_names(
+  assert np.isin(["fewshot_5way_1shot"], config_facts.metric_names(
       (1,), False, c.fewshot)).all()
 
 

@@ -17,7 +17,7 @@ from circle_jax import data as data_lib
 from circle_jax import embed
 from circle_jax import parallel
 from circle_jax.train import checkpoint as ckpt_lib
-from circle_jax.train import config_checks
+from circle_jax import config_facts
 from circle_jax.train import console
 from circle_jax.train import evaluate as evaluate_lib
 from circle_jax.train import loop
@@ -250,7 +250,7 @@ def test_validation_split_selects_the_step_and_reports_its_test_numbers(
                    **{"dataset.validation_fraction": 0.4,
                       "batch.classes_per_batch": 3})
   info = data_lib.get_dataset_info("digits")
-  assert config_checks.num_classes(c, info) == 3   # proxies: trained classes
+  assert config_facts.num_classes(c, info) == 3   # proxies: trained classes
   result = loop.train_and_evaluate(c, str(tmp_path))
   held = data_lib.holdout_classes(5, 0.4, seed=0)
   val = result["validation"]
