@@ -54,7 +54,7 @@ def num_classes(config, info) -> Optional[int]:
 
 
 def loss_hyper(config) -> dict:
-  """The keyword arguments of the loss: every ``config.loss`` field but ``name``.
+  """The loss's keyword arguments: every ``config.loss`` field but ``name``.
 
   Unset execution options (``block_size=None``) are left out, so the loss
   uses its own default.

@@ -350,7 +350,8 @@ def _check_steps(config) -> None:
   steps = config.num_train_steps
   if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
     _fail("num_train_steps", f"must be a positive int; got {steps!r}.")
-  for field in ("eval_every_steps", "checkpoint_every_steps", "log_every_steps"):
+  for field in ("eval_every_steps", "checkpoint_every_steps",
+                "log_every_steps"):
     v = config[field]
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
       _fail(field, f"must be an int >= 0 (0 disables); got {v!r}.")
