@@ -60,6 +60,7 @@ def resnet_step(model_name: str = "resnet50", *, dtype: str = "float32",
 
   from circle_jax import config as config_lib  # pylint: disable=import-outside-toplevel
   from circle_jax import losses as losses_lib  # pylint: disable=import-outside-toplevel
+  from circle_jax import parallel  # pylint: disable=import-outside-toplevel
   from circle_jax import config_facts  # pylint: disable=import-outside-toplevel
   from circle_jax.train import run as run_lib  # pylint: disable=import-outside-toplevel
   from circle_jax.train import step as step_lib  # pylint: disable=import-outside-toplevel
@@ -79,7 +80,8 @@ def resnet_step(model_name: str = "resnet50", *, dtype: str = "float32",
   key = jax.random.PRNGKey(0)
 
   def make_step(chunk: int = 0):
-    return step_lib.make_train_step(loss_fn, base_key=key, placement="none",
+    return step_lib.make_train_step(loss_fn, base_key=key,
+                                    placement=parallel.from_config(config),
                                     embed_chunk_size=chunk)
   return make_step, state
 

@@ -64,6 +64,7 @@ from circle_jax import hostenv
 from circle_jax import sweep as grid_lib
 from circle_jax.sweep import CONVS, Grid, parse_grid  # noqa: F401  (the CLI's)
 from circle_jax.train import config_checks
+from circle_jax.evaluation import embedding as embedding_lib
 from circle_jax.train import run as run_lib
 from circle_jax.train import state as state_lib
 # pylint: enable=g-import-not-at-top
@@ -151,7 +152,7 @@ def read_batches(s: Setup, num_steps: int) -> List[dict]:
 def embed_test_split(s: Setup, states: state_lib.TrainState, *,
                      conv: str = "native"):
   """``(embeddings [N, M, D], labels [N])`` of the test split for all models."""
-  return run_lib.embed_split(
+  return embedding_lib.embed_split(
       state_lib.model_variables(states),
       grid_lib.make_sweep_embed(s.model.apply, conv=conv), s.test_source,
       run_lib.eval_preprocess(s.config, s.info), placement=grid_lib.PLACEMENT,

@@ -67,6 +67,7 @@ from circle_jax.train import lock as lock_lib
 from circle_jax.train import optim as optim_lib
 from circle_jax.train import preemption as preemption_lib
 from circle_jax.train import run as run_lib
+from circle_jax.train import restore as restore_lib
 from circle_jax.train import state as state_lib
 from circle_jax.train import step as step_lib
 from circle_jax.train import workdir as workdir_lib
@@ -238,7 +239,7 @@ def _write_error(e: OSError, workdir: str) -> Optional[WorkdirWriteError]:
 def _build(config, workdir, reporter, force_resume) -> Job:
   """Builds data, model and state; resumes the workdir."""
   job = Job(config, workdir, reporter, parallel.from_config(config),
-            run_lib.open_checkpoints(config, workdir),
+            restore_lib.open_checkpoints(config, workdir),
             workdir_lib.config_to_dict(config))
   resume_step = job.ckpts.latest_step()
   changes = []
@@ -261,7 +262,7 @@ def _build(config, workdir, reporter, force_resume) -> Job:
   if resume_step is not None:
     template = host
     host, _, job.meta, _, notes = job.ckpts.restore_newest(
-        template, check=lambda tree, step: run_lib.check_restored(
+        template, check=lambda tree, step: restore_lib.check_restored(
             tree, template, step, job.ckpts.directory))
     for note in notes:
       reporter.note(note)

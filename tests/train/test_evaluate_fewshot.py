@@ -11,7 +11,7 @@ from circle_jax import config_facts
 from circle_jax.train import config_checks
 from circle_jax.train import evaluate as evaluate_lib
 from circle_jax.train import loop
-from circle_jax.train import run as run_lib
+from circle_jax.train import restore as restore_lib
 from circle_jax.train import workdir as workdir_lib
 from tests.train import helpers
 
@@ -45,7 +45,7 @@ def test_fewshot_metrics_with_validation_selection(tmp_path):
   assert saved["best"]["metric"] == "fewshot_2way_1shot"
   # Independent check: the selected checkpoint's test embeddings, the
   # evaluator's function called directly.
-  run = run_lib.restore_run(workdir, "best")
+  run = restore_lib.restore_run(workdir, "best")
   assert run.step == saved["result"]["step"]
   emb, labels = run.embed_split()
   want = eval_lib.fewshot_metrics(emb, labels, ways=(2,), shots=(1, 3),

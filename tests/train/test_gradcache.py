@@ -149,7 +149,7 @@ def test_indivisible_chunk_fails_at_trace_time_naming_the_field():
   model = helpers.TinyNet(use_bn=False)
   state = _initial_state(model)
   step = step_lib.make_train_step(
-      step_lib.make_loss_fn(helpers.PAIR), placement="none",
+      step_lib.make_loss_fn(helpers.PAIR), placement=parallel.SingleDevice(),
       base_key=jax.random.PRNGKey(0), donate=False, embed_chunk_size=5)
   with pytest.raises(ValueError, match=r"16 images .* not divisible by the "
                      r"embedding chunk size 5.*embed_chunk_size"):
