@@ -27,7 +27,7 @@ def _initial_state(model, entry=helpers.PROXY):
   if entry.param_name:
     loss_params = {entry.param_name: jax.random.normal(
         jax.random.PRNGKey(7), (4, model.embedding_dim))}
-  return state_lib.create_train_state(
+  return helpers.initial_state(
       model, SGD, jnp.zeros((2, 6, 6, 1)), key=jax.random.PRNGKey(0),
       loss_params=loss_params)
 

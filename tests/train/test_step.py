@@ -22,7 +22,7 @@ def _initial_state(entry, model, tx):
   if entry.param_name:
     proxies = jax.random.normal(jax.random.PRNGKey(7), (4, model.embedding_dim))
     loss_params = {entry.param_name: proxies}
-  return state_lib.create_train_state(
+  return helpers.initial_state(
       model, tx, images, key=jax.random.PRNGKey(0), loss_params=loss_params)
 
 
