@@ -124,12 +124,6 @@ def test_nonfinite_loss_is_flagged():
   assert bool(metrics["finite"])
 
 
-def test_unknown_mode_is_an_error():
-  with pytest.raises(ValueError, match="parallelism"):
-    step_lib.make_train_step(step_lib.make_loss_fn(helpers.PAIR),
-                             placement="dp", base_key=jax.random.PRNGKey(0))
-
-
 @pytest.mark.parametrize("batch, match", [
     ({"image": np.zeros((8, 6, 6)), "label": np.zeros(8, np.int32)},
      r"trailing channel axis"),
