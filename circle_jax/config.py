@@ -228,7 +228,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_clustering = True         # NMI / AMI of k-means
   # Test-time augmentation: every evaluation image is also embedded shifted
   # by this many pixels up, down, left and right, and the 5 unit embeddings
-  # averaged (circle_jax.train.run.model_apply). 0: off.
+  # averaged (circle_jax.evaluation.embedding.model_apply). 0: off.
   c.eval_shift = 0
   # Episodic few-shot classification at every evaluation, next to retrieval
   # (circle_jax.evaluation.fewshot; metrics fewshot_{N}way_{K}shot and

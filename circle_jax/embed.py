@@ -2,7 +2,7 @@
 
   python -m circle_jax.embed --workdir DIR --images FOLDER --out FILE.npz
 
-Restores the run (:func:`circle_jax.train.run.restore_run`: its
+Restores the run (:func:`circle_jax.train.restore.restore_run`: its
 ``config.json``, the model, the best checkpoint or the latest one if the run
 kept no best), applies
 the run's *eval* preprocessing to every image file under ``FOLDER``
@@ -36,7 +36,7 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif",
 class EmbedError(UserError):
   """Bad input of the embedding tool (the image folder).
 
-  A bad workdir raises :class:`circle_jax.train.run.RunError` or
+  A bad workdir raises :class:`circle_jax.train.restore.RunError` or
   ``CheckpointError``.
   """
 
@@ -55,9 +55,10 @@ def list_images(folder: str) -> list:
 
 
 def load_run_config(workdir: str) -> ml_collections.ConfigDict:
-  """The config of a workdir's run (:func:`circle_jax.train.run.load_config`)."""
-  from circle_jax.train import run as run_lib  # pylint: disable=g-import-not-at-top
-  return run_lib.load_config(workdir)
+  """The config of a workdir's run
+  (:func:`circle_jax.train.restore.load_config`)."""
+  from circle_jax.train import restore as restore_lib  # pylint: disable=g-import-not-at-top
+  return restore_lib.load_config(workdir)
 
 
 def embed_folder(workdir: str, images: str, *, batch_size: int = 64,
@@ -83,6 +84,8 @@ def embed_folder(workdir: str, images: str, *, batch_size: int = 64,
   # Imported here: building the model needs the run's config first.
   from circle_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   from circle_jax import parallel  # pylint: disable=g-import-not-at-top
+  from circle_jax.evaluation import embedding as embedding_lib  # pylint: disable=g-import-not-at-top
+  from circle_jax.train import restore as restore_lib  # pylint: disable=g-import-not-at-top
   from circle_jax.train import run as run_lib  # pylint: disable=g-import-not-at-top
 
   paths = list_images(images)
@@ -92,12 +95,12 @@ def embed_folder(workdir: str, images: str, *, batch_size: int = 64,
         f"{' '.join(IMAGE_EXTENSIONS)}, recursively).")
   # One device: the batches of a folder need not divide over the devices.
   placement = parallel.SingleDevice()
-  run = run_lib.restore_run(workdir, which, placement=placement)
+  run = restore_lib.restore_run(workdir, which, placement=placement)
   logging.info("Embedding with the %s checkpoint (step %s).", run.which,
                run.step)
   config = run.config
   preprocess = run_lib.eval_preprocess(config, run.info)
-  embed = placement.embed_fn(run_lib.eval_apply(run.config, run.model))
+  embed = placement.embed_fn(embedding_lib.eval_apply(run.config, run.model))
   variables = placement.replicate(run.variables)
   decoded, kept, skipped = [], [], []
   for p in paths:

@@ -383,8 +383,9 @@ def make_sequential_step(entry, fixed_hyper: Mapping[str, Any],
 def make_sweep_embed(apply_fn, *, conv: str = "native"):
   """Jitted ``(stacked variables, images [b, ...]) -> [b, M, D]`` (eval mode).
 
-  The model axis comes second so that ``circle_jax.train.run.embed_split``
-  (which masks and orders along the first axis) can embed a split with it.
+  The model axis comes second so that
+  ``circle_jax.evaluation.embedding.embed_split`` (which masks and orders
+  along the first axis) can embed a split with it.
   ``conv``: see :func:`make_sweep_step`.
   """
   _conv_context(conv)

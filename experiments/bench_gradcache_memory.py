@@ -60,7 +60,8 @@ def resnet_step(model_name: str = "resnet50", *, dtype: str = "float32",
 
   from circle_jax import config as config_lib  # pylint: disable=import-outside-toplevel
   from circle_jax import losses as losses_lib  # pylint: disable=import-outside-toplevel
-  from circle_jax.train import config_checks  # pylint: disable=import-outside-toplevel
+  from circle_jax import parallel  # pylint: disable=import-outside-toplevel
+  from circle_jax import config_facts  # pylint: disable=import-outside-toplevel
   from circle_jax.train import run as run_lib  # pylint: disable=import-outside-toplevel
   from circle_jax.train import step as step_lib  # pylint: disable=import-outside-toplevel
 
@@ -75,11 +76,12 @@ def resnet_step(model_name: str = "resnet50", *, dtype: str = "float32",
       config, model, None, (image_size, image_size, 3))[0]
   state = init() if concrete else jax.eval_shape(init)
   loss_fn = step_lib.make_loss_fn(losses_lib.get_loss(config.loss.name),
-                                  config_checks.loss_hyper(config))
+                                  config_facts.loss_hyper(config))
   key = jax.random.PRNGKey(0)
 
   def make_step(chunk: int = 0):
-    return step_lib.make_train_step(loss_fn, base_key=key, placement="none",
+    return step_lib.make_train_step(loss_fn, base_key=key,
+                                    placement=parallel.from_config(config),
                                     embed_chunk_size=chunk)
   return make_step, state
 

@@ -55,10 +55,10 @@ def short_run_command(workdir, data_dir, steps, extra=()):
 def _final_leaves(workdir):
   """The leaves of a run's latest checkpoint (the whole saved train state)."""
   import jax  # pylint: disable=import-outside-toplevel
-  from circle_jax.train import run as run_lib  # pylint: disable=import-outside-toplevel
-  ckpts = run_lib.open_checkpoints(run_lib.load_config(workdir), workdir)
+  from circle_jax.train import restore as restore_lib  # pylint: disable=import-outside-toplevel
+  ckpts = restore_lib.open_checkpoints(restore_lib.load_config(workdir), workdir)
   try:
-    tree, _, _ = run_lib.restore_checkpoint(ckpts, which="latest")
+    tree, _, _ = restore_lib.restore_checkpoint(ckpts, which="latest")
   finally:
     ckpts.close()
   return [np.asarray(x) for x in jax.tree.leaves(tree)]

@@ -200,8 +200,8 @@ def _restore_and_embed(workdir: str, which: Optional[str],
 
   Returns ``(embeddings, labels, config, dataset info, split, which, step)``.
   """
-  from circle_jax.train import run as run_lib  # pylint: disable=g-import-not-at-top
-  run = run_lib.restore_run(workdir, which=which)
+  from circle_jax.train import restore as restore_lib  # pylint: disable=g-import-not-at-top
+  run = restore_lib.restore_run(workdir, which=which)
   split = split or run.info.eval_splits[0]
   embeddings, labels = run.embed_split(split)
   return embeddings, labels, run.config, run.info, split, run.which, run.step

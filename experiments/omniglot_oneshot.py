@@ -25,12 +25,14 @@ from typing import Optional, Sequence
 
 from circle_jax.evaluation import omniglot_oneshot
 from circle_jax.train import console
+from circle_jax.train import restore as restore_lib
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 
 def _run(args):
-  result, info = omniglot_oneshot.evaluate_workdir(args.workdir, args.runs,
-                                                   which=args.which)
+  runs = omniglot_oneshot.read_runs(args.runs)
+  run = restore_lib.restore_run(args.workdir, args.which)
+  result, info = omniglot_oneshot.evaluate_run(run, runs)
   print(f"{info['workdir']} ({info['dataset']}), {info['which']} checkpoint "
         f"at step {info['step']}: 1-NN (cosine) one-shot error")
   for name, error in zip(result.runs, result.errors):

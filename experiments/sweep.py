@@ -58,11 +58,13 @@ import jax
 import numpy as np
 
 from circle_jax import config as config_lib
+from circle_jax import config_facts
 from circle_jax import data as data_lib
 from circle_jax import hostenv
 from circle_jax import sweep as grid_lib
 from circle_jax.sweep import CONVS, Grid, parse_grid  # noqa: F401  (the CLI's)
 from circle_jax.train import config_checks
+from circle_jax.evaluation import embedding as embedding_lib
 from circle_jax.train import run as run_lib
 from circle_jax.train import state as state_lib
 # pylint: enable=g-import-not-at-top
@@ -125,7 +127,7 @@ def setup(config, grid: Grid) -> Setup:
                                                      train_pre.output_shape)
   grid_lib.check_grid(entry, grid, hyper,
                       embedding_dim=config.model.embedding_dim,
-                      num_classes=config_checks.num_classes(config, info))
+                      num_classes=config_facts.num_classes(config, info))
   fixed = {k: v for k, v in hyper.items() if k not in grid.names}
   return Setup(grid, entry, fixed, state, base_key, config=config, info=info,
                model=model, train_source=train_source,
@@ -150,7 +152,7 @@ def read_batches(s: Setup, num_steps: int) -> List[dict]:
 def embed_test_split(s: Setup, states: state_lib.TrainState, *,
                      conv: str = "native"):
   """``(embeddings [N, M, D], labels [N])`` of the test split for all models."""
-  return run_lib.embed_split(
+  return embedding_lib.embed_split(
       state_lib.model_variables(states),
       grid_lib.make_sweep_embed(s.model.apply, conv=conv), s.test_source,
       run_lib.eval_preprocess(s.config, s.info), placement=grid_lib.PLACEMENT,
@@ -388,7 +390,7 @@ def run_sweep(config, grid: Grid, *, num_steps: Optional[int] = None,
       "optimizer": f"{c.optim.name}, lr {c.optim.learning_rate:g}, loss-group "
                    f"multiplier {c.optim.lr_multipliers.get('loss', 1.0):g}",
       "seed": int(c.seed),
-      "batch_size": config_checks.global_batch_size(c),
+      "batch_size": config_facts.global_batch_size(c),
       "steps": steps,
       "conv": conv,
       "test_images": len(s.test_source),

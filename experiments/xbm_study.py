@@ -34,7 +34,7 @@ if __package__ in (None, ""):  # run as a file: python experiments/X.py
 from circle_jax import config as config_lib  # noqa: E402
 from circle_jax import data as data_lib  # noqa: E402
 from circle_jax import results  # noqa: E402
-from circle_jax.train import config_checks  # noqa: E402
+from circle_jax import config_facts  # noqa: E402
 from circle_jax.train import xbm as xbm_lib  # noqa: E402
 from experiments import compare  # noqa: E402
 from experiments import compare_runs  # noqa: E402
@@ -90,7 +90,7 @@ def memory_scale(done, args) -> str:
   info = data_lib.get_dataset_info(done[0]["config"]["dataset"]["name"])
   train = info.num_images["train"] - (done[0]["validation"] or {}).get(
       "num_images", 0)
-  batch = config_checks.global_batch_size(
+  batch = config_facts.global_batch_size(
       config_lib.from_dict(done[0]["config"]))
   return "; ".join(
       f"M={m} is {m / train:.0%} of the {train:,} train images (filled "

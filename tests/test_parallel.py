@@ -12,6 +12,7 @@ import pytest
 from circle_jax import config as config_lib
 from circle_jax import data as data_lib
 from circle_jax import parallel
+from circle_jax.evaluation import embedding as embedding_lib
 from circle_jax.train import run as run_lib
 from tests.train import helpers
 
@@ -129,8 +130,8 @@ def test_the_three_modes_embed_a_split_alike(digits_test_split):
     placement = parallel.get_placement(mode)
     model = run_lib.build_model(c, placement)
     variables = model.init(jax.random.PRNGKey(0), images, train=False)
-    out[mode] = run_lib.embed_split(
-        variables, run_lib.model_apply(model), source, preprocess,
+    out[mode] = embedding_lib.embed_split(
+        variables, embedding_lib.model_apply(model), source, preprocess,
         placement=placement,
         batch_size=64, num_threads=2)
   emb, labels = out["none"]

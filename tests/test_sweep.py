@@ -14,6 +14,7 @@ from circle_jax import losses as losses_lib
 from circle_jax import models as models_lib
 from circle_jax import sweep as grid_lib
 from circle_jax.train import state as state_lib
+from tests.train import helpers
 
 # The losses of the committed sweeps, with a 2-point grid of two of their
 # hyperparameters and the learnable array they need (proxies) if any.
@@ -160,7 +161,7 @@ def test_unrolled_interceptor_leaves_the_model_unchanged():
 
 def test_stacked_state_copies_every_array():
   model = models_lib.get_model("conv4", embedding_dim=4, width=8, num_blocks=2)
-  state = state_lib.create_train_state(
+  state = helpers.initial_state(
       model, optax.adam(1e-3), jnp.zeros((1, 8, 8, 1)),
       key=jax.random.PRNGKey(0))
   stacked = grid_lib.stacked_state(state, 3)

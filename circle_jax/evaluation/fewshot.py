@@ -52,7 +52,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
 from circle_jax import ops
-from circle_jax.evaluation import retrieval as _retrieval
+from circle_jax.evaluation import checks
 
 CLASSIFIERS = ("prototype", "nn")
 _AXIS = "episodes"
@@ -151,7 +151,7 @@ def _class_table(labels: np.ndarray, ways: int, shots: int, queries: int
 def _check_settings(ways, shots, queries, episodes, classifier):
   for name, value in (("ways", ways), ("shots", shots), ("queries", queries),
                       ("episodes", episodes)):
-    _retrieval._check_positive_int(value, name)  # pylint: disable=protected-access
+    checks.check_positive_int(value, name)
   if ways < 2:
     raise ValueError(f"`ways` must be >= 2 (an episode classifies among N "
                      f"classes); got {ways}.")
@@ -263,24 +263,22 @@ def fewshot_accuracy(
       than the split's classes, or fewer than ``ways`` classes with ``shots +
       1`` images.
   """
-  # pylint: disable=protected-access
   _check_settings(ways, shots, queries, episodes, classifier)
-  emb = _retrieval._check_embeddings(embeddings, "embeddings")
-  lab = _retrieval._check_labels(labels, emb.shape[0], "labels", "embeddings")
-  devs = _retrieval._resolve_devices(None, devices)
-  # pylint: enable=protected-access
+  emb = checks.check_embeddings(embeddings, "embeddings")
+  lab = checks.check_labels(labels, emb.shape[0], "labels", "embeddings")
+  devs = checks.resolve_devices(None, devices)
   classes, table, counts, q = _class_table(lab, ways, shots, queries)
   if chunk_size is None:
     per_device = max(1, _CHUNK_FLOATS // (ways * (shots + q) * emb.shape[1]))
     chunk_size = per_device * len(devs)
-  chunk = _retrieval._round_up(  # pylint: disable=protected-access
-      min(_retrieval._check_positive_int(chunk_size, "chunk_size"), episodes),
+  chunk = checks.round_up(
+      min(checks.check_positive_int(chunk_size, "chunk_size"), episodes),
       len(devs))
   fn = _chunk_fn(devs, ways, shots, q, classifier)
   keys = jax.random.key_data(jax.random.split(jax.random.PRNGKey(seed),
                                               episodes))
   keys = np.asarray(keys)
-  pad = _retrieval._round_up(episodes, chunk) - episodes  # pylint: disable=protected-access
+  pad = checks.round_up(episodes, chunk) - episodes
   keys = np.concatenate([keys, np.repeat(keys[-1:], pad, axis=0)])
   emb_n = ops.l2_normalize(jnp.asarray(emb))
   table, counts = jnp.asarray(table), jnp.asarray(counts)

@@ -20,8 +20,9 @@ image in sorted file order, the order of the repository's demo).
 top-level ``all_runs/`` folder, and ``class_labels.txt`` paths relative to the
 runs' folder (the repository's format) or to the run's own folder.
 :func:`oneshot_errors` classifies runs with any embedding function and
-:func:`evaluate_workdir` with a trained workdir's model and its eval
-preprocessing (``experiments/omniglot_oneshot.py`` is the command line).
+:func:`evaluate_run` with a restored run's model and its eval preprocessing
+(:func:`circle_jax.train.restore.restore_run`;
+``experiments/omniglot_oneshot.py`` is the command line).
 
 References:
   Lake, Salakhutdinov, Tenenbaum, "Human-level concept learning through
@@ -34,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -198,7 +199,7 @@ def run_embedder(run) -> Callable[[Sequence[bytes]], np.ndarray]:
   """``embed(images)`` with a restored run's model and eval preprocessing.
 
   Args:
-    run: a :class:`circle_jax.train.run.Run` (``restore_run``).
+    run: a :class:`circle_jax.train.restore.Run` (``restore_run``).
   """
   def embed(images: Sequence[bytes]) -> np.ndarray:
     source = [{"image": data, "label": 0, "path": f"one-shot image {i}"}
@@ -207,23 +208,18 @@ def run_embedder(run) -> Callable[[Sequence[bytes]], np.ndarray]:
   return embed
 
 
-def evaluate_workdir(workdir: str, runs_path: str,
-                     which: Optional[str] = None
-                     ) -> Tuple[OneShotResult, Dict[str, object]]:
-  """The one-shot errors of a trained workdir's model.
+def evaluate_run(run, runs: Sequence[OneShotRun]
+                 ) -> Tuple[OneShotResult, Dict[str, object]]:
+  """The one-shot errors of a restored run's model.
 
   Args:
-    workdir: a training run's folder.
-    runs_path: ``all_runs.zip`` or its extracted folder (:func:`read_runs`).
-    which: ``best`` or ``latest`` (default: best if the run kept one).
+    run: a :class:`circle_jax.train.restore.Run`
+      (``circle_jax.train.restore.restore_run(workdir, which)``).
+    runs: from :func:`read_runs`.
 
   Returns:
     ``(result, {'workdir', 'which', 'step', 'dataset'})``.
   """
-  # Imported here: the trainer imports this package.
-  from circle_jax.train import run as run_lib  # pylint: disable=g-import-not-at-top
-  runs = read_runs(runs_path)
-  run = run_lib.restore_run(workdir, which)
   result = oneshot_errors(run_embedder(run), runs)
   return result, {"workdir": run.workdir, "which": run.which,
                   "step": run.step, "dataset": run.config.dataset.name}

@@ -84,6 +84,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from circle_jax.evaluation import checks
+
 Array = jax.Array
 
 __all__ = [
@@ -174,113 +176,6 @@ def default_ks(dataset_name: str) -> Tuple[int, ...]:
   return DEFAULT_KS[name]
 
 
-# ----------------------------------------------------------------------------
-# Input checks (host side).
-# ----------------------------------------------------------------------------
-
-
-def _to_host(x):
-  if isinstance(x, jax.Array):
-    return np.asarray(jax.device_get(x))
-  return np.asarray(x)
-
-
-def _check_embeddings(x, name: str) -> np.ndarray:
-  x = _to_host(x)
-  if x.ndim != 2:
-    raise ValueError(
-        f"`{name}` must have rank 2 ([num_items, dim]); got shape {x.shape}."
-    )
-  if not jnp.issubdtype(x.dtype, jnp.floating):
-    raise TypeError(
-        f"`{name}` must be a floating array (float32, bfloat16, ...); got "
-        f"dtype {x.dtype}. Cast it with `.astype(np.float32)`."
-    )
-  if x.shape[0] == 0:
-    raise ValueError(f"`{name}` is empty (shape {x.shape}).")
-  x = np.asarray(x, np.float32)
-  if not np.all(np.isfinite(x)):
-    raise ValueError(
-        f"`{name}` contains NaN or infinite values; the ranking would be "
-        "undefined. Check the model's outputs."
-    )
-  return x
-
-
-def _check_labels(labels, size: int, name: str, of: str) -> np.ndarray:
-  labels = _to_host(labels)
-  if labels.ndim != 1:
-    raise ValueError(
-        f"`{name}` must have rank 1 ([num_items]); got shape {labels.shape}."
-    )
-  if not jnp.issubdtype(labels.dtype, jnp.integer):
-    raise TypeError(
-        f"`{name}` must be an integer array of class ids; got dtype "
-        f"{labels.dtype}. Cast it with `.astype(np.int64)`."
-    )
-  if labels.shape[0] != size:
-    raise ValueError(
-        f"`{name}` has length {labels.shape[0]} but `{of}` has {size} rows; "
-        "they must match."
-    )
-  return labels
-
-
-def _check_ks(ks) -> Tuple[int, ...]:
-  if isinstance(ks, (int, np.integer)) and not isinstance(ks, bool):
-    ks = (ks,)
-  try:
-    ks = tuple(ks)
-  except TypeError:
-    raise TypeError(f"`ks` must be a sequence of positive ints; got {ks!r}.")
-  if not ks:
-    raise ValueError("`ks` must contain at least one K.")
-  for k in ks:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-      raise ValueError(f"`ks` must contain positive ints; got {ks!r}.")
-  return tuple(sorted(set(int(k) for k in ks)))
-
-
-def _check_positive_int(value, name: str) -> int:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-    raise TypeError(f"`{name}` must be an int; got {value!r}.")
-  if value < 1:
-    raise ValueError(f"`{name}` must be >= 1; got {value}.")
-  return int(value)
-
-
-def _resolve_devices(mesh, devices) -> Tuple[jax.Device, ...]:
-  """The devices to shard the gallery over (default: all local devices)."""
-  if mesh is not None and devices is not None:
-    raise ValueError("Pass either `mesh` or `devices`, not both.")
-  if mesh is not None:
-    if not isinstance(mesh, Mesh):
-      raise TypeError(
-          f"`mesh` must be a jax.sharding.Mesh; got {type(mesh).__name__}."
-      )
-    devs = tuple(mesh.devices.flat)
-  elif devices is not None:
-    devs = tuple(devices)
-    if not devs:
-      raise ValueError("`devices` is empty.")
-  else:
-    devs = tuple(jax.local_devices())
-  if len(set(devs)) != len(devs):
-    raise ValueError("`devices` contains the same device twice.")
-  local = set(jax.local_devices())
-  for d in devs:
-    if d not in local:
-      raise ValueError(
-          f"Device {d} is not addressable by this process; retrieval metrics "
-          "shard a host-gathered gallery over local devices only."
-      )
-  return devs
-
-
-def _round_up(x: int, m: int) -> int:
-  return -(-x // m) * m
-
-
 def _tile_rows(num_gallery: int) -> int:
   """Rows per gallery tile: a function of the gallery size only.
 
@@ -288,7 +183,7 @@ def _tile_rows(num_gallery: int) -> int:
   stays small (e.g. 12,612 rows -> 4 tiles of 3,168, not 4 of 4,096).
   """
   num_tiles = -(-num_gallery // _MAX_TILE)
-  return _round_up(-(-num_gallery // num_tiles),
+  return checks.round_up(-(-num_gallery // num_tiles),
                    math.lcm(_TILE_ALIGN, _BLOCK))
 
 
@@ -545,10 +440,10 @@ def retrieval_metrics(
     ValueError / TypeError: on inputs of the wrong rank, dtype or length, on
       NaN/inf embeddings, bad ``ks`` or ``chunk_size``.
   """
-  ks = _check_ks(ks)
-  chunk_size = _check_positive_int(chunk_size, "chunk_size")
-  q = _check_embeddings(query, "query")
-  q_lab = _check_labels(query_labels, q.shape[0], "query_labels", "query")
+  ks = checks.check_ks(ks)
+  chunk_size = checks.check_positive_int(chunk_size, "chunk_size")
+  q = checks.check_embeddings(query, "query")
+  q_lab = checks.check_labels(query_labels, q.shape[0], "query_labels", "query")
   if (gallery is None) != (gallery_labels is None):
     raise ValueError(
         "Pass both `gallery` and `gallery_labels`, or neither (then the "
@@ -558,15 +453,15 @@ def retrieval_metrics(
   if self_retrieval:
     g, g_lab = q, q_lab
   else:
-    g = _check_embeddings(gallery, "gallery")
-    g_lab = _check_labels(gallery_labels, g.shape[0], "gallery_labels",
+    g = checks.check_embeddings(gallery, "gallery")
+    g_lab = checks.check_labels(gallery_labels, g.shape[0], "gallery_labels",
                           "gallery")
     if g.shape[1] != q.shape[1]:
       raise ValueError(
           f"`gallery` has dimension {g.shape[1]} but `query` has "
           f"{q.shape[1]}; they must match."
       )
-  devs = _resolve_devices(mesh, devices)
+  devs = checks.resolve_devices(mesh, devices)
 
   rank_first, rel, r = _rank_queries(q, q_lab, g, g_lab, self_retrieval,
                                      chunk_size, devs)
@@ -642,7 +537,7 @@ def _rank_queries(q, q_lab, g, g_lab, self_retrieval, chunk_size, devs):
   lab_dev = jax.device_put(lab_pad.reshape(num_tiles, tile), sharded)
 
   # Query chunks, padded to a fixed row count (one compilation).
-  c = _round_up(min(chunk_size, num_q), _CHUNK_ALIGN)
+  c = checks.round_up(min(chunk_size, num_q), _CHUNK_ALIGN)
   outputs = []
   for lo in range(0, num_q, c):
     hi = min(lo + c, num_q)

@@ -15,6 +15,7 @@ from typing import Optional, Tuple
 import jax
 import jax.numpy as jnp
 
+from circle_jax import config_facts as facts
 from circle_jax import data as data_lib
 from circle_jax.evaluation import fewshot as fewshot_lib
 from circle_jax.errors import UserError
@@ -24,9 +25,6 @@ from circle_jax import models as models_lib
 from circle_jax.train import optim as optim_lib
 from circle_jax import parallel
 
-RETRIEVAL_METRICS = ("precision@1", "r_precision", "map@r")
-CLUSTERING_METRICS = ("nmi", "ami")
-
 
 class ConfigError(UserError, ValueError):
   """A config value is invalid; the message starts with the field's name."""
@@ -34,70 +32,6 @@ class ConfigError(UserError, ValueError):
 
 def _fail(field: str, message: str):
   raise ConfigError(f"config.{field}: {message}")
-
-
-VALIDATION_BY = ("class", "superclass")
-
-
-def validation_superclasses(config, info) -> Optional[Tuple[int, ...]]:
-  """The class counts of the train superclasses that the validation split
-  holds out whole (``dataset.validation_by='superclass'``), else None."""
-  if config.dataset.validation_by == "superclass":
-    return tuple(info.train_superclasses)
-  return None
-
-
-def class_copies(config) -> int:
-  """How many classes each trained class becomes: ``dataset.rotations``,
-  twice that with ``dataset.mirror_classes``."""
-  return data_lib.class_copies(config.dataset.rotations,
-                               config.dataset.mirror_classes)
-
-
-def num_holdout_classes(config, info) -> int:
-  """How many train classes the validation split holds out."""
-  return data_lib.num_holdout_classes(
-      info.num_train_classes, config.dataset.validation_fraction,
-      config.dataset.validation_seed,
-      superclasses=validation_superclasses(config, info))
-
-
-def num_classes(config, info) -> Optional[int]:
-  """The class count for loss parameters: ``dataset.num_classes``, or the
-  dataset's train classes minus those held out for validation, times
-  :func:`class_copies`."""
-  n = config.dataset.num_classes
-  if n is None and info is not None:
-    n = (info.num_train_classes - num_holdout_classes(config, info)
-         ) * class_copies(config)
-  return n
-
-
-def loss_hyper(config) -> dict:
-  """The keyword arguments of the loss: every ``config.loss`` field but ``name``.
-
-  Unset execution options (``block_size=None``) are left out, so the loss
-  uses its own default.
-  """
-  return {k: v for k, v in config.loss.items()
-          if k != "name" and v is not None}
-
-
-def global_batch_size(config) -> int:
-  """``P x K`` for the PK sampler, ``batch.size`` for the random sampler."""
-  if config.batch.sampler == "random":
-    return config.batch.size
-  return config.batch.classes_per_batch * config.batch.images_per_class
-
-
-def metric_names(ks, clustering: bool, fewshot=None):
-  """The metrics an evaluation computes (``fewshot``: ``config.fewshot``)."""
-  names = [f"recall@{k}" for k in ks] + list(RETRIEVAL_METRICS)
-  if clustering:
-    names += list(CLUSTERING_METRICS)
-  if fewshot is not None and fewshot.ways:
-    names += list(fewshot_lib.metric_names(fewshot.ways, fewshot.shots))
-  return names
 
 
 def _is_int(v) -> bool:
@@ -255,21 +189,9 @@ def _has_batch_norm(config) -> bool:
   return bool(variables.get("batch_stats"))
 
 
-def check_config(config, *, device_count: Optional[int] = None,
-                 process_count: Optional[int] = None) -> None:
-  """Raises :class:`ConfigError` naming the first invalid field.
-
-  Args:
-    config: the ``ml_collections.ConfigDict`` of a run.
-    device_count: devices the step runs on (default: those of the config's
-      placement, :mod:`circle_jax.parallel`).
-    process_count: processes (default ``jax.process_count()``).
-  """
-  for field in ("dataset", "model", "loss", "batch", "optim"):
-    if field not in config:
-      _fail(field, "missing section.")
-  _check_finite(config)
-  # Dataset.
+def _check_dataset(config) -> Tuple[object, int]:
+  """``config.dataset``: a known dataset, its files, the validation split,
+  rotations and preprocessing. Returns ``(dataset info, held-out classes)``."""
   name = config.dataset.name
   if name not in data_lib.DATASETS:
     _fail("dataset.name", f"unknown dataset {name!r}; known datasets: "
@@ -284,28 +206,35 @@ def check_config(config, *, device_count: Optional[int] = None,
     _fail("dataset.validation_fraction", f"must be a number in [0, 1); got "
           f"{fraction!r}.")
   by = config.dataset.validation_by
-  if by not in VALIDATION_BY:
-    _fail("dataset.validation_by", f"must be one of {VALIDATION_BY}; got "
-          f"{by!r}.")
+  if by not in facts.VALIDATION_BY:
+    _fail("dataset.validation_by", f"must be one of {facts.VALIDATION_BY}; "
+          f"got {by!r}.")
   if by == "superclass" and not info.train_superclasses:
     _fail("dataset.validation_by", f"dataset {name!r} declares no "
           "superclasses of its train classes (DatasetSpec.train_superclasses)"
           "; use 'class'.")
   try:
-    held_out = num_holdout_classes(config, info)
+    held_out = facts.num_holdout_classes(config, info)
   except ValueError as e:
     _fail("dataset.validation_fraction", str(e))
   rotations = config.dataset.rotations
   if isinstance(rotations, bool) or rotations not in data_lib.ROTATIONS:
     _fail("dataset.rotations", f"must be one of {data_lib.ROTATIONS} "
           f"(rotations by multiples of 90 degrees; 1: off); got {rotations!r}.")
-  train_classes = (info.num_train_classes - held_out) * class_copies(config)
   try:
     info.get_preprocess(train=True, **dict(config.dataset.preprocess))
   except (TypeError, ValueError) as e:
     _fail("dataset.preprocess", f"{str(e).rstrip('.')} (the arguments of "
           "circle_jax.data.get_preprocess).")
-  # Model.
+  return info, held_out
+
+
+def _check_model(config, info) -> None:
+  """``config.model``: a known model, its embedding size and dtype.
+
+  ``info`` (the dataset's spec) is there for the checks that pair the model
+  with the dataset's images."""
+  del info  # No model check reads the dataset yet.
   if config.model.name not in models_lib.MODELS:
     _fail("model.name", f"unknown model {config.model.name!r}; known "
           f"models: {', '.join(sorted(models_lib.MODELS))}.")
@@ -315,14 +244,20 @@ def check_config(config, *, device_count: Optional[int] = None,
   if config.model.dtype not in ("float32", "bfloat16"):
     _fail("model.dtype", "must be 'float32' or 'bfloat16'; got "
           f"{config.model.dtype!r}.")
-  # Loss.
+
+
+def _check_loss(config, info):
+  """``config.loss``: a known loss, only its fields, valid execution options,
+  a class count for a loss with per-class parameters, and hyperparameters
+  the loss accepts (:func:`_check_loss_hyper`). Returns the loss's entry."""
   loss_name = config.loss.name
   if loss_name not in losses_lib.LOSSES:
     _fail("loss.name", f"unknown loss {loss_name!r}; known losses: "
           f"{', '.join(sorted(losses_lib.LOSSES))}.")
   entry = losses_lib.get_loss(loss_name)
+  hyper = facts.loss_hyper(config)
   accepted = sorted(entry.defaults) + list(entry.execution_options)
-  unknown = sorted(set(loss_hyper(config)) - set(accepted))
+  unknown = sorted(set(hyper) - set(accepted))
   if unknown:
     _fail(f"loss.{unknown[0]}", f"loss {loss_name!r} has no hyperparameter(s) "
           f"{unknown}; it accepts {accepted}.")
@@ -336,20 +271,30 @@ def check_config(config, *, device_count: Optional[int] = None,
       and config.loss.collective not in (None,) + COLLECTIVES):
     _fail("loss.collective", f"must be one of {COLLECTIVES} (or unset for "
           f"'all_gather'); got {config.loss.collective!r}.")
-  if entry.param_name is not None:
-    n = num_classes(config, info)
-    if not isinstance(n, int) or n <= 0:
-      _fail("dataset.num_classes", f"loss {loss_name!r} ({entry.kind}) learns "
-            f"one {entry.param_name} row per class and needs the number of "
-            f"train classes; got {n!r}.")
-  _check_loss_hyper(entry, loss_hyper(config), dim, num_classes(config, info),
+  n = facts.num_classes(config, info)
+  if entry.param_name is not None and (not isinstance(n, int) or n <= 0):
+    _fail("dataset.num_classes", f"loss {loss_name!r} ({entry.kind}) learns "
+          f"one {entry.param_name} row per class and needs the number of "
+          f"train classes; got {n!r}.")
+  _check_loss_hyper(entry, hyper, config.model.embedding_dim, n,
                     references=bool(config.xbm.size) and entry.supports_ref)
-  # Batch and devices.
+  return entry
+
+
+def _check_placement(config) -> parallel.Placement:
+  """``config.parallelism``: a known mode. Returns its placement."""
   try:
-    placement = parallel.from_config(config)
+    return parallel.from_config(config)
   except ValueError:
     _fail("parallelism", f"unknown mode {config.parallelism!r}; use one of "
           f"{parallel.MODES}.")
+
+
+def _check_sampler(config, info, held_out: int, entry) -> None:
+  """``config.batch``'s sampler: a random batch of at least 2, or ``P``
+  classes the train split has times ``K`` images (2 or more for a pair
+  loss)."""
+  name = config.dataset.name
   sampler = config.batch.sampler
   if sampler not in ("pk", "random"):
     _fail("batch.sampler", f"must be 'pk' or 'random'; got {sampler!r}.")
@@ -358,49 +303,62 @@ def check_config(config, *, device_count: Optional[int] = None,
     if isinstance(size, bool) or not isinstance(size, int) or size < 2:
       _fail("batch.size", f"the random sampler needs a global batch size >= 2;"
             f" got {size!r}.")
-    p, k = None, None
-  else:
-    p = config.batch.classes_per_batch
-    k = config.batch.images_per_class
-    for field, v in (("classes_per_batch", p), ("images_per_class", k)):
-      if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        _fail(f"batch.{field}", f"must be a positive int; got {v!r}.")
-    if p > train_classes:
-      _fail("batch.classes_per_batch", f"{p} classes per batch but {name!r} "
-            f"has {train_classes} train classes"
-            + (f" ({held_out} held out for validation)." if held_out else "."))
-    if entry.kind == "pair" and k < 2:
-      _fail("batch.images_per_class", f"pair loss {loss_name!r} needs "
-            f"positive pairs: use at least 2 images per class; got {k}.")
-  if device_count is None:
-    device_count = placement.num_devices
-  if process_count is None:
-    process_count = jax.process_count()
-  batch = global_batch_size(config)
+    return
+  p = config.batch.classes_per_batch
+  k = config.batch.images_per_class
+  for field, v in (("classes_per_batch", p), ("images_per_class", k)):
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+      _fail(f"batch.{field}", f"must be a positive int; got {v!r}.")
+  train_classes = (info.num_train_classes - held_out
+                   ) * facts.class_copies(config)
+  if p > train_classes:
+    _fail("batch.classes_per_batch", f"{p} classes per batch but {name!r} "
+          f"has {train_classes} train classes"
+          + (f" ({held_out} held out for validation)." if held_out else "."))
+  if entry.kind == "pair" and k < 2:
+    _fail("batch.images_per_class", f"pair loss {entry.name!r} needs "
+          f"positive pairs: use at least 2 images per class; got {k}.")
+
+
+def _check_devices(config, device_count: int, process_count: int) -> int:
+  """The global train and evaluation batches split evenly over the devices
+  and processes. Returns the global train batch."""
+  batch = facts.global_batch_size(config)
   if batch % device_count:
-    what = (f"classes_per_batch x images_per_class = {p} x {k} = {batch}"
-            if p is not None else f"size = {batch}")
+    what = (f"size = {batch}" if config.batch.sampler == "random" else
+            f"classes_per_batch x images_per_class = "
+            f"{config.batch.classes_per_batch} x "
+            f"{config.batch.images_per_class} = {batch}")
     _fail("batch", f"the global batch {what} is not divisible by the "
           f"{device_count} devices; change it (or use fewer devices).")
   if batch % process_count:
     _fail("batch", f"the global batch {batch} is not divisible by the "
           f"{process_count} processes.")
-  _check_xbm(config, entry, batch, device_count)
+  return batch
+
+
+def _check_eval_batch(config, device_count: int, process_count: int) -> None:
   eval_batch = config.batch.eval_batch_size
   if (not isinstance(eval_batch, int) or eval_batch < 1
       or eval_batch % device_count or eval_batch % process_count):
     _fail("batch.eval_batch_size", f"must be a positive multiple of the "
           f"{device_count} devices; got {eval_batch!r}.")
-  _check_embed_chunks(config, batch // device_count)
-  # Steps.
+
+
+def _check_steps(config) -> None:
+  """The step count and the cadences (evaluation, checkpoints, logs)."""
   steps = config.num_train_steps
   if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
     _fail("num_train_steps", f"must be a positive int; got {steps!r}.")
-  for field in ("eval_every_steps", "checkpoint_every_steps", "log_every_steps"):
+  for field in ("eval_every_steps", "checkpoint_every_steps",
+                "log_every_steps"):
     v = config[field]
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
       _fail(field, f"must be an int >= 0 (0 disables); got {v!r}.")
-  # Metric.
+
+
+def _check_evaluation(config, info, held_out: int) -> None:
+  """The test-time shift, the few-shot settings and the selection metric."""
   shift = config.eval_shift
   size = info.get_preprocess(train=False,
                              **dict(config.dataset.preprocess)).image_size
@@ -410,15 +368,55 @@ def check_config(config, *, device_count: Optional[int] = None,
           f"the {size} px evaluation image; 0: off); got {shift!r}.")
   ks = tuple(config.eval_ks or info.ks)
   _check_fewshot(config, info, held_out)
-  names = metric_names(ks, config.eval_clustering, config.fewshot)
+  names = facts.metric_names(ks, config.eval_clustering, config.fewshot)
   best = config.best_metric
   if best and best not in names:
     _fail("best_metric", f"{best!r} is not computed; choose one of {names}.")
-  # Optimiser (builds it once to validate every field).
+
+
+def _check_optimiser(config) -> None:
+  """``config.optim``: builds the optimiser once to validate every field."""
   try:
-    optim_lib.optimizer_from_config(config.optim, num_train_steps=steps)
+    optim_lib.optimizer_from_config(config.optim,
+                                    num_train_steps=config.num_train_steps)
   except TypeError as e:
     _fail("optim", f"unknown or bad field: {e}.")
   except ValueError as e:
     raise ConfigError(re.sub(r"`optim\.(\w+)`", r"config.optim.\1", str(e))
                       ) from None
+
+
+def check_config(config, *, device_count: Optional[int] = None,
+                 process_count: Optional[int] = None) -> None:
+  """Raises :class:`ConfigError` naming the first invalid field.
+
+  The sections are checked in order: dataset, model, loss, placement,
+  batch and devices, cross-batch memory, embedding chunks, steps,
+  evaluation, optimiser.
+
+  Args:
+    config: the ``ml_collections.ConfigDict`` of a run.
+    device_count: devices the step runs on (default: those of the config's
+      placement, :mod:`circle_jax.parallel`).
+    process_count: processes (default ``jax.process_count()``).
+  """
+  for field in ("dataset", "model", "loss", "batch", "optim"):
+    if field not in config:
+      _fail(field, "missing section.")
+  _check_finite(config)
+  info, held_out = _check_dataset(config)
+  _check_model(config, info)
+  entry = _check_loss(config, info)
+  placement = _check_placement(config)
+  _check_sampler(config, info, held_out, entry)
+  if device_count is None:
+    device_count = placement.num_devices
+  if process_count is None:
+    process_count = jax.process_count()
+  batch = _check_devices(config, device_count, process_count)
+  _check_xbm(config, entry, batch, device_count)
+  _check_eval_batch(config, device_count, process_count)
+  _check_embed_chunks(config, batch // device_count)
+  _check_steps(config)
+  _check_evaluation(config, info, held_out)
+  _check_optimiser(config)

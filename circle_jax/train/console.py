@@ -2,8 +2,9 @@
 
 The training loop reports through a *reporter*:
 
-* :class:`LogReporter` (the default of :func:`circle_jax.train.train_and_evaluate`)
-  writes everything to the absl log at INFO, for library use and tests.
+* :class:`LogReporter` (the default of
+  :func:`circle_jax.train.loop.train_and_evaluate`) writes everything to the
+  absl log at INFO, for library use and tests.
 * :class:`ConsoleReporter` (``experiments.main``) draws a live progress bar on
   a terminal's stderr (step, loss, steps/s, images/s, ETA; one plain line per
   ``log_every_steps`` when stderr is not a terminal), prints short notes

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from circle_jax import evaluation as eval_lib
-from circle_jax import parallel
+from circle_jax.evaluation import embedding as embedding_lib
 from circle_jax.train import console as console_lib
 from circle_jax.train import run as run_lib
 from circle_jax.train import state as state_lib
@@ -31,14 +31,14 @@ class Evaluator:
     config: the run's config.
     info: the dataset's spec.
     model: the model (:func:`circle_jax.train.run.build_model`).
-    placement: the run's :class:`circle_jax.parallel.Placement` (or mode).
+    placement: the run's :class:`circle_jax.parallel.Placement`.
     validation_source: the held-out train classes, or None.
   """
 
   def __init__(self, config, info, model, placement, validation_source=None):
     self.config, self.info = config, info
-    self.placement = parallel.get_placement(placement)
-    self.apply_fn = run_lib.eval_apply(config, model)
+    self.placement = placement
+    self.apply_fn = embedding_lib.eval_apply(config, model)
     self.preprocess = run_lib.eval_preprocess(config, info)
     self.sources = {split: run_lib.load_split(config, info, split)
                     for split in info.eval_splits}
@@ -46,7 +46,7 @@ class Evaluator:
     self.ks = tuple(config.eval_ks or info.ks)
 
   def _embed(self, host_tree, source):
-    return run_lib.embed_split(
+    return embedding_lib.embed_split(
         state_lib.model_variables(host_tree), self.apply_fn, source,
         self.preprocess, placement=self.placement,
         batch_size=self.config.batch.eval_batch_size,

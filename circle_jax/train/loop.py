@@ -55,6 +55,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from circle_jax import config_facts
 from circle_jax import data as data_lib
 from circle_jax import parallel
 from circle_jax.errors import UserError
@@ -66,6 +67,7 @@ from circle_jax.train import lock as lock_lib
 from circle_jax.train import optim as optim_lib
 from circle_jax.train import preemption as preemption_lib
 from circle_jax.train import run as run_lib
+from circle_jax.train import restore as restore_lib
 from circle_jax.train import state as state_lib
 from circle_jax.train import step as step_lib
 from circle_jax.train import workdir as workdir_lib
@@ -237,7 +239,7 @@ def _write_error(e: OSError, workdir: str) -> Optional[WorkdirWriteError]:
 def _build(config, workdir, reporter, force_resume) -> Job:
   """Builds data, model and state; resumes the workdir."""
   job = Job(config, workdir, reporter, parallel.from_config(config),
-            run_lib.open_checkpoints(config, workdir),
+            restore_lib.open_checkpoints(config, workdir),
             workdir_lib.config_to_dict(config))
   resume_step = job.ckpts.latest_step()
   changes = []
@@ -260,7 +262,7 @@ def _build(config, workdir, reporter, force_resume) -> Job:
   if resume_step is not None:
     template = host
     host, _, job.meta, _, notes = job.ckpts.restore_newest(
-        template, check=lambda tree, step: run_lib.check_restored(
+        template, check=lambda tree, step: restore_lib.check_restored(
             tree, template, step, job.ckpts.directory))
     for note in notes:
       reporter.note(note)
@@ -355,7 +357,7 @@ def _train(job: Job) -> None:
                      description=f"{job.info.name}/{job.entry.name}")
   log = functools.partial(
       _log, job, lrs=optim_lib.learning_rates(config.optim, num_steps),
-      global_batch=config_checks.global_batch_size(config))
+      global_batch=config_facts.global_batch_size(config))
   job.t0 = window = time.time()
   steps_window = 0
   with preemption_lib.PreemptionWatch() as watch:

@@ -17,7 +17,6 @@ from typing import Any, Optional
 
 import flax
 import jax
-import optax
 from flax.training import train_state
 
 from circle_jax.train import xbm as xbm_lib
@@ -40,41 +39,6 @@ class TrainState(train_state.TrainState):
 
   batch_stats: PyTree = flax.struct.field(default_factory=dict)
   xbm: Optional[xbm_lib.Memory] = None
-
-
-def create_train_state(
-    model: flax.linen.Module,
-    tx: optax.GradientTransformation,
-    sample_images: jax.Array,
-    *,
-    key: jax.Array,
-    loss_params: Optional[PyTree] = None,
-    memory: Optional[xbm_lib.Memory] = None,
-) -> TrainState:
-  """Initialises a model and wraps it with ``tx`` into a :class:`TrainState`.
-
-  Args:
-    model: a Flax module called as ``model(images, train=...)``.
-    tx: the optimiser, built for the ``{'model', 'loss'}`` parameter tree.
-    sample_images: ``[b, ...]`` images (any batch size) used to trace shapes.
-    key: PRNG key for the model initialisation.
-    loss_params: the loss' parameters (e.g. ``{'proxies': [C, D]}``) or None.
-    memory: a cross-batch memory (:func:`circle_jax.train.xbm.init_memory`)
-      or None.
-
-  Returns:
-    A :class:`TrainState` at step 0 with host-independent (uncommitted) arrays.
-  """
-  variables = model.init(key, sample_images, train=False)
-  variables = flax.core.unfreeze(variables)
-  params = {
-      "model": variables.pop("params"),
-      "loss": {} if loss_params is None else dict(loss_params),
-  }
-  batch_stats = variables.pop("batch_stats", {})
-  return TrainState.create(
-      apply_fn=model.apply, params=params, tx=tx, batch_stats=batch_stats,
-      xbm=memory)
 
 
 def model_variables(state) -> dict:

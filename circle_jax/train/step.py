@@ -202,24 +202,22 @@ def train_step(
 
 
 def make_train_step(loss_fn: LossFn, *, base_key: jax.Array,
-                    placement: Any, donate: bool = True,
+                    placement: parallel.Placement, donate: bool = True,
                     embed_chunk_size: int = 0):
   """:func:`train_step` compiled for a placement.
 
   Args:
     loss_fn: see :func:`make_loss_fn`.
     base_key: PRNG key of the loss (see :func:`train_step`).
-    placement: a :class:`circle_jax.parallel.Placement` or a mode name. The
-      state must be ``placement.replicate``'d (with
-      ``sharded=xbm.is_sharded``),
-      the batch ``placement.shard_batch``'d.
+    placement: a :class:`circle_jax.parallel.Placement`. The state must be
+      ``placement.replicate``'d (with ``sharded=xbm.is_sharded``), the batch
+      ``placement.shard_batch``'d.
     donate: donate the input state's buffers.
     embed_chunk_size: see :func:`train_step` (0: off).
 
   Returns:
     ``step(state, batch) -> (state, metrics)``.
   """
-  placement = parallel.get_placement(placement)
   fn = functools.partial(train_step, loss_fn=loss_fn, base_key=base_key,
                          embed_chunk_size=embed_chunk_size)
   return placement.wrap_step(fn, donate=donate, sharded=xbm_lib.is_sharded)

@@ -10,6 +10,7 @@ from PIL import Image
 from circle_jax import config as config_lib
 from circle_jax import data
 from circle_jax.data import rotations
+from circle_jax import config_facts
 from circle_jax.train import config_checks
 from circle_jax.train import run as run_lib
 
@@ -114,7 +115,7 @@ def test_split_characters_first_then_rotate(omniglot_small_dir):
                                       validation_fraction=0.2), info)[0]
   # 136 characters: 27 held out upright, the other 109 in 4 rotations each.
   assert len(val.classes) == 27 and len(np.unique(val.labels)) == 27
-  assert len(np.unique(train.labels)) == 4 * 109 == config_checks.num_classes(
+  assert len(np.unique(train.labels)) == 4 * 109 == config_facts.num_classes(
       c, info)
   assert len(train) == 4 * len(base)
   # No base character in both splits: the paths of each rotation copy are
@@ -141,7 +142,7 @@ def test_default_off_is_unchanged(omniglot_small_dir):
   train, _ = run_lib.load_sources(_config(data_dir=str(omniglot_small_dir),
                                           validation_fraction=0.2), info)
   assert isinstance(train, data.ClassSubset)
-  assert config_checks.num_classes(c, info) == 136
+  assert config_facts.num_classes(c, info) == 136
 
 
 @pytest.mark.parametrize("bad", [3, 0, -4, True])
@@ -191,7 +192,7 @@ def test_mirror_classes_from_the_config(omniglot_small_dir):
   c = _config(data_dir=str(omniglot_small_dir), validation_fraction=0.2,
               rotations=4, mirror_classes=True)
   train, val = run_lib.load_sources(c, info)
-  assert len(np.unique(train.labels)) == 8 * 109 == config_checks.num_classes(
+  assert len(np.unique(train.labels)) == 8 * 109 == config_facts.num_classes(
       c, info)
   assert len(np.unique(val.labels)) == 27  # held out upright, unmirrored
   src = data.load_split("omniglot_small", "train", data_dir=omniglot_small_dir)
@@ -211,7 +212,7 @@ def test_validation_by_alphabet(omniglot_small_dir):
   assert len(held) == 1 and not held & kept and len(kept) == 4
   n = info.train_superclasses[int(data.holdout_superclasses(5, 0.2, 0)[0])]
   assert len(np.unique(val.labels)) == n
-  assert config_checks.num_classes(c, info) == 4 * (136 - n) == len(
+  assert config_facts.num_classes(c, info) == 4 * (136 - n) == len(
       np.unique(train.labels))
 
 

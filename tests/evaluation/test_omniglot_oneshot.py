@@ -114,13 +114,13 @@ def test_workdir_model_errors(trained_workdir, tmp_path):
   """The workdir's model: the errors equal a 1-NN over the model applied
   directly to each preprocessed image; the copied images are wrong."""
   from circle_jax.train import run as run_lib  # pylint: disable=g-import-not-at-top
+  from circle_jax.train import restore as restore_lib  # pylint: disable=g-import-not-at-top
   _, path = make_runs(tmp_path, as_zip=True, top_folder=True,
                       run_relative=False)
-  result, info = oneshot.evaluate_workdir(trained_workdir, path,
-                                          which="latest")
+  run = restore_lib.restore_run(trained_workdir, "latest")
+  result, info = oneshot.evaluate_run(run, oneshot.read_runs(path))
   assert (info["which"], info["step"], info["dataset"]) == ("latest", 2,
                                                             "digits")
-  run = run_lib.restore_run(trained_workdir, "latest")
   preprocess = run_lib.eval_preprocess(run.config, run.info)
 
   def direct(images):

@@ -3,6 +3,7 @@
 import pytest
 
 from circle_jax import data
+from circle_jax import config_facts
 from circle_jax.train import config_checks
 from circle_jax.train import run as run_lib
 from experiments.configs import omniglot_fewshot
@@ -16,7 +17,7 @@ def test_recipe_is_valid_and_trains_rotation_and_mirror_classes():
   # All 136 characters (the recipe was chosen on a held-out alphabet
   # before), each in 4 rotations x 2 mirror images.
   assert c.dataset.validation_fraction == 0.0 and c.best_metric == ""
-  assert config_checks.num_classes(c, info) == 136 * 8
+  assert config_facts.num_classes(c, info) == 136 * 8
   assert c.model.pooling == "flatten"
   assert run_lib.train_preprocess(c, info).preset == "grayscale_affine"
   assert run_lib.train_preprocess(c, info).affine_shift > 0
@@ -34,9 +35,9 @@ def test_the_selection_variant_holds_out_one_whole_alphabet():
   info = data.get_dataset_info(c.dataset.name)
   assert c.dataset.validation_by == "superclass"
   assert c.best_metric == "fewshot_20way_1shot"
-  held = config_checks.num_holdout_classes(c, info)
+  held = config_facts.num_holdout_classes(c, info)
   assert held == 22 == info.train_superclasses[1]   # Early_Aramaic
-  assert config_checks.num_classes(c, info) == (136 - held) * 8
+  assert config_facts.num_classes(c, info) == (136 - held) * 8
   # The recipe itself is unchanged by the variant but for the selection.
   base = omniglot_fewshot.get_config()
   for field in ("optim", "batch", "loss"):

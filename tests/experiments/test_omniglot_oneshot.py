@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from circle_jax.evaluation import omniglot_oneshot
+from circle_jax.train import restore as restore_lib
 from tests.evaluation.oneshot_fixture import make_runs, train_tiny_workdir
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
@@ -33,7 +34,9 @@ def test_prints_each_run_and_the_mean(workdir, tmp_path):
                       run_relative=False)
   proc = _cli(f"--workdir={workdir}", f"--runs={runs}", "--which=latest")
   assert proc.returncode == 0, proc.stderr[-2000:]
-  result, _ = omniglot_oneshot.evaluate_workdir(workdir, runs, "latest")
+  result, _ = omniglot_oneshot.evaluate_run(
+      restore_lib.restore_run(workdir, "latest"),
+      omniglot_oneshot.read_runs(runs))
   lines = proc.stdout.strip().splitlines()
   assert "latest checkpoint at step 2" in lines[0]
   assert lines[1:] == [f"{n}  {e:6.2f}%" for n, e in zip(

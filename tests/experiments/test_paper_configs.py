@@ -32,6 +32,7 @@ import numpy as np
 import pytest
 
 from circle_jax import data
+from circle_jax import config_facts
 from circle_jax.train import config_checks
 from circle_jax.train import loop
 from experiments.configs import circle_loss
@@ -145,7 +146,7 @@ def test_config_is_valid_with_the_paper_recipe(config_file, dataset):
     # One proxy per kept train class (20 % held out for validation).
     info = data.get_dataset_info(dataset)
     held = data.num_holdout_classes(info.num_train_classes, 0.2)
-    assert config_checks.num_classes(c, info) == info.num_train_classes - held
+    assert config_facts.num_classes(c, info) == info.num_train_classes - held
   else:
     assert (c.model.pooling, c.model.freeze_bn) == ("avg", False)
     assert (c.batch.sampler, c.batch.classes_per_batch,

@@ -4,6 +4,8 @@ import pathlib
 
 import pytest
 
+from circle_jax import config_facts
+
 from circle_jax.train import config_checks
 from experiments.configs import xbm
 
@@ -16,7 +18,7 @@ def test_every_variant_is_a_valid_memory_config(variant):
   dataset, loss = variant.split("-")
   assert (c.dataset.name, c.loss.name) == (dataset, loss)
   assert (c.model.name, c.model.embedding_dim) == ("bn_inception", 512)
-  assert config_checks.global_batch_size(c) == 64
+  assert config_facts.global_batch_size(c) == 64
   assert c.xbm.size == xbm.MEMORY[dataset] and c.xbm.size % 64 == 0
   assert (c.xbm.start_step, c.xbm.weight) == (1000, 1.0)
   assert f"xbm.py:{variant} " in xbm.__doc__.replace("\\\n", " ")

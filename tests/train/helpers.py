@@ -22,6 +22,7 @@ from circle_jax import ops
 from circle_jax import config as config_lib
 from circle_jax.losses import _common
 from circle_jax.losses import engine
+from circle_jax.train import state as state_lib
 
 
 def digits_config(**overrides):
@@ -141,6 +142,18 @@ def fake_batch(key, batch_size=16, num_classes=4, size=6):
   images = jax.random.normal(k1, (batch_size, size, size, 1))
   images = images + labels[:, None, None, None].astype(jnp.float32)
   return {"image": images, "label": labels.astype(jnp.int32)}
+
+
+def initial_state(model, tx, sample_images, *, key, loss_params=None,
+                  memory=None):
+  """A ``TrainState`` at step 0 built as ``circle_jax.train.run.init_state``
+  builds it (``TrainState.create`` over ``{'model', 'loss'}`` parameters),
+  for a toy model, optimiser and loss parameters instead of a config's."""
+  variables = dict(model.init(key, sample_images, train=False))
+  return state_lib.TrainState.create(
+      apply_fn=model.apply,
+      params={"model": variables["params"], "loss": dict(loss_params or {})},
+      tx=tx, batch_stats=variables.get("batch_stats", {}), xbm=memory)
 
 
 def sigkill_when_exists(proc, path: str, timeout: float = 240) -> None:

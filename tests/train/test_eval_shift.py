@@ -11,13 +11,15 @@ import pytest
 
 from circle_jax import evaluation as eval_lib
 from circle_jax.train import loop
+from circle_jax.evaluation import embedding as embedding_lib
 from circle_jax.train import run as run_lib
+from circle_jax.train import restore as restore_lib
 from tests.train import helpers
 
 
 def test_shifted_views_by_hand():
   x = np.arange(9.0).reshape(1, 3, 3, 1)
-  views = np.asarray(run_lib.shifted_views(jnp.asarray(x), 1))[:, 0, :, :, 0]
+  views = np.asarray(embedding_lib.shifted_views(jnp.asarray(x), 1))[:, 0, :, :, 0]
   np.testing.assert_array_equal(views[0], [[0, 1, 2], [3, 4, 5], [6, 7, 8]])
   # Down, up, right, left; the uncovered row or column repeats the edge.
   np.testing.assert_array_equal(views[1], [[0, 1, 2], [0, 1, 2], [3, 4, 5]])
@@ -52,15 +54,15 @@ def test_model_apply_averages_unit_outputs_of_the_views(shift):
   model = _Tiny()
   x = np.random.default_rng(0).normal(size=(3, 6, 5, 2)).astype(np.float32)
   variables = model.init(jax.random.PRNGKey(0), x)
-  plain = run_lib.model_apply(model)
+  plain = embedding_lib.model_apply(model)
   want = np.zeros((3, 4))
   for dy, dx in ((0, 0), (shift, 0), (-shift, 0), (0, shift), (0, -shift)):
     out = np.asarray(plain(variables, _naive_shift(x, dy, dx, shift)),
                      np.float64)
     want += out / np.linalg.norm(out, axis=1, keepdims=True) / 5
-  got = jax.jit(run_lib.model_apply(model, shift))(variables, x)
+  got = jax.jit(embedding_lib.model_apply(model, shift))(variables, x)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-  np.testing.assert_array_equal(run_lib.model_apply(model, 0)(variables, x),
+  np.testing.assert_array_equal(embedding_lib.model_apply(model, 0)(variables, x),
                                 plain(variables, x))
 
 
@@ -76,7 +78,7 @@ def test_trainer_evaluates_with_the_shifted_views(tmp_path):
   loop.train_and_evaluate(c, workdir)
   with open(os.path.join(workdir, "metrics.json")) as f:
     final = json.load(f)["final"]
-  run = run_lib.restore_run(workdir)
+  run = restore_lib.restore_run(workdir)
   emb, labels = run.embed_split()
   source = run_lib.load_split(run.config, run.info, run.info.eval_splits[0])
   pre = run_lib.eval_preprocess(run.config, run.info)
@@ -85,7 +87,7 @@ def test_trainer_evaluates_with_the_shifted_views(tmp_path):
   for dy, dx in ((0, 0), (1, 0), (-1, 0), (0, 1), (0, -1)):
     shift = lambda v, x, dy=dy, dx=dx: run.model.apply(  # noqa: E731
         v, jnp.asarray(_naive_shift(np.asarray(x), dy, dx, 1)), train=False)
-    out, lab = run_lib.embed_split(
+    out, lab = embedding_lib.embed_split(
         run.variables, lambda v, x, f=shift: jax.pure_callback(
             lambda a: np.asarray(f(run.variables, a), np.float32),
             jax.ShapeDtypeStruct((x.shape[0], 4), np.float32), x),
@@ -97,7 +99,7 @@ def test_trainer_evaluates_with_the_shifted_views(tmp_path):
   metrics = eval_lib.retrieval_metrics(emb, labels, ks=tuple(run.info.ks))
   for k, v in metrics.items():
     assert final[k] == pytest.approx(float(v), abs=1e-6)
-  plain, _ = run_lib.embed_split(run.variables, run_lib.model_apply(run.model),
+  plain, _ = embedding_lib.embed_split(run.variables, embedding_lib.model_apply(run.model),
                                  source, pre, **kw)
   assert not np.allclose(plain / np.linalg.norm(plain, axis=1, keepdims=True),
                          emb / np.linalg.norm(emb, axis=1, keepdims=True),
@@ -127,7 +129,7 @@ def test_finished_run_resumed_with_a_shift_is_evaluated_again(tmp_path,
   assert after["result"]["step"] == before["result"]["step"]
   for which, part in (("best", after["result"]["test"]),
                       ("latest", after["final"])):
-    run = run_lib.restore_run(workdir, which)
+    run = restore_lib.restore_run(workdir, which)
     emb, labels = run.embed_split()  # with the run's eval_shift, now 1
     assert run.config.eval_shift == 1
     want = eval_lib.retrieval_metrics(emb, labels, ks=tuple(run.info.ks))
@@ -135,7 +137,7 @@ def test_finished_run_resumed_with_a_shift_is_evaluated_again(tmp_path,
       assert part[k] == pytest.approx(float(v), abs=1e-6), (which, k)
   assert after["final"] != before["final"]
   if fraction:
-    run = run_lib.restore_run(workdir, "best")
+    run = restore_lib.restore_run(workdir, "best")
     _, val = run_lib.load_sources(run.config, run.info)
     emb, labels = run.embed_split(source=val)
     want = eval_lib.retrieval_metrics(emb, labels, ks=tuple(run.info.ks))

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 from circle_jax import evaluation as eval_lib
+from circle_jax import config_facts
 from circle_jax.train import config_checks
 from circle_jax.train import evaluate as evaluate_lib
 from circle_jax.train import loop
-from circle_jax.train import run as run_lib
+from circle_jax.train import restore as restore_lib
 from circle_jax.train import workdir as workdir_lib
 from tests.train import helpers
 
@@ -44,7 +45,7 @@ def test_fewshot_metrics_with_validation_selection(tmp_path):
   assert saved["best"]["metric"] == "fewshot_2way_1shot"
   # Independent check: the selected checkpoint's test embeddings, the
   # evaluator's function called directly.
-  run = run_lib.restore_run(workdir, "best")
+  run = restore_lib.restore_run(workdir, "best")
   assert run.step == saved["result"]["step"]
   emb, labels = run.embed_split()
   want = eval_lib.fewshot_metrics(emb, labels, ways=(2,), shots=(1, 3),
@@ -70,7 +71,7 @@ def test_summary_orders_settings_by_ways_then_shots():
 def test_default_is_off():
   c = helpers.digits_config()
   assert c.fewshot.ways == ()
-  assert not any(n.startswith("fewshot") for n in config_checks.metric_names(
+  assert not any(n.startswith("fewshot") for n in config_facts.metric_names(
       (1,), True, c.fewshot))
 
 
@@ -105,7 +106,7 @@ def test_fewshot_metric_can_be_the_best_metric():
   c = helpers.digits_config(**{"fewshot.ways": (5,),
                                "best_metric": "fewshot_5way_5shot"})
   config_checks.check_config(c, device_count=8, process_count=1)
-  assert np.isin(["fewshot_5way_1shot"], config_checks.metric_names(
+  assert np.isin(["fewshot_5way_1shot"], config_facts.metric_names(
       (1,), False, c.fewshot)).all()
 
 

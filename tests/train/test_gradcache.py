@@ -27,7 +27,7 @@ def _initial_state(model, entry=helpers.PROXY):
   if entry.param_name:
     loss_params = {entry.param_name: jax.random.normal(
         jax.random.PRNGKey(7), (4, model.embedding_dim))}
-  return state_lib.create_train_state(
+  return helpers.initial_state(
       model, SGD, jnp.zeros((2, 6, 6, 1)), key=jax.random.PRNGKey(0),
       loss_params=loss_params)
 
@@ -149,7 +149,7 @@ def test_indivisible_chunk_fails_at_trace_time_naming_the_field():
   model = helpers.TinyNet(use_bn=False)
   state = _initial_state(model)
   step = step_lib.make_train_step(
-      step_lib.make_loss_fn(helpers.PAIR), placement="none",
+      step_lib.make_loss_fn(helpers.PAIR), placement=parallel.SingleDevice(),
       base_key=jax.random.PRNGKey(0), donate=False, embed_chunk_size=5)
   with pytest.raises(ValueError, match=r"16 images .* not divisible by the "
                      r"embedding chunk size 5.*embed_chunk_size"):

@@ -17,11 +17,12 @@ from circle_jax import data as data_lib
 from circle_jax import embed
 from circle_jax import parallel
 from circle_jax.train import checkpoint as ckpt_lib
-from circle_jax.train import config_checks
+from circle_jax import config_facts
 from circle_jax.train import console
 from circle_jax.train import evaluate as evaluate_lib
 from circle_jax.train import loop
 from circle_jax.train import run as run_lib
+from circle_jax.train import restore as restore_lib
 from circle_jax.train import state as state_lib
 from circle_jax.train import writers
 from tests.train import helpers
@@ -250,7 +251,7 @@ def test_validation_split_selects_the_step_and_reports_its_test_numbers(
                    **{"dataset.validation_fraction": 0.4,
                       "batch.classes_per_batch": 3})
   info = data_lib.get_dataset_info("digits")
-  assert config_checks.num_classes(c, info) == 3   # proxies: trained classes
+  assert config_facts.num_classes(c, info) == 3   # proxies: trained classes
   result = loop.train_and_evaluate(c, str(tmp_path))
   held = data_lib.holdout_classes(5, 0.4, seed=0)
   val = result["validation"]
@@ -335,7 +336,7 @@ def test_embed_tool_refuses_an_empty_folder_and_skips_corrupt_images(
   assert "b.png" in skipped[0][1]
   with pytest.raises(data_lib.ImageDecodeError, match="b.png"):
     embed.embed_folder(workdir, str(folder), strict=True)
-  with pytest.raises(run_lib.RunError, match="no latest checkpoint yet"):
+  with pytest.raises(restore_lib.RunError, match="no latest checkpoint yet"):
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     (fresh / "config.json").write_text(
@@ -360,7 +361,7 @@ def test_the_ring_engine_trains_the_same_run_as_the_all_gather(
                                           "loss.collective": collective})
     workdir = str(tmp_path / collective)
     results[collective] = loop.train_and_evaluate(c, workdir)
-    ckpts = run_lib.open_checkpoints(c, workdir)
+    ckpts = restore_lib.open_checkpoints(c, workdir)
     trees[collective], _, _ = ckpts.restore()
     ckpts.close()
   assert results["ring"]["config"]["loss"]["collective"] == "ring"
@@ -388,7 +389,7 @@ def test_every_placement_trains_and_evaluates_the_same_run(data_dir,
                                           "optim.learning_rate": 0.05,
                                           "optim.momentum": 0.9})
     results[mode] = loop.train_and_evaluate(c, str(tmp_path / mode))
-    ckpts = run_lib.open_checkpoints(c, str(tmp_path / mode))
+    ckpts = restore_lib.open_checkpoints(c, str(tmp_path / mode))
     trees[mode], _, _ = ckpts.restore()
     ckpts.close()
   ref = results["shard_map"]

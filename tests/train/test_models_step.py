@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from circle_jax import losses, models
+from circle_jax import losses, models, parallel
 from circle_jax.train import optim, state as state_lib, step as step_lib
 
 
@@ -41,7 +41,8 @@ def test_one_train_step(name, size, channels):
   state = state_lib.TrainState.create(
       apply_fn=model.apply, params={"model": variables["params"], "loss": {}},
       tx=tx, batch_stats=variables["batch_stats"])
-  step = step_lib.make_train_step(step_lib.make_loss_fn(entry), placement="none",
+  step = step_lib.make_train_step(step_lib.make_loss_fn(entry),
+                                  placement=parallel.SingleDevice(),
                                   base_key=jax.random.PRNGKey(2), donate=False)
   batch = {"image": images, "label": jnp.arange(8, dtype=jnp.int32) % 4}
   new, metrics = step(state, batch)

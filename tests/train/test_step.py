@@ -22,7 +22,7 @@ def _initial_state(entry, model, tx):
   if entry.param_name:
     proxies = jax.random.normal(jax.random.PRNGKey(7), (4, model.embedding_dim))
     loss_params = {entry.param_name: proxies}
-  return state_lib.create_train_state(
+  return helpers.initial_state(
       model, tx, images, key=jax.random.PRNGKey(0), loss_params=loss_params)
 
 
@@ -122,12 +122,6 @@ def test_nonfinite_loss_is_flagged():
                                   donate=False)
   _, metrics = good(state, helpers.fake_batch(jax.random.PRNGKey(0)))
   assert bool(metrics["finite"])
-
-
-def test_unknown_mode_is_an_error():
-  with pytest.raises(ValueError, match="parallelism"):
-    step_lib.make_train_step(step_lib.make_loss_fn(helpers.PAIR),
-                             placement="dp", base_key=jax.random.PRNGKey(0))
 
 
 @pytest.mark.parametrize("batch, match", [

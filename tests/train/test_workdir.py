@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from circle_jax.train import loop
-from circle_jax.train import run as run_lib
+from circle_jax.train import restore as restore_lib
 from circle_jax.train import workdir as workdir_lib
 from tests.train import test_loop
 
@@ -101,7 +101,7 @@ def test_changed_training_config_is_refused_and_nothing_is_overwritten(
     loop.train_and_evaluate(c, short_run)
   # Forced, the checkpoint cannot hold an 8-d head: a clear error, before
   # config.json is touched (so the embedding tool still reads the right one).
-  with pytest.raises(run_lib.CheckpointError,
+  with pytest.raises(restore_lib.CheckpointError,
                      match=r"\['params'\].*saved \(\d+, 4\), config builds "
                            r"\(\d+, 8\).*another --workdir"):
     loop.train_and_evaluate(c, short_run, force_resume=True)

@@ -71,7 +71,7 @@ def _initial(size, *, start_step=0, weight=1.0, tx=None, dtype="float32"):
   if size:
     memory = xbm_lib.init_memory(size, DIM, dtype=dtype, start_step=start_step,
                                  weight=weight)
-  return state_lib.create_train_state(
+  return helpers.initial_state(
       MODEL, tx or optax.sgd(0.5), jnp.zeros((2, 6, 6, 1)),
       key=jax.random.PRNGKey(0), memory=memory)
 

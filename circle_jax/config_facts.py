@@ -1,0 +1,80 @@
+"""Facts derived from a config: read here, never recomputed elsewhere.
+
+The schema (:mod:`circle_jax.config`) says which fields a run has; this
+module says what they imply: how many classes the loss learns a row for, the
+loss's keyword arguments, the global batch, the metrics an evaluation
+computes. The config checker (:mod:`circle_jax.train.config_checks`), the
+trainer and the experiment scripts all ask these functions.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+from circle_jax import data as data_lib
+from circle_jax.evaluation import fewshot as fewshot_lib
+
+RETRIEVAL_METRICS = ("precision@1", "r_precision", "map@r")
+CLUSTERING_METRICS = ("nmi", "ami")
+VALIDATION_BY = ("class", "superclass")
+
+
+def validation_superclasses(config, info) -> Optional[Tuple[int, ...]]:
+  """The class counts of the train superclasses that the validation split
+  holds out whole (``dataset.validation_by='superclass'``), else None."""
+  if config.dataset.validation_by == "superclass":
+    return tuple(info.train_superclasses)
+  return None
+
+
+def class_copies(config) -> int:
+  """How many classes each trained class becomes: ``dataset.rotations``,
+  twice that with ``dataset.mirror_classes``."""
+  return data_lib.class_copies(config.dataset.rotations,
+                               config.dataset.mirror_classes)
+
+
+def num_holdout_classes(config, info) -> int:
+  """How many train classes the validation split holds out."""
+  return data_lib.num_holdout_classes(
+      info.num_train_classes, config.dataset.validation_fraction,
+      config.dataset.validation_seed,
+      superclasses=validation_superclasses(config, info))
+
+
+def num_classes(config, info) -> Optional[int]:
+  """The class count for loss parameters: ``dataset.num_classes``, or the
+  dataset's train classes minus those held out for validation, times
+  :func:`class_copies`."""
+  n = config.dataset.num_classes
+  if n is None and info is not None:
+    n = (info.num_train_classes - num_holdout_classes(config, info)
+         ) * class_copies(config)
+  return n
+
+
+def loss_hyper(config) -> dict:
+  """The loss's keyword arguments: every ``config.loss`` field but ``name``.
+
+  Unset execution options (``block_size=None``) are left out, so the loss
+  uses its own default.
+  """
+  return {k: v for k, v in config.loss.items()
+          if k != "name" and v is not None}
+
+
+def global_batch_size(config) -> int:
+  """``P x K`` for the PK sampler, ``batch.size`` for the random sampler."""
+  if config.batch.sampler == "random":
+    return config.batch.size
+  return config.batch.classes_per_batch * config.batch.images_per_class
+
+
+def metric_names(ks, clustering: bool, fewshot=None):
+  """The metrics an evaluation computes (``fewshot``: ``config.fewshot``)."""
+  names = [f"recall@{k}" for k in ks] + list(RETRIEVAL_METRICS)
+  if clustering:
+    names += list(CLUSTERING_METRICS)
+  if fewshot is not None and fewshot.ways:
+    names += list(fewshot_lib.metric_names(fewshot.ways, fewshot.shots))
+  return names

@@ -1,0 +1,126 @@
+"""Input checks shared by the evaluation metrics (host side).
+
+Retrieval (:mod:`circle_jax.evaluation.retrieval`) and few-shot
+(:mod:`circle_jax.evaluation.fewshot`) accept the same embeddings, labels and
+device arguments, checked here once, each bad input naming its argument.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+
+def to_host(x):
+  """``x`` as a host numpy array (fetched from the device if needed)."""
+  if isinstance(x, jax.Array):
+    return np.asarray(jax.device_get(x))
+  return np.asarray(x)
+
+
+def check_embeddings(x, name: str) -> np.ndarray:
+  """``x`` as a finite float32 ``[n, D]`` host array, ``n > 0``; ValueError /
+  TypeError naming ``name`` otherwise."""
+  x = to_host(x)
+  if x.ndim != 2:
+    raise ValueError(
+        f"`{name}` must have rank 2 ([num_items, dim]); got shape {x.shape}."
+    )
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    raise TypeError(
+        f"`{name}` must be a floating array (float32, bfloat16, ...); got "
+        f"dtype {x.dtype}. Cast it with `.astype(np.float32)`."
+    )
+  if x.shape[0] == 0:
+    raise ValueError(f"`{name}` is empty (shape {x.shape}).")
+  x = np.asarray(x, np.float32)
+  if not np.all(np.isfinite(x)):
+    raise ValueError(
+        f"`{name}` contains NaN or infinite values; the ranking would be "
+        "undefined. Check the model's outputs."
+    )
+  return x
+
+
+def check_labels(labels, size: int, name: str, of: str) -> np.ndarray:
+  """``labels`` as an integer ``[size]`` host array (``of``: the embeddings'
+  argument they label, for the message)."""
+  labels = to_host(labels)
+  if labels.ndim != 1:
+    raise ValueError(
+        f"`{name}` must have rank 1 ([num_items]); got shape {labels.shape}."
+    )
+  if not jnp.issubdtype(labels.dtype, jnp.integer):
+    raise TypeError(
+        f"`{name}` must be an integer array of class ids; got dtype "
+        f"{labels.dtype}. Cast it with `.astype(np.int64)`."
+    )
+  if labels.shape[0] != size:
+    raise ValueError(
+        f"`{name}` has length {labels.shape[0]} but `{of}` has {size} rows; "
+        "they must match."
+    )
+  return labels
+
+
+def check_ks(ks) -> Tuple[int, ...]:
+  """The Recall@K cut-offs (an int or a sequence of positive ints), sorted
+  and unique."""
+  if isinstance(ks, (int, np.integer)) and not isinstance(ks, bool):
+    ks = (ks,)
+  try:
+    ks = tuple(ks)
+  except TypeError:
+    raise TypeError(f"`ks` must be a sequence of positive ints; got {ks!r}.")
+  if not ks:
+    raise ValueError("`ks` must contain at least one K.")
+  for k in ks:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+      raise ValueError(f"`ks` must contain positive ints; got {ks!r}.")
+  return tuple(sorted(set(int(k) for k in ks)))
+
+
+def check_positive_int(value, name: str) -> int:
+  """``value`` as an int >= 1; TypeError / ValueError naming ``name``."""
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    raise TypeError(f"`{name}` must be an int; got {value!r}.")
+  if value < 1:
+    raise ValueError(f"`{name}` must be >= 1; got {value}.")
+  return int(value)
+
+
+def resolve_devices(mesh, devices) -> Tuple[jax.Device, ...]:
+  """The devices to shard the gallery over (default: all local devices)."""
+  if mesh is not None and devices is not None:
+    raise ValueError("Pass either `mesh` or `devices`, not both.")
+  if mesh is not None:
+    if not isinstance(mesh, Mesh):
+      raise TypeError(
+          f"`mesh` must be a jax.sharding.Mesh; got {type(mesh).__name__}."
+      )
+    devs = tuple(mesh.devices.flat)
+  elif devices is not None:
+    devs = tuple(devices)
+    if not devs:
+      raise ValueError("`devices` is empty.")
+  else:
+    devs = tuple(jax.local_devices())
+  if len(set(devs)) != len(devs):
+    raise ValueError("`devices` contains the same device twice.")
+  local = set(jax.local_devices())
+  for d in devs:
+    if d not in local:
+      raise ValueError(
+          f"Device {d} is not addressable by this process; retrieval metrics "
+          "shard a host-gathered gallery over local devices only."
+      )
+  return devs
+
+
+def round_up(x: int, m: int) -> int:
+  """The smallest multiple of ``m`` that is >= ``x``."""
+  return -(-x // m) * m

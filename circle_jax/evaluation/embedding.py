@@ -1,0 +1,106 @@
+"""The evaluation's forward pass and its one embedding loop.
+
+The trainer's evaluator (:mod:`circle_jax.train.evaluate`), a restored run
+(:mod:`circle_jax.train.restore`), the embedding tool
+(:mod:`circle_jax.embed`) and the experiment scripts embed through these
+functions, so every evaluation sees the model the same way:
+
+* :func:`eval_apply`: the model in eval mode, with the test-time shifts of
+  ``config.eval_shift`` (:func:`model_apply`, :func:`shifted_views`);
+* :func:`embed_split`: a whole split in padded, masked batches on a
+  placement (:mod:`circle_jax.parallel`), returned in record order. It takes
+  any ``apply_fn``, e.g. a ``vmap`` over a stack of models.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+
+from circle_jax import data as data_lib
+from circle_jax import ops
+from circle_jax import parallel
+
+
+def shifted_views(images: jax.Array, shift: int) -> jax.Array:
+  """``[5, b, H, W, C]``: the images, then shifted by ``shift`` pixels down,
+  up, right and left; the uncovered border repeats the edge pixels."""
+  s = int(shift)
+  h, w = images.shape[1:3]
+  padded = jnp.pad(images, ((0, 0), (s, s), (s, s), (0, 0)), mode="edge")
+  offsets = ((0, 0), (-s, 0), (s, 0), (0, -s), (0, s))
+  return jnp.stack([padded[:, s + dy:s + dy + h, s + dx:s + dx + w]
+                    for dy, dx in offsets])
+
+
+def model_apply(model, shift: int = 0) -> Callable:
+  """``apply_fn(variables, images)``: the model in eval mode.
+
+  With ``shift > 0`` (``config.eval_shift``), test-time augmentation: the
+  mean of the L2-normalised outputs of the 5 :func:`shifted_views` of each
+  image, run as one batch of ``5 b``. Its norm is at most 1; cosine
+  similarities ignore it.
+  """
+  apply = functools.partial(model.apply, train=False)
+  if not shift:
+    return apply
+
+  def apply_shifted(variables, images):
+    views = shifted_views(images, shift)
+    out = apply(variables, views.reshape((-1,) + images.shape[1:]))
+    out = out.reshape(views.shape[:2] + out.shape[1:])
+    return ops.l2_normalize(out).mean(axis=0)
+
+  return apply_shifted
+
+
+def eval_apply(config, model) -> Callable:
+  """The evaluation's ``apply_fn``: :func:`model_apply` with the config's
+  ``eval_shift``."""
+  return model_apply(model, config.eval_shift)
+
+
+def embed_split(variables, apply_fn: Callable, source, preprocess, *,
+                placement: parallel.Placement, batch_size: int,
+                num_threads: int) -> Tuple[np.ndarray, np.ndarray]:
+  """Embeds a whole split as the evaluation does.
+
+  Args:
+    variables: host (numpy) variables of ``apply_fn``, identical on every
+      process.
+    apply_fn: ``apply_fn(variables, images [b, H, W, C]) -> [b, ...]`` in
+      eval mode (:func:`model_apply`; any trailing shape).
+    source: a random-access source (``circle_jax.data.load_split``).
+    preprocess: the eval preset (e.g.
+      :func:`circle_jax.train.run.eval_preprocess`).
+    placement: where the forward pass runs (the run's placement).
+    batch_size: global batch size (a multiple of the devices).
+    num_threads: decoding threads.
+
+  Returns:
+    ``(outputs [N, ...] float32, labels [N])`` in record order, on every
+    process.
+  """
+  embed = placement.embed_fn(apply_fn)
+  variables = placement.replicate(variables)
+  embs, labels, index = [], [], []
+  for batch in data_lib.eval_iterator(source, preprocess=preprocess,
+                                      batch_size=batch_size,
+                                      num_threads=num_threads):
+    out = placement.gather(embed(variables,
+                                 placement.shard_batch(batch["image"])))
+    rest = {k: batch[k] for k in ("label", "mask", "index")}
+    if jax.process_count() > 1:
+      rest = {k: multihost_utils.process_allgather(v, tiled=True)
+              for k, v in rest.items()}
+    mask = np.asarray(rest["mask"], bool)
+    embs.append(out[mask])
+    labels.append(np.asarray(rest["label"])[mask])
+    index.append(np.asarray(rest["index"])[mask])
+  order = np.argsort(np.concatenate(index), kind="stable")
+  return np.concatenate(embs)[order], np.concatenate(labels)[order]
