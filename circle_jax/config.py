@@ -244,6 +244,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.best_mode = "max"              # or "min"
   c.async_checkpoints = True       # write checkpoints in the background
   c.parallelism = "shard_map"      # one of PARALLELISM ("none": one device)
+  # JAX's persistent compilation cache of the command-line jobs (a second
+  # run loads its compiled steps): None: $XDG_CACHE_HOME/circle_jax/...
+  # (circle_jax.hostenv.enable_compilation_cache); "" or "off": off.
+  c.compilation_cache_dir = placeholder(str)
   return lock(c)
 
 

@@ -27,6 +27,7 @@ from absl import logging
 import ml_collections
 import numpy as np
 
+from circle_jax import hostenv
 from circle_jax.errors import UserError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif",
@@ -159,6 +160,7 @@ def main(argv: Sequence[str]):
       raise app.UsageError(f"--{flag.name} is required.")
   from circle_jax.train import console  # pylint: disable=g-import-not-at-top
   console.configure_logging(_VERBOSE.value)
+  hostenv.enable_compilation_cache()
   status = console.run_tool(_run, verbose=_VERBOSE.value)
   if status:
     sys.exit(status)

@@ -32,7 +32,7 @@ RESUMABLE_FIELDS = (
     "checkpoint_every_steps", "eval_at_init", "eval_ks", "eval_clustering",
     "async_checkpoints", "parallelism", "dataset.data_dir",
     "dataset.manual_dir", "dataset.num_workers", "dataset.num_threads",
-    "batch.eval_batch_size", "fewshot", "eval_shift",
+    "batch.eval_batch_size", "fewshot", "eval_shift", "compilation_cache_dir",
 )
 
 # The resumable fields that only change how a run is evaluated. A finished
