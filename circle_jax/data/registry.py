@@ -182,6 +182,12 @@ def load_split(name: str, split: str, *, data_dir,
   builder = get_builder(name, data_dir=data_dir, download=download,
                         requested_manual_dir=manual_dir)
   if not builder.is_prepared():
+    if manual_dir is not None and pathlib.Path(manual_dir).exists() and (
+        not pathlib.Path(manual_dir).is_dir()):
+      raise builders.MissingDatasetFilesError(
+          f"Dataset {name!r}: manual_dir '{manual_dir}' is a file; give the "
+          "folder that holds the official files "
+          "(--config.dataset.manual_dir).")
     if manual_dir is not None and not pathlib.Path(manual_dir).is_dir():
       raise builders.MissingDatasetFilesError(
           f"Dataset {name!r}: manual_dir '{manual_dir}' does not exist; "
