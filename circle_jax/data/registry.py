@@ -80,9 +80,10 @@ class DatasetSpec:
     return str(self.preprocess["preset"])
 
   def get_preprocess(self, *, train: bool, **overrides) -> augment.Preprocess:
-    """This dataset's default preset (train or eval), with `overrides`."""
+    """This dataset's default preset (train or eval), with `overrides` (None:
+    the dataset's value)."""
     kwargs = dict(self.preprocess)
-    kwargs.update(overrides)
+    kwargs.update({k: v for k, v in overrides.items() if v is not None})
     return augment.get_preprocess(kwargs.pop("preset"), train=train, **kwargs)
 
 

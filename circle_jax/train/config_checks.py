@@ -315,6 +315,13 @@ def check_config(config, *, device_count: Optional[int] = None,
   if config.model.dtype not in ("float32", "bfloat16"):
     _fail("model.dtype", "must be 'float32' or 'bfloat16'; got "
           f"{config.model.dtype!r}.")
+  for train in (True, False):  # the model's options, and the images it gets
+    size = info.get_preprocess(train=train, **dict(
+        config.dataset.preprocess)).image_size
+    problem = models_lib.check_input(config.model.name,
+                                     dict(config.model.kwargs), (size, size))
+    if problem:
+      _fail(*problem)
   # Loss.
   loss_name = config.loss.name
   if loss_name not in losses_lib.LOSSES:

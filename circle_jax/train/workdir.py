@@ -81,7 +81,7 @@ def _added_since(path, va, vb, defaults) -> bool:
   if ABSENT not in (va, vb):
     return False
   present = vb if va == ABSENT else va
-  if present is None:
+  if present is None or present == {}:  # unset, or a section without values
     return True
   return (not path.startswith("loss.") and path in defaults
           and defaults[path] == present)
