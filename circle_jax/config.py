@@ -14,7 +14,10 @@ hyperparameter of that loss, at its paper default unless the config sets it
 (the keyword arguments of ``circle_jax.losses.get_loss(name).apply``). On the
 command line, ``--config.loss.name=NAME`` swaps in the whole section of loss
 ``NAME`` (its own defaults), and ``--config.loss.<hyper>=v`` then sets any of
-them, in whatever order the flags come (:func:`switch_loss`).
+them, in whatever order the flags come (:func:`switch_loss`). Likewise
+``--config.model.name=NAME`` replaces the file's options of its own model
+(``model.kwargs``, ``model.pretrained``) by the new model's defaults
+(:func:`switch_model`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from ml_collections.config_dict import placeholder
 from ml_collections.config_flags import config_flags
 
 from circle_jax import losses as losses_lib
+from circle_jax import models as models_lib
 from circle_jax import parallel
 from circle_jax.errors import UserError
 
@@ -67,6 +71,7 @@ class Config(ml_collections.ConfigDict):
       raise AttributeError(self._unknown(name)) from None
 
   def __setattr__(self, name, value):
+    value = self._as_section(name, value)
     try:
       super().__setattr__(name, value)
     except AttributeError:
@@ -77,7 +82,20 @@ class Config(ml_collections.ConfigDict):
   def __setitem__(self, key, value):
     if self.is_locked and key not in self._fields:
       raise KeyError(self._unknown(key))
-    super().__setitem__(key, value)
+    super().__setitem__(key, self._as_section(key, value))
+
+  def _as_section(self, name, value):
+    """A plain ConfigDict given for one of our sections (the command line's
+    ``--config.model.kwargs='{}'``) becomes a section of the same kind."""
+    current = self._fields.get(name) if "_fields" in self.__dict__ else None
+    if (isinstance(current, Config) and not isinstance(value, Config)
+        and isinstance(value, (dict, ml_collections.ConfigDict))):
+      section = Config(dict(value))
+      object.__setattr__(section, "_path", current.__dict__.get("_path"))
+      if current.is_locked:
+        section.lock()
+      return section
+    return value
 
   def _unknown(self, name) -> str:
     path = self.__dict__.get("_path", "config")
@@ -142,6 +160,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.dataset.manual_dir = ""        # folder with the official archives
   c.dataset.num_classes = placeholder(int)  # loss param. rows; None: dataset's
   c.dataset.preprocess = Config()  # preset overrides
+  # Side of the (square) images the model sees; None: the dataset's. Here so
+  # that the command line can set it (--config.dataset.preprocess.image_size).
+  c.dataset.preprocess.image_size = placeholder(int)
   c.dataset.num_workers = 0        # grain worker processes (0: in process)
   # Model selection: hold out this fraction of the *train* classes as a
   # class-disjoint validation split; `best_metric` then picks the step on it
@@ -244,6 +265,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.best_mode = "max"              # or "min"
   c.async_checkpoints = True       # write checkpoints in the background
   c.parallelism = "shard_map"      # one of PARALLELISM ("none": one device)
+  # JAX's persistent compilation cache of the command-line jobs (a second
+  # run loads its compiled steps): None: $XDG_CACHE_HOME/circle_jax/...
+  # (circle_jax.hostenv.enable_compilation_cache); "" or "off": off.
+  c.compilation_cache_dir = placeholder(str)
   return lock(c)
 
 
@@ -362,6 +387,44 @@ def switch_loss(config: ml_collections.ConfigDict, argv: Sequence[str],
   return config
 
 
+# The model fields that belong to one model: switching the model on the
+# command line drops the config file's values (the new model's defaults).
+MODEL_OWN_FIELDS = ("kwargs", "pretrained")
+
+
+def switch_model(config: ml_collections.ConfigDict, argv: Sequence[str],
+                 flag_name: str = "config") -> ml_collections.ConfigDict:
+  """Applies ``--<flag>.model.name`` of ``argv`` to ``config`` (in place).
+
+  As for the loss (:func:`switch_loss`): when the command line names another
+  model than the config file, the file's options of its own model
+  (``model.kwargs``, e.g. conv4's ``width``, and ``model.pretrained``) are
+  replaced by the new model's (its backbone's options at their defaults,
+  :func:`circle_jax.models.backbone_defaults`; no weights file) before the
+  overrides are applied, and ``--config.model.kwargs.<option>=v`` or
+  ``--config.model.pretrained=FILE`` then set them, in any flag order. The
+  fields every model has (``embedding_dim``, ``pooling``, ``dtype``, ...)
+  are kept.
+
+  Returns:
+    ``config``.
+  """
+  if not isinstance(config, ml_collections.ConfigDict) or "model" not in config:
+    return config
+  names = _flag_values(argv, f"{flag_name}.model.name")
+  if names and names[-1] != config.model.get("name"):
+    name = names[-1]
+    if name not in models_lib.MODELS:
+      raise ValueError(
+          f"config.model.name: unknown model {name!r}; known models: "
+          f"{', '.join(sorted(models_lib.MODELS))}.")
+    with config.unlocked():
+      config.model.kwargs = Config(models_lib.backbone_defaults(name))
+      config.model.pretrained = ""
+    lock(config)
+  return config
+
+
 # pylint: disable=protected-access
 class _Flag(config_flags._ConfigFlag):
   """Reports an unknown field (in the file or an override) in one line.
@@ -408,14 +471,16 @@ class _Parser(config_flags.ConfigFileFlagParser):
 
   def parse(self, path):
     config = super().parse(path)
-    return switch_loss(config, self._argv(), self.name)
+    config = switch_loss(config, self._argv(), self.name)
+    return switch_model(config, self._argv(), self.name)
 
 
 def DEFINE_config_file(  # pylint: disable=invalid-name
     name: str, default: Optional[str] = None, help_string: str = "",
     flag_values: flags.FlagValues = flags.FLAGS,
     sys_argv: Optional[Sequence[str]] = None) -> flags.FlagHolder:
-  """``config_flags.DEFINE_config_file`` with :func:`switch_loss`.
+  """``config_flags.DEFINE_config_file`` with :func:`switch_loss` and
+  :func:`switch_model`.
 
   ``--config=FILE`` or ``FILE:ARG``, then ``--config.a.b=value`` overrides.
 

@@ -27,6 +27,8 @@ from absl import logging
 import ml_collections
 import numpy as np
 
+from circle_jax import hostenv
+from circle_jax import paths as paths_lib
 from circle_jax.errors import UserError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif",
@@ -140,18 +142,20 @@ _VERBOSE = flags.DEFINE_bool("verbose", False,
 
 
 def _run():
+  paths_lib.output_file(_OUT.value, "--out")
+  # np.savez adds ".npz" to a name without it: name the file it writes.
+  out = _OUT.value if _OUT.value.endswith(".npz") else _OUT.value + ".npz"
   paths, embeddings, skipped = embed_folder(
       _WORKDIR.value, _IMAGES.value, batch_size=_BATCH.value,
       which=_WHICH.value, strict=_STRICT.value)
-  os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-  np.savez(_OUT.value, paths=np.asarray(paths, dtype=str),
+  np.savez(out, paths=np.asarray(paths, dtype=str),
            embeddings=embeddings,
            skipped=np.asarray([f"{p}: {r}" for p, r in skipped], dtype=str))
   for p, r in skipped:
     print(f"skipped {p}: {r}", file=sys.stderr)
   print(f"{len(paths)} embeddings of dimension {embeddings.shape[1]} -> "
-        f"{_OUT.value}" + (f" ({len(skipped)} unreadable file(s) skipped)"
-                           if skipped else ""))
+        f"{out}" + (f" ({len(skipped)} unreadable file(s) skipped)"
+                    if skipped else ""))
 
 
 def main(argv: Sequence[str]):
@@ -162,6 +166,7 @@ def main(argv: Sequence[str]):
       raise app.UsageError(f"--{flag.name} is required.")
   from circle_jax.train import console  # pylint: disable=g-import-not-at-top
   console.configure_logging(_VERBOSE.value)
+  hostenv.enable_compilation_cache()
   status = console.run_tool(_run, verbose=_VERBOSE.value)
   if status:
     sys.exit(status)

@@ -44,6 +44,7 @@ IGNORED_FIELDS = (
     "dataset.data_dir", "dataset.manual_dir", "dataset.num_workers",
     "dataset.num_threads", "batch.eval_batch_size", "async_checkpoints",
     "parallelism", "log_every_steps", "checkpoint_every_steps",
+    "compilation_cache_dir",
 )
 
 

@@ -34,6 +34,7 @@ from absl import logging
 import jax
 
 from circle_jax import config as config_lib
+from circle_jax import hostenv
 from circle_jax.train import console
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -57,6 +58,7 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process' id.")
 
 
 def _train():
+  hostenv.enable_compilation_cache(_CONFIG.value.get("compilation_cache_dir"))
   if _COORDINATOR.value:
     jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
                                num_processes=_NUM_PROCESSES.value,

@@ -23,6 +23,7 @@ if __package__ in (None, ""):  # python experiments/omniglot_oneshot.py
 import argparse
 from typing import Optional, Sequence
 
+from circle_jax import hostenv
 from circle_jax.evaluation import omniglot_oneshot
 from circle_jax.train import console
 from circle_jax.train import restore as restore_lib
@@ -50,6 +51,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                  help="library INFO logs and full tracebacks")
   args = p.parse_args(argv)
   console.configure_logging(args.verbose)
+  hostenv.enable_compilation_cache()
   return console.run_tool(lambda: _run(args), verbose=args.verbose)
 
 

@@ -7,6 +7,9 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("KERAS_BACKEND", "jax")
+# JAX's persistent compilation cache stays off in the tests (and in the jobs
+# they start) unless a test is about it (tests/test_hostenv.py).
+os.environ["CIRCLE_JAX_COMPILATION_CACHE"] = "off"
 
 import pathlib  # noqa: E402
 

@@ -1,6 +1,7 @@
 """Specification of circle_jax/hostenv.py: the machine and malloc setting."""
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -62,3 +63,68 @@ def test_reexec_appends_the_tunable_and_keeps_the_command(monkeypatch):
   assert exe == sys.executable and argv == sys.orig_argv
   assert env["GLIBC_TUNABLES"] == (
       "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1")
+
+
+# ----------------------------------------------------------------------------
+# The persistent compilation cache.
+# ----------------------------------------------------------------------------
+
+
+def test_the_cache_folder_is_the_users_unless_told(monkeypatch, tmp_path):
+  monkeypatch.delenv(hostenv.CACHE_ENV, raising=False)
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+  assert hostenv.default_compilation_cache_dir() == str(
+      tmp_path / "xdg" / "circle_jax" / "compilation")
+  monkeypatch.delenv("XDG_CACHE_HOME")
+  monkeypatch.setenv("HOME", str(tmp_path / "home"))
+  assert hostenv.default_compilation_cache_dir() == str(
+      tmp_path / "home" / ".cache" / "circle_jax" / "compilation")
+  monkeypatch.setenv(hostenv.CACHE_ENV, "off")
+  assert hostenv.default_compilation_cache_dir() == "off"
+
+
+def test_off_leaves_jax_alone():
+  # The tests run with the cache off (conftest sets CIRCLE_JAX_...=off).
+  import jax  # pylint: disable=g-import-not-at-top
+  before = jax.config.jax_compilation_cache_dir
+  for off in (None, "", "off", "OFF"):
+    assert hostenv.enable_compilation_cache(off) is None
+  assert jax.config.jax_compilation_cache_dir == before
+
+
+_COMPILE_TWICE = """
+import sys
+from jax import monitoring
+hits = []
+monitoring.register_event_listener(
+    lambda e, **kw: hits.append(e) if e.endswith("/cache_hits") else None)
+from circle_jax import hostenv
+used = hostenv.enable_compilation_cache(sys.argv[1])
+import jax, jax.numpy as jnp
+@jax.jit
+def f(x):
+  for i in range(30):
+    x = jnp.tanh(x @ x.T + i)
+  return x
+f(jnp.ones((8, 8))).block_until_ready()
+print(used, len(hits))
+"""
+
+
+def test_a_second_process_loads_its_programs_from_the_cache(tmp_path):
+  cache = tmp_path / "cache"
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+
+  def run():
+    proc = subprocess.run([sys.executable, "-c", _COMPILE_TWICE, str(cache)],
+                          capture_output=True, text=True, env=env,
+                          timeout=300, cwd=os.path.dirname(
+                              os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    used, hits = proc.stdout.split()
+    assert used == str(cache)
+    return int(hits)
+
+  assert run() == 0
+  assert len(os.listdir(cache)) >= 1     # the compiled program, on disk
+  assert run() >= 1                      # served from it

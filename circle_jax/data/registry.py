@@ -80,9 +80,10 @@ class DatasetSpec:
     return str(self.preprocess["preset"])
 
   def get_preprocess(self, *, train: bool, **overrides) -> augment.Preprocess:
-    """This dataset's default preset (train or eval), with `overrides`."""
+    """This dataset's default preset (train or eval), with `overrides` (None:
+    the dataset's value)."""
     kwargs = dict(self.preprocess)
-    kwargs.update(overrides)
+    kwargs.update({k: v for k, v in overrides.items() if v is not None})
     return augment.get_preprocess(kwargs.pop("preset"), train=train, **kwargs)
 
 
@@ -182,6 +183,12 @@ def load_split(name: str, split: str, *, data_dir,
   builder = get_builder(name, data_dir=data_dir, download=download,
                         requested_manual_dir=manual_dir)
   if not builder.is_prepared():
+    if manual_dir is not None and pathlib.Path(manual_dir).exists() and (
+        not pathlib.Path(manual_dir).is_dir()):
+      raise builders.MissingDatasetFilesError(
+          f"Dataset {name!r}: manual_dir '{manual_dir}' is a file; give the "
+          "folder that holds the official files "
+          "(--config.dataset.manual_dir).")
     if manual_dir is not None and not pathlib.Path(manual_dir).is_dir():
       raise builders.MissingDatasetFilesError(
           f"Dataset {name!r}: manual_dir '{manual_dir}' does not exist; "

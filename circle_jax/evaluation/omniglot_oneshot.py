@@ -35,7 +35,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Callable, Dict, List, Sequence, Tuple
+import tarfile
+import zipfile
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -117,6 +119,11 @@ def read_runs(path: str) -> List[OneShotRun]:
     raise OneShotRunsError(
         f"--runs: {path!r} does not exist; give all_runs.zip of the Omniglot "
         "repository (python/one-shot-classification) or its extracted folder.")
+  if os.path.isfile(path) and not (zipfile.is_zipfile(path)
+                                   or tarfile.is_tarfile(path)):
+    raise OneShotRunsError(
+        f"--runs: {path!r} is neither a folder nor a zip archive; give "
+        "all_runs.zip of the Omniglot repository or its extracted folder.")
   tree = builders_base.open_tree(path)
   names = set(tree.names())
   found = sorted((m.group(2), m.group(1)) for m in map(_RUN.match, names) if m)

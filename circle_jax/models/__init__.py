@@ -17,7 +17,10 @@ Optimiser groups: :func:`param_labels` (``'backbone'``, ``'head'`` and, with
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, FrozenSet, NamedTuple, Tuple
+import dataclasses
+import re
+from typing import (Any, Callable, Dict, FrozenSet, NamedTuple, Optional,
+                    Tuple)
 
 import chex
 import flax
@@ -42,7 +45,8 @@ from circle_jax.models.resnet import STAGE_SIZES
 
 __all__ = [
     "BNInception", "Conv4", "ConversionError", "EmbeddingHead",
-    "EmbeddingModel", "InputSpec", "MODELS", "ResNet", "convert_bn_inception",
+    "EmbeddingModel", "InputSpec", "MODELS", "ResNet", "backbone_defaults",
+    "check_input", "convert_bn_inception",
     "convert_keras_resnet", "frozen_bn_paths", "get_model", "input_spec",
     "load_bn_inception", "load_keras_resnet", "load_keras_resnet50",
     "load_state_dict", "param_labels", "replace_backbone",
@@ -107,6 +111,62 @@ def get_model(name: str, *, embedding_dim: int, pooling: str = "avg",
     raise TypeError(f"Bad option for model {name!r}: {e}") from None
   return EmbeddingModel(backbone=backbone, embedding_dim=embedding_dim,
                         pooling=pooling, freeze_bn=freeze_bn)
+
+
+# Backbone fields that are not ``model.kwargs`` options: set from other
+# config fields (freeze_bn, dtype, sync_bn), by the model name (ResNet's
+# depth) or by Flax.
+_NOT_OPTIONS = ("parent", "name", "freeze_bn", "dtype", "stage_sizes",
+                "bn_axis_name")
+
+
+def backbone_defaults(name: str) -> Dict[str, Any]:
+  """The options (``model.kwargs``) of model ``name``'s backbone, with their
+  defaults: what ``--config.model.name=NAME`` starts from."""
+  backbone = MODELS[name]()
+  return {f.name: getattr(backbone, f.name)
+          for f in dataclasses.fields(backbone)
+          if f.init and f.name not in _NOT_OPTIONS}
+
+
+def check_input(name: str, kwargs: Dict[str, Any],
+                image_shape: Tuple[int, int]) -> Optional[Tuple[str, str]]:
+  """Whether model ``name`` with options ``kwargs`` can take these images.
+
+  Checked before anything is built, so that a config that cannot run fails
+  in one line instead of a traceback from inside the traced model. A
+  backbone declares what images it takes with an ``input_problem(height,
+  width)`` method returning the reason it cannot ("" if it can).
+
+  Args:
+    name: one of :data:`MODELS`.
+    kwargs: the backbone options (``config.model.kwargs``).
+    image_shape: ``(height, width)`` of the images the model will see.
+
+  Returns:
+    None if it can, else ``(config field, message)``: an option the backbone
+    does not have (``model.kwargs.<option>``), or images it cannot take
+    (``model.name``); the message says what to do.
+  """
+  try:
+    backbone = MODELS[name](**kwargs)
+  except TypeError as e:
+    m = re.search(r"keyword argument '(\w+)'", str(e))
+    option = m.group(1) if m else ""
+    field = f"model.kwargs.{option}" if option else "model.kwargs"
+    return field, (
+        f"model {name!r} has no option {option or str(e)!r}; its options "
+        f"are {sorted(backbone_defaults(name))} (give them as "
+        "--config.model.kwargs.OPTION=VALUE).")
+  problem = getattr(backbone, "input_problem", None)
+  reason = problem(*image_shape) if problem is not None else ""
+  if reason:
+    h, w = image_shape
+    return "model.name", (
+        f"model {name!r} cannot take the {h}x{w} images of this config: "
+        f"{reason} (--config.dataset.preprocess.image_size), or choose "
+        "another model.")
+  return None
 
 
 class InputSpec(NamedTuple):

@@ -20,8 +20,10 @@ dict converts one-to-one (:func:`circle_jax.models.load_bn_inception`).
 Input: BGR, 0-255, minus ``(104, 117, 128)`` (see
 :func:`circle_jax.models.input_spec`). The reduction blocks 3c and 4e
 concatenate a stride-2 convolution with a ceil-mode pool, which only agree
-when their input is even-sized: input sides that are multiples of 32 (e.g.
-224, 256) always work; others raise a ``ValueError``. Output:
+when their input is even-sized: input sides that are multiples of 32 from 64
+on (e.g. 224, 256) always work, some others too (227);
+:meth:`BNInception.input_problem` tells which before anything is traced, and
+the others raise a ``ValueError``. Output:
 ``[B, ~H/32, ~W/32, 1024]``.
 
 References:
@@ -40,6 +42,15 @@ import jax.numpy as jnp
 from circle_jax.models import layers
 
 BN_EPSILON = 1e-5
+
+
+_SIDES = ("use image sides that are multiples of 32, at least 64 (e.g. 224), "
+          "or 227")
+
+
+def _conv_size(size: int, kernel: int, stride: int) -> int:
+  """Output side of a convolution with padding ``kernel // 2``."""
+  return (size + 2 * (kernel // 2) - kernel) // stride + 1
 
 
 class _Block(NamedTuple):
@@ -126,9 +137,35 @@ class BNInception(nn.Module):
       raise ValueError(
           f"BN-Inception block {key}: the stride-2 convolution and the "
           f"ceil-mode pool disagree on a {x.shape[1]}x{x.shape[2]} input "
-          f"(branch sizes {sorted(sizes)}). Use image sides that are "
-          "multiples of 32 (e.g. 224).")
+          f"(branch sizes {sorted(sizes)}); {_SIDES}.")
     return jnp.concatenate(branches, axis=-1)
+
+  def input_problem(self, height: int, width: int) -> str:
+    """Why the trunk cannot take ``height x width`` images ("" if it can).
+
+    Follows each side through the stem and the two reduction blocks, whose
+    stride-2 convolution and ceil-mode pool must give the same size
+    (sides that are multiples of 32 from 64 on always do; so does 227).
+    """
+    for side in sorted({height, width}):
+      n = side
+      try:
+        n = layers.ceil_pool_size(_conv_size(n, 7, 2), 3, 2, 0)
+        n = layers.ceil_pool_size(n, 3, 2, 0)
+        for key, spec in INCEPTION_BLOCKS.items():
+          if spec.pool != "max_s2":
+            continue
+          conv, pool = _conv_size(n, 3, 2), layers.ceil_pool_size(n, 3, 2, 0)
+          if conv != pool:
+            return (f"in block {key} the stride-2 convolution and the "
+                    f"ceil-mode pool disagree on its {n}-pixel side; "
+                    f"{_SIDES}")
+          n = conv
+      except ValueError:
+        n = 0
+      if n < 1:
+        return f"{side} pixels is too small; {_SIDES}"
+    return ""
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from circle_jax.errors import reading_weights
 from circle_jax.errors import UserError
 from circle_jax.models import bn_inception as bn_inception_lib
 from circle_jax.models import resnet as resnet_lib
@@ -94,19 +95,19 @@ def load_state_dict(path: str | os.PathLike) -> Dict[str, np.ndarray]:
   unwrapped, and the ``module.`` prefix of ``nn.DataParallel`` is removed.
   """
   path = os.fspath(path)
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"No checkpoint at {path!r}.")
-  if path.endswith(".npz"):
-    with np.load(path, allow_pickle=False) as z:
-      sd = {k: z[k] for k in z.files}
-  else:
-    sd = torch_pickle.load_torch_file(path)
-    for wrapper in ("state_dict", "model"):
-      if (isinstance(sd, Mapping) and wrapper in sd
-          and isinstance(sd[wrapper], Mapping)):
-        sd = sd[wrapper]
-    if not isinstance(sd, Mapping):
-      raise ValueError(f"{path} holds a {type(sd).__name__}, not a state dict.")
+  with reading_weights(path, "a PyTorch state dict (.pth/.pt, saved with "
+                       "torch.save) or a .npz of its arrays"):
+    if path.endswith(".npz"):
+      with np.load(path, allow_pickle=False) as z:
+        sd = {k: z[k] for k in z.files}
+    else:
+      sd = torch_pickle.load_torch_file(path)
+      for wrapper in ("state_dict", "model"):
+        if (isinstance(sd, Mapping) and wrapper in sd
+            and isinstance(sd[wrapper], Mapping)):
+          sd = sd[wrapper]
+      if not isinstance(sd, Mapping):
+        raise ValueError(f"it holds a {type(sd).__name__}, not a state dict")
   out = {}
   for k, v in sd.items():
     k = k.decode() if isinstance(k, bytes) else str(k)
@@ -322,10 +323,11 @@ def load_keras_resnet(path: str | os.PathLike, *, depth: int = 50,
   'batch_stats'}``; put them into a model with :func:`replace_backbone`.
   """
   path = os.fspath(path)
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"No Keras weights at {path!r}.")
-  return convert_keras_resnet(_read_keras_weights(path), depth=depth,
-                              strict=strict, source=repr(path))
+  with reading_weights(path, f"Keras ResNet-{depth} weights (.h5, "
+                       ".weights.h5 or .keras)"):
+    layers = _read_keras_weights(path)
+  return convert_keras_resnet(layers, depth=depth, strict=strict,
+                              source=repr(path))
 
 
 def load_keras_resnet50(path: str | os.PathLike, *, strict: bool = True):

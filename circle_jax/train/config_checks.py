@@ -234,7 +234,6 @@ def _check_model(config, info) -> None:
 
   ``info`` (the dataset's spec) is there for the checks that pair the model
   with the dataset's images."""
-  del info  # No model check reads the dataset yet.
   if config.model.name not in models_lib.MODELS:
     _fail("model.name", f"unknown model {config.model.name!r}; known "
           f"models: {', '.join(sorted(models_lib.MODELS))}.")
@@ -244,6 +243,13 @@ def _check_model(config, info) -> None:
   if config.model.dtype not in ("float32", "bfloat16"):
     _fail("model.dtype", "must be 'float32' or 'bfloat16'; got "
           f"{config.model.dtype!r}.")
+  for train in (True, False):  # the model's options, and the images it gets
+    size = info.get_preprocess(train=train, **dict(
+        config.dataset.preprocess)).image_size
+    problem = models_lib.check_input(config.model.name,
+                                     dict(config.model.kwargs), (size, size))
+    if problem:
+      _fail(*problem)
 
 
 def _check_loss(config, info):

@@ -61,22 +61,60 @@ class _LibraryWarningFilter(std_logging.Filter):
 _FILTER = _LibraryWarningFilter()
 
 
+class _OrbaxTaskFilter(std_logging.Filter):
+  """Drops asyncio's "Task exception was never retrieved" for orbax's tasks.
+
+  When one array of a checkpoint fails to write (a full disk), orbax raises
+  the first error, which the job reports in one line, and abandons the
+  other writes in flight; asyncio logs each of those when it is collected.
+  """
+
+  def filter(self, record):
+    return "/orbax/" not in record.getMessage()
+
+
+_ORBAX_TASK_FILTER = _OrbaxTaskFilter()
+
+
+def _is_closed_loop_leftover(unraisable) -> bool:
+  """An abandoned write's callback that found orbax's event loop closed."""
+  return (isinstance(unraisable.exc_value, RuntimeError)
+          and str(unraisable.exc_value) == "Event loop is closed")
+
+
+def _quiet_unraisablehook(unraisable) -> None:
+  if not _is_closed_loop_leftover(unraisable):
+    sys.__unraisablehook__(unraisable)
+
+
 def configure_logging(verbose: bool) -> None:
   """INFO logs of absl and the libraries on with ``verbose``.
 
   Otherwise absl logs WARNING and above, and the libraries' own warnings
   (tfds, orbax, grain) are dropped; errors show, except orbax's, which the
-  checkpoint code raises again as one-line errors.
+  checkpoint code raises again as one-line errors, and the tracebacks of
+  the writes orbax abandons after such an error (asyncio's "Task exception
+  was never retrieved", "Event loop is closed" from tensorstore's threads).
   """
   level = std_logging.INFO if verbose else std_logging.WARNING
   logging.set_verbosity(logging.INFO if verbose else logging.WARNING)
   for name in LIBRARY_LOGGERS:
     std_logging.getLogger(name).setLevel(level)
   absl_logger = std_logging.getLogger("absl")
+  asyncio_logger = std_logging.getLogger("asyncio")
   if verbose:
     absl_logger.removeFilter(_FILTER)
-  elif _FILTER not in absl_logger.filters:
-    absl_logger.addFilter(_FILTER)
+    asyncio_logger.removeFilter(_ORBAX_TASK_FILTER)
+    sys.unraisablehook = sys.__unraisablehook__
+  else:
+    if _FILTER not in absl_logger.filters:
+      absl_logger.addFilter(_FILTER)
+    if _ORBAX_TASK_FILTER not in asyncio_logger.filters:
+      asyncio_logger.addFilter(_ORBAX_TASK_FILTER)
+    # After a failed checkpoint write (reported in one line), the writes
+    # orbax abandoned still finish in tensorstore's threads and find its
+    # event loop closed: Python prints each as an "unraisable" traceback.
+    sys.unraisablehook = _quiet_unraisablehook
   try:
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
     tfds.display_progress_bar(verbose)

@@ -27,6 +27,7 @@ import os
 import socket
 from typing import Any, Dict, Optional
 
+from circle_jax import paths
 from circle_jax.errors import UserError
 
 LOCK_FILE = "run.lock"
@@ -133,7 +134,7 @@ class WorkdirLock:
     """
     if not self.is_primary:
       return self
-    os.makedirs(os.path.dirname(self.path), exist_ok=True)
+    paths.make_folder(os.path.dirname(self.path), "--workdir")
     for _ in range(3):  # another job may race us for a stale lock
       if self._create():
         return self

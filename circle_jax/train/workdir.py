@@ -32,7 +32,7 @@ RESUMABLE_FIELDS = (
     "checkpoint_every_steps", "eval_at_init", "eval_ks", "eval_clustering",
     "async_checkpoints", "parallelism", "dataset.data_dir",
     "dataset.manual_dir", "dataset.num_workers", "dataset.num_threads",
-    "batch.eval_batch_size", "fewshot", "eval_shift",
+    "batch.eval_batch_size", "fewshot", "eval_shift", "compilation_cache_dir",
 )
 
 # The resumable fields that only change how a run is evaluated. A finished
@@ -81,7 +81,7 @@ def _added_since(path, va, vb, defaults) -> bool:
   if ABSENT not in (va, vb):
     return False
   present = vb if va == ABSENT else va
-  if present is None:
+  if present is None or present == {}:  # unset, or a section without values
     return True
   return (not path.startswith("loss.") and path in defaults
           and defaults[path] == present)

@@ -125,3 +125,16 @@ def test_user_errors_print_one_line_without_traceback(tmp_path):
       f"error: Dataset 'cub200': 'CUB_200_2011.tgz' not found in manual_dir "
       f"'{tmp_path}'")
   assert line.endswith("(--verbose for details)")
+
+
+def test_the_job_keeps_its_compiled_programs_where_the_config_says(
+    tmp_path, data_dir):
+  # Off by default in the tests (conftest); the config field turns it on.
+  cache = tmp_path / "cache"
+  proc = _main(f"--config={DIGITS}", f"--workdir={tmp_path / 'w'}",
+               "--config.num_train_steps=2", "--config.eval_at_init=false",
+               "--config.eval_clustering=false",
+               f"--config.dataset.data_dir={data_dir}",
+               f"--config.compilation_cache_dir={cache}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert len(os.listdir(cache)) > 5, os.listdir(cache)

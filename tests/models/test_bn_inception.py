@@ -61,3 +61,16 @@ def test_input_sizes(hw, ok):
   else:
     with pytest.raises(ValueError, match="multiples of 32"):
       trace()
+
+
+@pytest.mark.parametrize("hw", list(range(16, 130, 3)) + [224, 227, 229])
+def test_input_problem_says_exactly_which_sizes_trace(hw):
+  """The check made before anything is built agrees with tracing."""
+  model = models.BNInception()
+  problem = model.input_problem(hw, hw)
+  try:
+    helpers.variable_shapes(model, (1, hw, hw, 3))
+  except ValueError:
+    assert "multiples of 32, at least 64" in problem
+  else:
+    assert problem == ""

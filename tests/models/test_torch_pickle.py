@@ -17,6 +17,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from circle_jax.errors import WeightsFileError
 from circle_jax.models import convert
 from circle_jax.models import torch_pickle
 
@@ -104,5 +105,5 @@ def test_truncated_and_foreign_files_are_clear_errors(tmp_path):
   other.write_bytes(pickle.dumps([1, 2, 3]))
   with pytest.raises(ValueError, match="magic"):
     torch_pickle.load_torch_file(other)
-  with pytest.raises(FileNotFoundError):
+  with pytest.raises(WeightsFileError, match="missing.pth' not found"):
     convert.load_state_dict(tmp_path / "missing.pth")

@@ -5,6 +5,8 @@ import io
 import os
 import pty
 import struct
+import subprocess
+import sys
 import termios
 
 import pytest
@@ -115,3 +117,39 @@ def test_bar_only_on_a_terminal_of_known_width():
   finally:
     os.close(master)
     os.close(slave)
+
+
+_LEFTOVERS = """
+import sys
+from circle_jax.train import console
+
+class Leftover:
+  def __init__(self, error):
+    self.error = error
+
+  def __del__(self):
+    raise self.error
+
+def collect(text):
+  obj = Leftover(RuntimeError(text))
+  del obj
+  print("--", file=sys.stderr, flush=True)
+
+console.configure_logging(sys.argv[1] == "verbose")
+collect("Event loop is closed")
+collect("another bug")
+"""
+
+
+@pytest.mark.parametrize("mode", ["quiet", "verbose"])
+def test_quiet_mode_drops_the_leftovers_of_an_abandoned_orbax_write(mode):
+  """After a failed checkpoint write (one line from the job), tensorstore's
+  threads still finish the writes orbax abandoned and find its event loop
+  closed; quiet mode drops those "unraisable" tracebacks, --verbose shows
+  them, and any other unraisable error always shows."""
+  proc = subprocess.run([sys.executable, "-c", _LEFTOVERS, mode],
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  closed, other, _ = proc.stderr.split("--\n")
+  assert ("Event loop is closed" in closed) == (mode == "verbose"), closed
+  assert "another bug" in other
