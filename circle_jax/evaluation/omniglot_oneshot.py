@@ -37,7 +37,7 @@ import os
 import re
 import tarfile
 import zipfile
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
