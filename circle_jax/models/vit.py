@@ -104,10 +104,11 @@ FAMILIES: Dict[str, Family] = {
 }
 
 
-def vit_options(size: str, patch_size: int, family: str = "augreg",
+def vit_options(size: str, patch: int, family: str = "augreg",
                 image_size: int = 224, **overrides) -> Dict[str, Any]:
   """:class:`ViT` attributes of a size (``ti``, ``s``, ``b``, ``l``), patch size
-  and checkpoint family, with ``overrides`` on top."""
+  and checkpoint family, with ``overrides`` (any attribute) on top; the
+  position grid is ``image_size // patch_size``."""
   size = size.lower()
   if size not in SIZES:
     raise ValueError(f"Unknown ViT size {size!r}; known sizes: "
@@ -116,10 +117,13 @@ def vit_options(size: str, patch_size: int, family: str = "augreg",
     raise ValueError(f"Unknown ViT family {family!r}; known families: "
                      f"{', '.join(FAMILIES)}.")
   width, depth, heads = SIZES[size]
-  opts = dict(width=width, depth=depth, num_heads=heads,
-              patch_size=patch_size, pos_grid=image_size // patch_size)
+  opts = dict(width=width, depth=depth, num_heads=heads, patch_size=patch)
   opts.update(FAMILIES[family].options)
   opts.update(overrides)
+  if image_size % opts["patch_size"]:
+    raise ValueError(f"`image_size` {image_size} is not a multiple of the "
+                     f"patch size {opts['patch_size']}.")
+  opts.setdefault("pos_grid", image_size // opts["patch_size"])
   return opts
 
 
