@@ -44,6 +44,8 @@ from circle_jax.models.vit import FAMILIES as VIT_FAMILIES
 from circle_jax.models.vit import ViT
 from circle_jax.models.vit import vit_options
 from circle_jax.models.vit_weights import load_timm_vit
+from circle_jax.models.nnx_backbone import NnxBackbone
+from circle_jax.models.nnx_backbone import nnx_backbone
 
 __all__ = [
     "BNInception", "Conv4", "ConversionError", "EmbeddingHead",
@@ -51,7 +53,8 @@ __all__ = [
     "convert_keras_resnet", "frozen_bn_paths", "get_model", "input_spec",
     "load_bn_inception", "load_keras_resnet", "load_keras_resnet50",
     "load_state_dict", "param_labels", "replace_backbone",
-    "VIT_FAMILIES", "ViT", "load_timm_vit", "vit_options",
+    "VIT_FAMILIES", "ViT", "load_timm_vit", "vit_options", "NnxBackbone",
+    "nnx_backbone",
 ]
 
 
