@@ -297,6 +297,32 @@ class _MapHead(nn.Module):
     return y[:, 0]
 
 
+class _PatchEmbed(nn.Module):
+  """The ``p x p`` stride-``p`` patch projection, float32 (optionally frozen:
+  its parameters pass through ``stop_gradient``)."""
+
+  width: int
+  patch: int
+  bias: bool
+  frozen: bool
+
+  @nn.compact
+  def __call__(self, x):
+    p = self.patch
+    kernel = self.param("kernel", nn.initializers.lecun_normal(),
+                        (p, p, x.shape[-1], self.width), jnp.float32)
+    if self.frozen:
+      kernel = jax.lax.stop_gradient(kernel)
+    y = jax.lax.conv_general_dilated(
+        x, kernel, (p, p), "VALID",
+        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    if self.bias:
+      b = self.param("bias", nn.initializers.zeros, (self.width,),
+                     jnp.float32)
+      y = y + (jax.lax.stop_gradient(b) if self.frozen else b)
+    return y
+
+
 class ViT(nn.Module):
   """Vision Transformer trunk; returns the pooled ``[B, 1, 1, width]`` feature.
 
@@ -327,6 +353,10 @@ class ViT(nn.Module):
     attention_dropout: dropout on the attention weights.
     drop_path: stochastic-depth rate of the last block (linearly increasing
       from 0 at the first, as timm's ``drop_path_rate``).
+    frozen_patch_embed: no gradient reaches the patch projection (Hyp-ViT's
+      ``--freeze 0``). The optimiser still sees the parameters: AdamW's
+      decoupled decay shrinks them by ``lr * wd`` per step, where PyTorch
+      (``requires_grad=False``) leaves them untouched.
     remat: recompute each block's activations in the backward pass
       (``nn.remat``): less memory, about one more forward pass of time.
     dtype: compute dtype of the matmuls.
@@ -353,6 +383,7 @@ class ViT(nn.Module):
   dropout: float = 0.0
   attention_dropout: float = 0.0
   drop_path: float = 0.0
+  frozen_patch_embed: bool = False
   remat: bool = False
   dtype: Any = jnp.float32
   freeze_bn: bool = False
@@ -385,10 +416,8 @@ class ViT(nn.Module):
     self._check(x)
     deterministic = not train
     p, d = self.patch_size, self.width
-    x = nn.Conv(d, (p, p), strides=(p, p), padding="VALID",
-                use_bias=self.patch_bias, dtype=jnp.float32,
-                param_dtype=jnp.float32, name="patch_embed")(
-                    x.astype(jnp.float32))
+    x = _PatchEmbed(d, p, self.patch_bias, self.frozen_patch_embed,
+                    name="patch_embed")(x.astype(jnp.float32))
     b, gh, gw, _ = x.shape
     x = x.reshape(b, gh * gw, d)
     num_prefix = int(self.class_token) + self.num_registers

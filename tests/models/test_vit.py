@@ -241,3 +241,15 @@ def test_malicious_bin_checkpoint_never_runs(tmp_path, monkeypatch):
   with pytest.raises(pickle.UnpicklingError, match="Refusing"):
     vit_weights.load_timm_vit(path, tiny())
   assert not (tmp_path / "pwned_by_vit_checkpoint").exists()
+
+
+def test_frozen_patch_embedding_gets_no_gradient():
+  x = images()
+  for frozen in (False, True):
+    m = tiny(frozen_patch_embed=frozen)
+    v = init(m)
+    g = jax.jit(jax.grad(lambda p, m=m: jnp.sum(
+        m.apply({"params": p}, x, train=False) ** 2)))(v["params"])
+    pe = jnp.abs(g["patch_embed"]["kernel"]).max()
+    assert (float(pe) == 0.0) == frozen
+    assert float(jnp.abs(g["blocks_0"]["attn"]["qkv"]["kernel"]).max()) > 0
