@@ -221,19 +221,15 @@ class _Attention(nn.Module):
     return nn.Dropout(self.dropout)(y, deterministic=deterministic)
 
 
-class _DropPath(nn.Module):
-  """Stochastic depth: drops the whole residual branch per example."""
-
-  rate: float
-
-  @nn.compact
-  def __call__(self, x, deterministic):
-    if deterministic or self.rate == 0.0:
-      return x
-    keep = 1.0 - self.rate
-    mask = jax.random.bernoulli(self.make_rng("dropout"), keep,
-                                (x.shape[0],) + (1,) * (x.ndim - 1))
-    return jnp.where(mask, x / jnp.asarray(keep, x.dtype), jnp.zeros_like(x))
+def _drop_path(module, x, rate, deterministic):
+  """Stochastic depth: drops the whole residual branch per example (``rate``
+  a float or, inside the scanned blocks, a traced scalar)."""
+  if deterministic or (isinstance(rate, float) and rate == 0.0):
+    return x
+  keep = 1.0 - rate
+  mask = jax.random.bernoulli(module.make_rng("dropout"), keep,
+                              (x.shape[0],) + (1,) * (x.ndim - 1))
+  return jnp.where(mask, x / jnp.asarray(keep, x.dtype), jnp.zeros_like(x))
 
 
 class _Block(nn.Module):
@@ -248,15 +244,16 @@ class _Block(nn.Module):
   dtype: Any
 
   @nn.compact
-  def __call__(self, x, deterministic):
+  def __call__(self, x, deterministic, rate=None):
     width = x.shape[-1]
+    rate = self.drop_path if rate is None else rate
 
     def branch(y, name):
       if self.layer_scale:
         gamma = self.param(name, nn.initializers.constant(1e-5), (width,),
                            jnp.float32)
         y = y * gamma.astype(y.dtype)
-      return _DropPath(self.drop_path)(y, deterministic)
+      return _drop_path(self, y, rate, deterministic)
 
     y = _LayerNorm(self.ln_eps, self.dtype, name="norm1")(x)
     y = _Attention(self.num_heads, self.attention_dropout, self.dropout,
@@ -266,6 +263,19 @@ class _Block(nn.Module):
     y = _Mlp(self.mlp_dim, self.act, self.dropout, self.dtype,
              name="mlp")(y, deterministic)
     return x + branch(y, "ls2")
+
+
+class _ScannedBlock(nn.Module):
+  """One :class:`_Block` as the body of ``nn.scan`` (``remat``): carries the
+  tokens, takes the block's drop-path rate as the scanned input."""
+
+  block: Dict[str, Any]
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x, rate):
+    return _Block(**self.block, name="block")(x, self.deterministic,
+                                              rate), None
 
 
 class _MapHead(nn.Module):
@@ -358,7 +368,10 @@ class ViT(nn.Module):
       decoupled decay shrinks them by ``lr * wd`` per step, where PyTorch
       (``requires_grad=False``) leaves them untouched.
     remat: recompute each block's activations in the backward pass
-      (``nn.remat``): less memory, about one more forward pass of time.
+      (``nn.remat`` under ``nn.scan``): less memory, about one more forward
+      pass of time. The blocks' parameters are then stacked over the depth
+      (``params['blocks']``; :func:`circle_jax.models.vit_weights.
+      stack_blocks` converts).
     dtype: compute dtype of the matmuls.
     freeze_bn, bn_momentum, bn_axis_name: accepted for the interface shared
       with the conv trunks; a ViT has no BatchNorm.
@@ -445,12 +458,26 @@ class ViT(nn.Module):
     x = x.astype(self.dtype)
     if self.pre_norm:
       x = _LayerNorm(self.ln_eps, self.dtype, name="norm_pre")(x)
-    block = nn.remat(_Block, static_argnums=(2,)) if self.remat else _Block
-    for i in range(self.depth):
-      rate = self.drop_path * i / max(self.depth - 1, 1)
-      x = block(self.num_heads, self.mlp_dim or 4 * d, self.act, self.ln_eps,
-                self.layer_scale, self.dropout, self.attention_dropout, rate,
-                self.dtype, name=f"blocks_{i}")(x, deterministic)
+    block = dict(num_heads=self.num_heads, mlp_dim=self.mlp_dim or 4 * d,
+                 act=self.act, ln_eps=self.ln_eps,
+                 layer_scale=self.layer_scale, dropout=self.dropout,
+                 attention_dropout=self.attention_dropout, drop_path=0.0,
+                 dtype=self.dtype)
+    rates = [self.drop_path * i / max(self.depth - 1, 1)
+             for i in range(self.depth)]
+    if self.remat:
+      # Rematerialised blocks under a scan: XLA then recomputes each block
+      # inside the backward loop (an unrolled stack of nn.remat blocks is
+      # not rematerialised by XLA:CPU). Parameters are stacked over the
+      # depth under 'blocks' (see vit_weights.stack_blocks).
+      x, _ = nn.scan(nn.remat(_ScannedBlock), variable_axes={"params": 0},
+                     split_rngs={"params": True, "dropout": True},
+                     length=self.depth)(block, deterministic, name="blocks")(
+                         x, jnp.asarray(rates, jnp.float32))
+    else:
+      for i in range(self.depth):
+        x = _Block(**dict(block, drop_path=rates[i]),
+                   name=f"blocks_{i}")(x, deterministic)
     if not self.fc_norm:
       x = _LayerNorm(self.ln_eps, self.dtype, name="norm")(x)
     if self.pool == "cls":

@@ -97,6 +97,16 @@ def _fit_pos_embed(value: np.ndarray, want: Tuple[int, ...],
   return np.concatenate([value[:, :prefix], np.asarray(grid)], axis=1)
 
 
+def stack_blocks(params: Mapping[str, Any], depth: int) -> Dict[str, Any]:
+  """Per-block parameters ``blocks_{i}`` -> ``blocks/block`` stacked over the
+  depth (the layout of a ``remat=True`` :class:`ViT`)."""
+  out = {k: v for k, v in params.items() if not k.startswith("blocks_")}
+  out["blocks"] = {"block": jax.tree_util.tree_map(
+      lambda *xs: np.stack([np.asarray(x) for x in xs]),
+      *[params[f"blocks_{i}"] for i in range(depth)])}
+  return out
+
+
 def convert_timm_vit(state_dict: Mapping[str, np.ndarray],
                      module: vit_lib.ViT, *, strict: bool = True,
                      source: str = "The ViT checkpoint") -> Dict[str, Any]:
@@ -118,6 +128,10 @@ def convert_timm_vit(state_dict: Mapping[str, np.ndarray],
     ConversionError: one line naming the first missing, misshapen or (with
       ``strict``) unexpected tensor.
   """
+  if module.remat:  # Convert per block, then stack over the depth.
+    flat = convert_timm_vit(state_dict, module.clone(remat=False),
+                            strict=strict, source=source)
+    return {"params": stack_blocks(flat["params"], module.depth)}
   size = module.patch_size * module.pos_grid
   shapes = jax.eval_shape(lambda: module.init(
       jax.random.PRNGKey(0), jnp.zeros((1, size, size, 3)), train=False))

@@ -90,19 +90,27 @@ def test_pos_embed_resampling_is_identity_on_its_own_grid():
 
 def test_remat_gives_the_same_values_and_gradients():
   x = images()
-  base, rem = tiny(), tiny(remat=True)
+  base, rem = tiny("dinov2"), tiny("dinov2", remat=True)
   v = init(base)
+  stacked = vit_weights.stack_blocks(v["params"], 2)
+  assert jax.tree_util.tree_structure(stacked) == jax.tree_util.tree_structure(
+      init(rem)["params"])
 
   def loss(module, params):
     return jnp.sum(module.apply({"params": params}, x, train=False) ** 2)
 
-  np.testing.assert_allclose(loss(rem, v["params"]), loss(base, v["params"]),
+  np.testing.assert_allclose(loss(rem, stacked), loss(base, v["params"]),
                              rtol=1e-6)
   g0 = jax.jit(jax.grad(lambda p: loss(base, p)))(v["params"])
-  g1 = jax.jit(jax.grad(lambda p: loss(rem, p)))(v["params"])
+  g1 = jax.jit(jax.grad(lambda p: loss(rem, p)))(stacked)
   jax.tree_util.tree_map(
       lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
-      g0, g1)
+      vit_weights.stack_blocks(g0, 2), g1)
+  # The converter loads per-block checkpoints into the stacked layout.
+  sd, params = timm_state_dict(base)
+  got = vit_weights.convert_timm_vit(sd, rem)["params"]
+  jax.tree_util.tree_map(np.testing.assert_array_equal, got,
+                         vit_weights.stack_blocks(params, 2))
 
 
 def test_bfloat16_compute_keeps_float32_parameters_and_output():
@@ -116,11 +124,13 @@ def test_bfloat16_compute_keeps_float32_parameters_and_output():
   np.testing.assert_allclose(y16, y32, atol=0.1 * float(jnp.abs(y32).max()))
 
 
-def test_dropout_and_drop_path_act_only_in_training():
-  m = tiny(dropout=0.2, drop_path=0.5)
+@pytest.mark.parametrize("remat", [False, True])
+def test_dropout_and_drop_path_act_only_in_training(remat):
+  m = tiny(dropout=0.2, drop_path=0.5, remat=remat)
   v, x = init(m), images()
   eval1 = m.apply(v, x, train=False)
-  np.testing.assert_array_equal(eval1, tiny().apply(v, x, train=False))
+  np.testing.assert_array_equal(eval1, tiny(remat=remat).apply(v, x,
+                                                               train=False))
   t1 = m.apply(v, x, train=True, rngs={"dropout": jax.random.PRNGKey(1)})
   t2 = m.apply(v, x, train=True, rngs={"dropout": jax.random.PRNGKey(2)})
   assert not np.allclose(t1, t2) and not np.allclose(t1, eval1)
