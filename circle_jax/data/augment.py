@@ -10,6 +10,11 @@ Presets (``get_preprocess(name, train=...)``):
 ``imagenet``
   RGB in [0, 1], then ``(x - mean) / std`` with the ImageNet statistics
   mean = (0.485, 0.456, 0.406), std = (0.229, 0.224, 0.225) (ResNet-50).
+``clip``, ``inception``
+  ``imagenet`` with the mean and std of another checkpoint family (for the ViT
+  families of :data:`circle_jax.models.VIT_FAMILIES`): CLIP's mean =
+  (0.48145466, 0.4578275, 0.40821073), std = (0.26862954, 0.26130258,
+  0.27577711); ``inception`` mean = std = (0.5, 0.5, 0.5) (AugReg, SigLIP).
 ``bninception``
   BGR channel order, values x255 (0..255), minus mean (104, 117, 128), std 1:
   the Caffe BN-Inception convention used by the Multi-Similarity, Circle and
@@ -63,8 +68,16 @@ from circle_jax.errors import UserError
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 BNINCEPTION_MEAN_BGR = (104.0, 117.0, 128.0)
+# RGB [0, 1] presets: name -> (mean, std).
+RGB_NORMALISATION = {
+    "imagenet": (IMAGENET_MEAN, IMAGENET_STD),
+    "clip": ((0.48145466, 0.4578275, 0.40821073),
+             (0.26862954, 0.26130258, 0.27577711)),
+    "inception": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+}
 
-PRESETS = ("bninception", "imagenet", "grayscale", "grayscale_affine")
+PRESETS = ("bninception", "imagenet", "clip", "inception", "grayscale",
+           "grayscale_affine")
 _GRAY = ("grayscale", "grayscale_affine")
 # grayscale_affine's default ranges: shift (fraction of the size), rotation
 # (degrees), scale, x-shear (degrees).
@@ -311,9 +324,9 @@ class Preprocess:
     else:
       im = center_crop(resize_shorter(im, self.resize_size), size)
     x = np.asarray(im, np.float32)
-    if self.preset == "imagenet":
-      x = (x * np.float32(1.0 / 255.0) - np.float32(IMAGENET_MEAN)) / (
-          np.float32(IMAGENET_STD))
+    if self.preset in RGB_NORMALISATION:
+      mean, std = RGB_NORMALISATION[self.preset]
+      x = (x * np.float32(1.0 / 255.0) - np.float32(mean)) / np.float32(std)
     else:  # bninception: BGR, 0..255, minus the Caffe mean.
       x = x[..., ::-1] - np.float32(BNINCEPTION_MEAN_BGR)
     return np.ascontiguousarray(x, np.float32)

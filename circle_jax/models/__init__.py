@@ -42,6 +42,13 @@ from circle_jax.models.head import EmbeddingHead
 from circle_jax.models.head import EmbeddingModel
 from circle_jax.models.resnet import ResNet
 from circle_jax.models.resnet import STAGE_SIZES
+# ViT backbones and their timm weights (issue: Vision Transformer backbones).
+from circle_jax.models.vit import FAMILIES as VIT_FAMILIES
+from circle_jax.models.vit import ViT
+from circle_jax.models.vit import vit_options
+from circle_jax.models.vit_weights import load_timm_vit
+from circle_jax.models.nnx_backbone import NnxBackbone
+from circle_jax.models.nnx_backbone import nnx_backbone
 
 __all__ = [
     "BNInception", "Conv4", "ConversionError", "EmbeddingHead",
@@ -50,12 +57,20 @@ __all__ = [
     "convert_keras_resnet", "frozen_bn_paths", "get_model", "input_spec",
     "load_bn_inception", "load_keras_resnet", "load_keras_resnet50",
     "load_state_dict", "param_labels", "replace_backbone",
+    "VIT_FAMILIES", "ViT", "load_timm_vit", "vit_options", "NnxBackbone",
+    "nnx_backbone",
 ]
 
 
 def _resnet(depth):
   def make(**kw):
     return ResNet(stage_sizes=STAGE_SIZES[f"resnet{depth}"], **kw)
+  return make
+
+
+def _vit(size, patch):
+  def make(family="augreg", image_size=224, **kw):
+    return ViT(**vit_options(size, patch, family, image_size, **kw))
   return make
 
 
@@ -66,6 +81,10 @@ MODELS: Dict[str, Callable[..., Any]] = {
     "resnet101": _resnet(101),
     "resnet152": _resnet(152),
     "bn_inception": BNInception,
+    # ViTs: kwargs family (VIT_FAMILIES), image_size (sets the position grid),
+    # and any ViT attribute (depth, pool, drop_path, remat, ...).
+    **{f"vit_{size}{patch}": _vit(size, patch)
+       for size in ("ti", "s", "b", "l") for patch in (16, 14)},
 }
 
 
@@ -88,7 +107,9 @@ def get_model(name: str, *, embedding_dim: int, pooling: str = "avg",
       output stay float32.
     **kw: backbone options: ``bn_momentum`` (Flax convention),
       ``bn_axis_name`` (synchronised BatchNorm over a device axis); for
-      ``conv4`` also ``width``, ``num_blocks``, ``pool_padding``.
+      ``conv4`` also ``width``, ``num_blocks``, ``pool_padding``; for the
+      ``vit_*`` models ``family`` (a key of :data:`VIT_FAMILIES`),
+      ``image_size`` and any :class:`ViT` attribute.
 
   Returns:
     An :class:`EmbeddingModel`; call it as ``model.apply(variables, images,
@@ -213,14 +234,26 @@ _INPUT_SPECS = {
     # pretrainedmodels' bninception settings.
     "bn_inception": InputSpec("BGR", 255.0, (104.0, 117.0, 128.0),
                               (1.0, 1.0, 1.0)),
+    # ViT families (VIT_FAMILIES[family].preprocess).
+    "imagenet": InputSpec("RGB", 1.0, (0.485, 0.456, 0.406),
+                          (0.229, 0.224, 0.225)),
+    "clip": InputSpec("RGB", 1.0, (0.48145466, 0.4578275, 0.40821073),
+                      (0.26862954, 0.26130258, 0.27577711)),
+    "inception": InputSpec("RGB", 1.0, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
 }
 
 
-def input_spec(name: str) -> InputSpec:
-  """The :class:`InputSpec` of model ``name`` (that of its ImageNet weights)."""
+def input_spec(name: str, family: str = "augreg") -> InputSpec:
+  """The :class:`InputSpec` of model ``name`` (that of its ImageNet weights;
+  for a ``vit_*`` model, that of its checkpoint ``family``)."""
   if name not in MODELS:
     raise ValueError(
         f"Unknown model {name!r}; known models: {', '.join(sorted(MODELS))}.")
+  if name.startswith("vit_"):
+    if family not in VIT_FAMILIES:
+      raise ValueError(f"Unknown ViT family {family!r}; known families: "
+                       f"{', '.join(VIT_FAMILIES)}.")
+    return _INPUT_SPECS[VIT_FAMILIES[family].preprocess]
   return _INPUT_SPECS["resnet" if name.startswith("resnet") else name]
 
 

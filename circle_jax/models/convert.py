@@ -349,6 +349,8 @@ def replace_backbone(variables, backbone_variables):
   new = dict(variables)
   missing, mismatched, unexpected = [], [], []
   for col in ("params", "batch_stats"):
+    if col not in variables and not backbone_variables.get(col):
+      continue  # No BatchNorm (a ViT): no batch_stats on either side.
     have = flax.traverse_util.flatten_dict(variables[col]["backbone"])
     got = flax.traverse_util.flatten_dict(backbone_variables[col])
     missing += [f"{col}/{'/'.join(p)}" for p in have if p not in got]

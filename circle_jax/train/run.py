@@ -124,6 +124,8 @@ def _load_pretrained(config, variables):
     backbone = models_lib.load_keras_resnet(path, depth=int(name[6:]))
   elif name == "bn_inception":
     backbone = models_lib.load_bn_inception(path)
+  elif name.startswith("vit_"):  # timm ViT weights (.safetensors/.pth/.npz).
+    backbone = models_lib.load_timm_vit(path, build_model(config).backbone)
   else:
     raise config_checks.ConfigError(
         f"config.model.pretrained: no pretrained weights for {name!r}.")

@@ -106,7 +106,7 @@ def check_batch(batch: dict) -> None:
 
 
 def embed(apply_fn: Callable, model_params: PyTree, batch_stats: PyTree,
-          images: jax.Array):
+          images: jax.Array, *, dropout_key: Optional[jax.Array] = None):
   """The model in training mode on ``images``: part (a) of the step.
 
   Args:
@@ -114,17 +114,20 @@ def embed(apply_fn: Callable, model_params: PyTree, batch_stats: PyTree,
     model_params: ``params['model']``.
     batch_stats: the BatchNorm statistics (``{}`` without BatchNorm).
     images: ``[b, H, W, C]``.
+    dropout_key: the ``'dropout'`` PRNG key of models with dropout or
+      drop-path (the ViTs); models without them ignore it.
 
   Returns:
     ``(embeddings [b, D], new batch_stats)``.
   """
   variables = state_lib.model_variables(
       {"params": {"model": model_params}, "batch_stats": batch_stats})
+  rngs = {} if dropout_key is None else {"dropout": dropout_key}
   if batch_stats:
     embeddings, updates = apply_fn(variables, images, train=True,
-                                   mutable=["batch_stats"])
+                                   mutable=["batch_stats"], rngs=rngs)
     return embeddings, updates.get("batch_stats", batch_stats)
-  return apply_fn(variables, images, train=True), batch_stats
+  return apply_fn(variables, images, train=True, rngs=rngs), batch_stats
 
 
 def train_step(
@@ -162,7 +165,13 @@ def train_step(
   """
   check_batch(batch)
   key = jax.random.fold_in(base_key, state.step)
-  embed_fn = functools.partial(embed, state.apply_fn)
+  # Dropout masks: a key of their own, different on every device (a chunked
+  # embedding reuses it in both passes of a chunk, as it must).
+  dropout_key = jax.random.fold_in(key, 1)
+  if axis_name is not None:
+    dropout_key = jax.random.fold_in(dropout_key,
+                                     jax.lax.axis_index(axis_name))
+  embed_fn = functools.partial(embed, state.apply_fn, dropout_key=dropout_key)
   if embed_chunk_size:
     embed_fn = gradcache.chunked(embed_fn, embed_chunk_size)
 
