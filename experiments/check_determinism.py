@@ -56,7 +56,8 @@ def _final_leaves(workdir):
   """The leaves of a run's latest checkpoint (the whole saved train state)."""
   import jax  # pylint: disable=import-outside-toplevel
   from circle_jax.train import restore as restore_lib  # pylint: disable=import-outside-toplevel
-  ckpts = restore_lib.open_checkpoints(restore_lib.load_config(workdir), workdir)
+  ckpts = restore_lib.open_checkpoints(restore_lib.load_config(workdir),
+                                       workdir)
   try:
     tree, _, _ = restore_lib.restore_checkpoint(ckpts, which="latest")
   finally:

@@ -2,9 +2,9 @@
 
 Trains and evaluates with :func:`circle_jax.train.loop.train_and_evaluate`,
 with a live progress bar on stderr and the result table on stdout. Running the
-same command again resumes from ``DIR/checkpoints``; a changed config that trains
-something else is refused (``--force_resume`` overrides). Ctrl-C saves the
-last completed step and prints the command that resumes. Errors a user can
+same command again resumes from ``DIR/checkpoints``; a changed config that
+trains something else is refused (``--force_resume`` overrides). Ctrl-C saves
+the last completed step and prints the command that resumes. Errors a user can
 fix print one line (``--verbose``: tracebacks and the libraries' INFO logs).
 
 Any config field can be overridden (``--config.num_train_steps=500``), and

@@ -19,7 +19,8 @@ from tests.train import helpers
 
 def test_shifted_views_by_hand():
   x = np.arange(9.0).reshape(1, 3, 3, 1)
-  views = np.asarray(embedding_lib.shifted_views(jnp.asarray(x), 1))[:, 0, :, :, 0]
+  views = np.asarray(embedding_lib.shifted_views(jnp.asarray(x), 1)
+                     )[:, 0, :, :, 0]
   np.testing.assert_array_equal(views[0], [[0, 1, 2], [3, 4, 5], [6, 7, 8]])
   # Down, up, right, left; the uncovered row or column repeats the edge.
   np.testing.assert_array_equal(views[1], [[0, 1, 2], [0, 1, 2], [3, 4, 5]])
@@ -62,8 +63,8 @@ def test_model_apply_averages_unit_outputs_of_the_views(shift):
     want += out / np.linalg.norm(out, axis=1, keepdims=True) / 5
   got = jax.jit(embedding_lib.model_apply(model, shift))(variables, x)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-  np.testing.assert_array_equal(embedding_lib.model_apply(model, 0)(variables, x),
-                                plain(variables, x))
+  np.testing.assert_array_equal(
+      embedding_lib.model_apply(model, 0)(variables, x), plain(variables, x))
 
 
 def test_trainer_evaluates_with_the_shifted_views(tmp_path):
@@ -99,8 +100,8 @@ def test_trainer_evaluates_with_the_shifted_views(tmp_path):
   metrics = eval_lib.retrieval_metrics(emb, labels, ks=tuple(run.info.ks))
   for k, v in metrics.items():
     assert final[k] == pytest.approx(float(v), abs=1e-6)
-  plain, _ = embedding_lib.embed_split(run.variables, embedding_lib.model_apply(run.model),
-                                 source, pre, **kw)
+  plain, _ = embedding_lib.embed_split(
+      run.variables, embedding_lib.model_apply(run.model), source, pre, **kw)
   assert not np.allclose(plain / np.linalg.norm(plain, axis=1, keepdims=True),
                          emb / np.linalg.norm(emb, axis=1, keepdims=True),
                          atol=1e-3)
