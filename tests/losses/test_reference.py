@@ -419,7 +419,7 @@ def test_stop_gradient_keeps_the_memory_constant():
 def test_registry_forwards_references_and_rejects_them_for_other_losses():
   x, r = _data()
   supported = {n for n, e in losses.LOSSES.items() if e.supports_ref}
-  assert supported == {"circle", "multi_similarity", "ranked_list",
+  assert supported == {"circle", "unified", "multi_similarity", "ranked_list",
                        "contrastive", "triplet", "lifted_structure", "n_pair",
                        "margin"}
   got = losses.get_loss("circle").apply(
@@ -445,7 +445,6 @@ def test_bad_inputs_give_one_line_errors(name):
   x, r = _data()
   ids, rids = np.arange(8), np.arange(14)
   cases = [
-      (dict(ref=(r, RY)), "`ref` must be a circle_jax.losses.Candidates"),
       (dict(ref=losses.Candidates(r, None)), "needs its `labels`"),
       (dict(ref=losses.Candidates(r[:, :3], RY)), "dimension 3"),
       (dict(ref=losses.Candidates(r, RY[:13])), r"`ref.labels` must have "
@@ -463,3 +462,6 @@ def test_bad_inputs_give_one_line_errors(name):
   ]
   for kw, match in cases:
     _one_line_error(lambda: _loss(name, x, Y, **kw), match)
+  with pytest.raises(TypeError, match="`ref` must be a circle_jax.losses."
+                                      "Candidates"):
+    _loss(name, x, Y, ref=(r, RY))
