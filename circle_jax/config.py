@@ -341,6 +341,25 @@ def _overridden_fields(argv: Sequence[str], prefix: str) -> List[str]:
   return out
 
 
+def _switched_name(config, argv: Sequence[str], flag_name: str, section: str,
+                   registry) -> Optional[str]:
+  """The ``--<flag>.<section>.name`` of ``argv`` if it names another entry
+  of ``registry`` than the config file (else None).
+
+  Raises:
+    ValueError: the name is not in ``registry`` (the message lists it).
+  """
+  plural = {"loss": "losses"}.get(section, section + "s")
+  names = _flag_values(argv, f"{flag_name}.{section}.name")
+  if not names or names[-1] == config[section].get("name"):
+    return None
+  if names[-1] not in registry:
+    raise ValueError(
+        f"config.{section}.name: unknown {section} {names[-1]!r}; known "
+        f"{plural}: {', '.join(sorted(registry))}.")
+  return names[-1]
+
+
 def switch_loss(config: ml_collections.ConfigDict, argv: Sequence[str],
                 flag_name: str = "config") -> ml_collections.ConfigDict:
   """Applies ``--<flag>.loss.name`` of ``argv`` to ``config`` (in place).
@@ -368,13 +387,8 @@ def switch_loss(config: ml_collections.ConfigDict, argv: Sequence[str],
   """
   if not isinstance(config, ml_collections.ConfigDict) or "loss" not in config:
     return config
-  names = _flag_values(argv, f"{flag_name}.loss.name")
-  if names and names[-1] != config.loss.get("name"):
-    name = names[-1]
-    if name not in losses_lib.LOSSES:
-      raise ValueError(
-          f"config.loss.name: unknown loss {name!r}; known losses: "
-          f"{', '.join(sorted(losses_lib.LOSSES))}.")
+  name = _switched_name(config, argv, flag_name, "loss", losses_lib.LOSSES)
+  if name is not None:
     with config.unlocked():
       config.loss = loss_config(name)
   fields = [f for f in config.loss.keys() if f != "name"]
@@ -411,13 +425,8 @@ def switch_model(config: ml_collections.ConfigDict, argv: Sequence[str],
   """
   if not isinstance(config, ml_collections.ConfigDict) or "model" not in config:
     return config
-  names = _flag_values(argv, f"{flag_name}.model.name")
-  if names and names[-1] != config.model.get("name"):
-    name = names[-1]
-    if name not in models_lib.MODELS:
-      raise ValueError(
-          f"config.model.name: unknown model {name!r}; known models: "
-          f"{', '.join(sorted(models_lib.MODELS))}.")
+  name = _switched_name(config, argv, flag_name, "model", models_lib.MODELS)
+  if name is not None:
     with config.unlocked():
       config.model.kwargs = Config(models_lib.backbone_defaults(name))
       config.model.pretrained = ""
