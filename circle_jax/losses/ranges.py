@@ -87,7 +87,7 @@ def check_range(value, name: str, valid: HyperRange, owner: str = "",
   if number is None or valid.contains(number):
     return
   where = f" of {owner}" if owner else ""
-  if valid.high == float("inf") and not valid.high_inclusive:
+  if not owner and valid.high == float("inf") and not valid.high_inclusive:
     bound = f"{'>=' if valid.low_inclusive else '>'} {valid.low:g}{why}"
     raise ValueError(f"`{name}`{where} must be {bound}; got {value}.")
   raise ValueError(

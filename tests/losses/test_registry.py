@@ -15,6 +15,7 @@ from circle_jax import losses
 # The names and the paper defaults each loss must expose.
 _SPEC = {
     "circle": {"margin": 0.4, "gamma": 80.0},
+    "unified": {"gamma": 80.0, "margin": 0.4},
     "circle_class_level": {"margin": 0.25, "gamma": 256.0},
     "multi_similarity": {"alpha": 2.0, "beta": 50.0, "base": 0.5,
                          "epsilon": 0.1, "mining": True},
@@ -62,7 +63,9 @@ def test_names_kinds_params_and_paper_defaults():
     params = inspect.signature(entry.fn).parameters
     for key, value in entry.defaults.items():
       assert params[key].default == value
-    assert entry.supports_axis_name == ("axis_name" in params)
+    # The pair losses take axis_name among their shared **options.
+    assert entry.supports_axis_name == ("axis_name" in params or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()))
   with pytest.raises(TypeError):
     losses.LOSSES["circle"].defaults["margin"] = 1.0  # read-only
 
