@@ -417,12 +417,19 @@ class ViT(nn.Module):
       rate = getattr(self, name)
       if not 0.0 <= rate < 1.0:
         raise ValueError(f"`{name}` must be in [0, 1); got {rate}.")
-    h, w = x.shape[1:3]
-    if h % self.patch_size or w % self.patch_size:
-      raise ValueError(
-          f"ViT input {h}x{w} is not a multiple of the patch size "
-          f"{self.patch_size}; resize the images (dataset.preprocess."
-          f"image_size) to a multiple of {self.patch_size}.")
+    problem = self.input_problem(*x.shape[1:3])
+    if problem:
+      raise ValueError(f"ViT: {problem}.")
+
+  def input_problem(self, height: int, width: int) -> str:
+    """Why the ViT cannot take ``height x width`` images ("" if it can):
+    each side must be a multiple of the patch size (read by
+    :func:`circle_jax.models.check_input` at config-check time)."""
+    if height % self.patch_size or width % self.patch_size:
+      return (f"input {height}x{width} is not a multiple of the patch size "
+              f"{self.patch_size}; resize the images to a multiple of "
+              f"{self.patch_size}")
+    return ""
 
   @nn.compact
   def __call__(self, x: Array, *, train: bool) -> Array:

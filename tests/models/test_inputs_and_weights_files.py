@@ -38,6 +38,16 @@ def test_check_input_names_images_the_model_cannot_take():
   assert models.check_input("resnet50", {}, (28, 28)) is None
 
 
+def test_check_input_names_a_vit_patch_size_that_does_not_divide_the_images():
+  field, message = models.check_input("vit_ti16", {}, (28, 28))
+  assert field == "model.name"
+  assert message.startswith(
+      "model 'vit_ti16' cannot take the 28x28 images of this config: input "
+      "28x28 is not a multiple of the patch size 16")
+  assert models.check_input("vit_ti16", {"patch_size": 4}, (28, 28)) is None
+  assert models.check_input("vit_ti16", {}, (32, 48)) is None
+
+
 def test_the_config_check_refuses_bn_inception_on_omniglot_small():
   c = omniglot_small.get_config()
   c.model.name = "bn_inception"
