@@ -281,6 +281,26 @@ def frozen_bn_paths(variables) -> FrozenSet[Tuple[str, ...]]:
   return frozenset(p for p in params if p[:-1] in modules)
 
 
+def frozen_module_paths(variables, kwargs) -> FrozenSet[Tuple[str, ...]]:
+  """Paths into ``variables['params']`` of the modules a backbone option
+  freezes: the ViT's patch projection under ``frozen_patch_embed`` (Hyp-ViT
+  trains with it fixed, as PyTorch's ``requires_grad=False``: no step, no
+  weight decay, no optimiser moments).
+
+  Args:
+    variables: ``{'params': ...}`` (``model.init``'s result).
+    kwargs: the backbone options (``config.model.kwargs``).
+
+  Returns:
+    A frozenset of key tuples such as ``('backbone', 'patch_embed', 'kernel')``.
+  """
+  if not dict(kwargs).get("frozen_patch_embed", False):
+    return frozenset()
+  params = flax.traverse_util.flatten_dict(variables["params"])
+  return frozenset(p for p in params
+                   if len(p) > 2 and p[:2] == ("backbone", "patch_embed"))
+
+
 def param_labels(variables, *, freeze_bn: bool):
   """Optimiser group of every parameter, for ``optax.multi_transform``.
 

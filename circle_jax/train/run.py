@@ -150,9 +150,9 @@ def init_state(config, model, info, sample_shape):
     n = config_facts.num_classes(config, info)
     loss_params = {entry.param_name: entry.init_params(
         k_loss, n, config.model.embedding_dim, **hyper)}
-  frozen = ()
+  frozen = models_lib.frozen_module_paths(variables, config.model.kwargs)
   if config.model.freeze_bn and "batch_stats" in variables:
-    frozen = models_lib.frozen_bn_paths(variables)
+    frozen |= models_lib.frozen_bn_paths(variables)
   tx = optim_lib.optimizer_from_config(
       config.optim, num_train_steps=config.num_train_steps,
       frozen_paths=frozen)

@@ -76,3 +76,27 @@ def test_tiny_vit_resumes_exactly(data_dir, tmp_path):
     ckpts.close()
   for x, y in zip(jax.tree.leaves(trees[0]), jax.tree.leaves(trees[1])):
     np.testing.assert_array_equal(x, y)
+
+
+def test_frozen_patch_embedding_never_moves_under_adamw_weight_decay(data_dir):
+  """``frozen_patch_embed`` puts the patch projection in the optimiser's
+  frozen group: no step and no decoupled weight decay (PyTorch's
+  ``requires_grad=False`` in Hyp-ViT's code), while every other parameter
+  moves."""
+  from circle_jax import data as data_lib
+  from circle_jax.train import run
+  for frozen in (True, False):
+    c = vit_config(data_dir, **{"model.kwargs.frozen_patch_embed": frozen})
+    info = data_lib.get_dataset_info(c.dataset.name)
+    state, *_ = run.init_state(c, run.build_model(c), info, (28, 28, 1))
+    grads = jax.tree_util.tree_map(np.ones_like, state.params)
+    new = state.apply_gradients(grads=grads).params
+    moved = jax.tree_util.tree_map(
+        lambda a, b: bool(np.any(np.asarray(a) != np.asarray(b))),
+        state.params, new)
+    patch = moved["model"]["backbone"]["patch_embed"]
+    assert set(patch) == {"kernel", "bias"}
+    assert all(v is (not frozen) for v in patch.values()), patch
+    others = [v for path, v in jax.tree_util.tree_leaves_with_path(moved)
+              if "patch_embed" not in jax.tree_util.keystr(path)]
+    assert others and all(others)
