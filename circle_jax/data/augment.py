@@ -76,8 +76,8 @@ RGB_NORMALISATION = {
     "inception": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
 }
 
-PRESETS = ("bninception", "imagenet", "clip", "inception", "grayscale",
-           "grayscale_affine")
+PRESETS = ("bninception", "imagenet", "grayscale", "grayscale_affine", "clip",
+           "inception")
 _GRAY = ("grayscale", "grayscale_affine")
 # grayscale_affine's default ranges: shift (fraction of the size), rotation
 # (degrees), scale, x-shear (degrees).

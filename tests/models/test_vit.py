@@ -179,7 +179,7 @@ def timm_state_dict(module, seed=0):
     params[path] = value
     if perm is not None:
       value = value.transpose(np.argsort(perm))
-    sd[key] = value
+    sd[key] = np.ascontiguousarray(value)  # safetensors writes raw buffers
   return sd, flax.traverse_util.unflatten_dict(params)
 
 
