@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from circle_jax import errors
 from circle_jax.models import convert
 from circle_jax.models import vit as vit_lib
 
@@ -50,15 +51,11 @@ def read_checkpoint(path: str | os.PathLike) -> Dict[str, np.ndarray]:
   """``{name: array}`` of a ``.safetensors``, ``.pth``/``.bin``/``.pt`` or
   ``.npz`` file, read without PyTorch."""
   path = os.fspath(path)
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"No checkpoint at {path!r}.")
   if path.endswith(".safetensors"):
     from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-    try:
+    with errors.reading_weights(path, "a timm ViT state dict saved with "
+                                "safetensors (.safetensors)"):
       return dict(load_file(path))
-    except Exception as e:  # safetensors raises its own error types.
-      raise convert.ConversionError(
-          f"{path!r} is not a readable safetensors file ({e}).") from None
   return convert.load_state_dict(path)
 
 

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from circle_jax import errors
 from circle_jax import models
 from circle_jax.models import convert
 from circle_jax.models import vit as vit_lib
@@ -231,9 +232,18 @@ def test_safetensors_and_npz_files(tmp_path):
   for name in ("w.safetensors", "w.npz"):
     got = vit_weights.load_timm_vit(tmp_path / name, m)["params"]
     jax.tree_util.tree_map(np.testing.assert_array_equal, got, params)
-  (tmp_path / "bad.safetensors").write_bytes(b"not a safetensors file")
-  with pytest.raises(convert.ConversionError, match="safetensors"):
-    vit_weights.load_timm_vit(tmp_path / "bad.safetensors", m)
+  # A real file cut short (an interrupted download), a foreign file and a
+  # missing one: one line naming the file and what was expected.
+  whole = (tmp_path / "w.safetensors").read_bytes()
+  (tmp_path / "cut.safetensors").write_bytes(whole[:len(whole) // 2])
+  (tmp_path / "foreign.safetensors").write_bytes(b"not a safetensors file")
+  for name in ("cut.safetensors", "foreign.safetensors", "none.safetensors"):
+    path = str(tmp_path / name)
+    with pytest.raises(errors.WeightsFileError) as e:
+      vit_weights.load_timm_vit(path, m)
+    message = str(e.value)
+    assert "\n" not in message and repr(path) in message, message
+    assert "(.safetensors)" in message and "--config.model.pretrained" in message
 
 
 class _Evil:
