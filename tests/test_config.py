@@ -170,3 +170,17 @@ def test_a_saved_config_with_unknown_fields_is_refused_in_one_line():
   old["loss"]["gama"] = 80.0
   with pytest.raises(config_lib.SavedConfigError, match="gama"):
     config_lib.from_dict(old)
+
+
+def test_contrastive_losses_and_the_poincare_geometry_by_flag(config_file):
+  c = parse(config_file, "--config.loss.geometry=poincare",
+            "--config.loss.name=supcon")
+  assert dict(c.loss) == {"name": "supcon", "tau": 0.1,
+                          "geometry": "poincare", "c": 0.1, "r": 2.3,
+                          "block_size": None, "collective": None}
+  c = parse(config_file, "--config.loss.name=pairwise_ce")
+  assert (c.loss.geometry, c.loss.tau) == ("poincare", 0.2)
+  for name in ("nt_xent", "pairwise_sigmoid"):
+    c = parse(config_file, f"--config.loss.name={name}")
+    assert c.loss.geometry == "cosine"
+  assert config_lib.loss_config("circle").get("geometry") is None
