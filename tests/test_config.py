@@ -220,3 +220,17 @@ def test_the_image_size_can_be_set_on_the_command_line(conv4_file):
   assert parse(conv4_file).dataset.preprocess.image_size is None
   c = parse(conv4_file, "--config.dataset.preprocess.image_size=64")
   assert c.dataset.preprocess.image_size == 64
+
+
+def test_contrastive_losses_and_the_poincare_geometry_by_flag(config_file):
+  c = parse(config_file, "--config.loss.geometry=poincare",
+            "--config.loss.name=supcon")
+  assert dict(c.loss) == {"name": "supcon", "tau": 0.1,
+                          "geometry": "poincare", "c": 0.1, "r": 2.3,
+                          "block_size": None, "collective": None}
+  c = parse(config_file, "--config.loss.name=pairwise_ce")
+  assert (c.loss.geometry, c.loss.tau) == ("poincare", 0.2)
+  for name in ("nt_xent", "pairwise_sigmoid"):
+    c = parse(config_file, f"--config.loss.name={name}")
+    assert c.loss.geometry == "cosine"
+  assert config_lib.loss_config("circle").get("geometry") is None

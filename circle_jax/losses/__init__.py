@@ -47,6 +47,21 @@ from circle_jax.losses.contrastive import (
     contrastive_loss,
     contrastive_loss_from_distance,
 )
+from circle_jax.losses.supcon import (
+    supcon_loss,
+)
+from circle_jax.losses.nt_xent import (
+    nt_xent_loss,
+)
+from circle_jax.losses.pairwise_ce import (
+    pairwise_ce_loss,
+)
+from circle_jax.losses.pairwise_sigmoid import (
+    pairwise_sigmoid_loss,
+)
+from circle_jax.losses.hyperbolic import (
+    Poincare,
+)
 from circle_jax.losses.triplet import (
     triplet_margin_loss,
     triplet_margin_loss_from_distance,

@@ -49,6 +49,9 @@ class HyperRange(NamedTuple):
 # 1 / alpha) are kept >= 1e-6.
 SCALE_RANGE = HyperRange(1e-6, 1e4)
 TEMPERATURE_RANGE = HyperRange(0.0, 1e4)  # 0: a plain mean
+# Temperatures that divide a similarity inside a softmax (SupCon, NT-Xent):
+# at 1e-3 a logit of a cosine is at most 1e3 and its rounding ~1e-4.
+DIVIDING_TEMPERATURE_RANGE = HyperRange(1e-3, 1e4)
 # Margins and thresholds compared with cosine similarities (in [-1, 1]) or
 # added to them.
 SIMILARITY_MARGIN_RANGE = HyperRange(-1.0, 1.0)

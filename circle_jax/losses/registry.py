@@ -38,14 +38,19 @@ from circle_jax.losses import circle as _circle
 from circle_jax.losses import classification as _classification
 from circle_jax.losses import contrastive as _contrastive
 from circle_jax.losses import engine
+from circle_jax.losses import hyperbolic as _hyperbolic
 from circle_jax.losses import lifted_structure as _lifted
 from circle_jax.losses import margin as _margin
 from circle_jax.losses import multi_similarity as _multi_similarity
 from circle_jax.losses import n_pair as _n_pair
+from circle_jax.losses import nt_xent as _nt_xent
+from circle_jax.losses import pairwise_ce as _pairwise_ce
+from circle_jax.losses import pairwise_sigmoid as _pairwise_sigmoid
 from circle_jax.losses import proxy_anchor as _proxy_anchor
 from circle_jax.losses import proxy_baselines as _proxy
 from circle_jax.losses import ranges
 from circle_jax.losses import ranked_list as _ranked_list
+from circle_jax.losses import supcon as _supcon
 from circle_jax.losses import triplet as _triplet
 
 Array = jax.Array
@@ -259,6 +264,9 @@ def _entry(name, fn, kind, *, paper, reduction, param_name=None,
   defaults = _signature_defaults(fn)
   ranges = {} if rule is None else {
       k: r for k, r in rule.ranges.items() if k in defaults}
+  if "geometry" in defaults:  # the Poincaré ball's c and r
+    ranges.update({k: r for k, r in _hyperbolic.GEOMETRY_RANGES.items()
+                   if k in defaults})
 
   @functools.wraps(init)
   def init_params(key, num_classes, embedding_dim, **hyper):
@@ -361,6 +369,26 @@ LOSSES: Mapping[str, LossEntry] = types.MappingProxyType({e.name: e for e in [
                  "Learning\", ICCV 2017",
            reduction="sum over (sampled) pairs / #pairs with non-zero "
                      "loss"),
+    # Softmax-contrastive and sigmoid pair losses.
+    _entry("supcon", _supcon.supcon_loss, "pair", rule=_supcon.SupCon,
+           paper="Khosla et al., \"Supervised Contrastive Learning\", "
+                 "NeurIPS 2020 (L_out, eq. 2)",
+           reduction="mean over anchors with >= 1 positive"),
+    _entry("nt_xent", _nt_xent.nt_xent_loss, "pair", rule=_nt_xent.NTXent,
+           paper="Chen et al., \"A Simple Framework for Contrastive "
+                 "Learning of Visual Representations\", ICML 2020; van den "
+                 "Oord et al., arXiv 2018 (InfoNCE); labels give the views",
+           reduction="mean over positive pairs"),
+    _entry("pairwise_ce", _pairwise_ce.pairwise_ce_loss, "pair",
+           rule=_nt_xent.NTXent,
+           paper="Ermolov et al., \"Hyperbolic Vision Transformers: "
+                 "Combining Improvements in Metric Learning\", CVPR 2022",
+           reduction="mean over positive pairs"),
+    _entry("pairwise_sigmoid", _pairwise_sigmoid.pairwise_sigmoid_loss,
+           "pair", rule=_pairwise_sigmoid.PairwiseSigmoid,
+           paper="Zhai et al., \"Sigmoid Loss for Language Image "
+                 "Pre-Training\", ICCV 2023 (label positives, fixed t, b)",
+           reduction="sum over pairs / batch size"),
     # Proxy baselines.
     _entry("proxy_nca", _proxy.proxy_nca_loss, "proxy",
            param_name="proxies", init=_normal(1.0),

@@ -421,7 +421,8 @@ def test_registry_forwards_references_and_rejects_them_for_other_losses():
   supported = {n for n, e in losses.LOSSES.items() if e.supports_ref}
   assert supported == {"circle", "unified", "multi_similarity", "ranked_list",
                        "contrastive", "triplet", "lifted_structure", "n_pair",
-                       "margin"}
+                       "margin", "supcon", "nt_xent", "pairwise_ce",
+                       "pairwise_sigmoid"}
   got = losses.get_loss("circle").apply(
       x, Y, ref=losses.Candidates(r, RY, valid=np.ones(14, bool)))
   np.testing.assert_array_equal(np.asarray(got), np.asarray(

@@ -36,6 +36,11 @@ _SPEC = {
     "cosface": {"margin": 0.35, "scale": 64.0},
     "arcface": {"margin": 0.5, "scale": 64.0},
     "softmax": {},
+    "supcon": {"tau": 0.1, "geometry": "cosine", "c": 0.1, "r": 2.3},
+    "nt_xent": {"tau": 0.1, "geometry": "cosine", "c": 0.1, "r": 2.3},
+    "pairwise_ce": {"tau": 0.2, "geometry": "poincare", "c": 0.1, "r": 2.3},
+    "pairwise_sigmoid": {"t": 10.0, "b": -10.0, "geometry": "cosine",
+                         "c": 0.1, "r": 2.3},
 }
 _PARAM = {"circle_class_level": "class_weights", "proxy_anchor": "proxies",
           "ranked_proxy_anchor": "proxies", "margin": "beta",

@@ -126,3 +126,21 @@ def test_loss_hyperparameters_are_checked_by_the_loss_itself():
   with pytest.raises(config_checks.ConfigError,
                      match=r"^config\.loss\.alpha: must be > 0; got -3\.0\.$"):
     config_checks.check_config(c, device_count=8, process_count=1)
+
+
+@pytest.mark.parametrize("hyper, message", [
+    (dict(geometry="sphere"), "config.loss.geometry: must be one of "
+     "('cosine', 'poincare'); got 'sphere'."),
+    (dict(geometry="poincare", c=0.0), "config.loss.c: must be in [0.0001, "
+     "100] for loss 'supcon' (see its docstring); got 0.0."),
+    (dict(tau=1e-4), "config.loss.tau: must be in [0.001, 10000] for loss "
+     "'supcon' (see its docstring); got 0.0001."),
+])
+def test_the_geometry_of_a_pair_loss_is_checked_in_one_line(hyper, message):
+  c = _config()
+  c.loss = config_lib.loss_config("supcon", **hyper)
+  with pytest.raises(config_checks.ConfigError) as e:
+    config_checks.check_config(c, device_count=8, process_count=1)
+  assert str(e.value) == message
+  c.loss = config_lib.loss_config("supcon", geometry="poincare")
+  config_checks.check_config(c, device_count=8, process_count=1)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from circle_jax import ops
 from circle_jax.losses.engine import tiles
+from circle_jax.losses.engine.rule import set_statistics
 
 Array = jax.Array
 
@@ -51,33 +52,39 @@ def dense_per_anchor(rule, similarity: Array, pos: Array,
   x = rule.prepare(similarity)
   pre = tiles.prepass_update(rule, None, similarity, pos, neg, keepdims=True)
   pos, neg = rule.select(jax.lax.stop_gradient(x), pos, neg, pre)
-  if rule.statistic == "sum":
+  kind_p, kind_n = set_statistics(rule)
+  v_p = v_n = None
+  if (kind_p, kind_n) != ("lse", "lse"):
     v_p, v_n = rule.values(x)
 
-    def total(mask, v):
-      count = jnp.sum(mask.astype(tiles.F32), axis=-1)
-      return jnp.sum(jnp.where(mask, v, 0.0), axis=-1), count
+  def total(mask, v):
+    count = jnp.sum(mask.astype(tiles.F32), axis=-1)
+    return jnp.sum(jnp.where(mask, v, 0.0), axis=-1), count
 
+  if (kind_p, kind_n) == ("sum", "sum"):
     return rule.combine(total(pos, v_p), total(neg, v_n))
   logit_p, logit_n = rule.logits(x)
-  e, m_p, m_n = ops.two_set_exp(logit_p, logit_n, pos, neg,
-                                    rule.shift(pre))
-  if rule.statistic == "lse":
-    s_p = jnp.sum(jnp.where(pos, e, 0.0), axis=-1, keepdims=True)
-    s_n = jnp.sum(jnp.where(neg, e, 0.0), axis=-1, keepdims=True)
-    stat_p = jnp.squeeze(ops.log_of_shifted_sum(s_p, m_p), -1)
-    stat_n = jnp.squeeze(ops.log_of_shifted_sum(s_n, m_n), -1)
-  else:
-    e = jax.lax.stop_gradient(e)
-    v_p, v_n = rule.values(x)
+  # A "sum" set takes no exp (so it may overlap the other set).
+  none = jnp.zeros_like(pos)
+  e, m_p, m_n = ops.two_set_exp(logit_p, logit_n,
+                                none if kind_p == "sum" else pos,
+                                none if kind_n == "sum" else neg,
+                                rule.shift(pre))
 
-    def mean(mask, v):
-      # An empty set has all weights 0 (total 0); a non-empty one has total
-      # about >= 1 (its maximum gives exp(0), up to the rounding of a
-      # recomputed logit, which at large temperatures is not exactly 0).
-      total = jnp.sum(jnp.where(mask, e, 0.0), axis=-1)
-      return (jnp.sum(jnp.where(mask, e * v, 0.0), axis=-1)
-              / jnp.where(total == 0, 1.0, total))
+  def statistic(kind, mask, v, m):
+    if kind == "sum":
+      return total(mask, v)
+    if kind == "lse":
+      s = jnp.sum(jnp.where(mask, e, 0.0), axis=-1, keepdims=True)
+      return jnp.squeeze(ops.log_of_shifted_sum(s, m), -1)
+    # "mean": the weights are constant in backprop. An empty set has all
+    # weights 0 (total 0); a non-empty one has total about >= 1 (its maximum
+    # gives exp(0), up to the rounding of a recomputed logit, which at large
+    # temperatures is not exactly 0).
+    w = jax.lax.stop_gradient(e)
+    total_w = jnp.sum(jnp.where(mask, w, 0.0), axis=-1)
+    return (jnp.sum(jnp.where(mask, w * v, 0.0), axis=-1)
+            / jnp.where(total_w == 0, 1.0, total_w))
 
-    stat_p, stat_n = mean(pos, v_p), mean(neg, v_n)
-  return rule.combine(stat_p, stat_n)
+  return rule.combine(statistic(kind_p, pos, v_p, m_p),
+                      statistic(kind_n, neg, v_n, m_n))

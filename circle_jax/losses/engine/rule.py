@@ -19,7 +19,12 @@ tile the block):
 * ``statistic``: ``"lse"``, the set statistic is ``logsumexp(logit)``;
   ``"mean"``, the ``exp(logit)``-weighted mean of ``values(x)``, the weights
   constant in backprop; or ``"sum"``, the pair ``(sum of values(x), number
-  of pairs)`` of the set (the count without gradient);
+  of pairs)`` of the set (the count without gradient); or a pair of these,
+  one per set ``(positive set's, negative set's)`` (a ``"sum"`` set's
+  logits are 0), e.g. SupCon's ``("sum", "lse")``: the positives' sum and
+  count, and the logsumexp over all candidates (:func:`set_statistics`).
+  The two sets are disjoint, except that a ``"sum"`` set may overlap the
+  other (``select`` may widen the negatives to every candidate);
 * ``logits(x) -> (logit_p, logit_n)`` (not for ``"sum"``) and, for
   ``"mean"`` and ``"sum"``, ``values(x) -> (v_p, v_n)``;
 * ``shift(pre)``: optionally the row maxima of the logits when the pre-pass
@@ -88,6 +93,12 @@ class PairRule:
   def shift(self, pre):
     del pre
     return None
+
+
+def set_statistics(rule) -> Tuple[str, str]:
+  """``(positive set's, negative set's)`` statistic of ``rule``."""
+  kind = rule.statistic
+  return (kind, kind) if isinstance(kind, str) else tuple(kind)
 
 
 def both_sets_nonempty(stat_p, stat_n):

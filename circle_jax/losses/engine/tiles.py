@@ -30,7 +30,7 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from circle_jax.losses.engine.rule import NEG_INF
+from circle_jax.losses.engine.rule import NEG_INF, set_statistics
 
 Array = jax.Array
 
@@ -263,11 +263,13 @@ def _online(state, logits, values, mask):
 def stats_update(rule, stats, s, pos, neg, pre):
   """Folds a ``[R, C]`` tile into the online set statistics."""
   x, pos, neg, logit_p, logit_n = set_terms(rule, s, pos, neg, pre)
+  kind_p, kind_n = set_statistics(rule)
   v_p = v_n = None
-  if rule.statistic != "lse":
+  if (kind_p, kind_n) != ("lse", "lse"):
     v_p, v_n = rule.values(x)
-  return (_online(stats[:3], logit_p, v_p, pos)
-          + _online(stats[3:], logit_n, v_n, neg))
+  return (_online(stats[:3], logit_p, None if kind_p == "lse" else v_p, pos)
+          + _online(stats[3:], logit_n, None if kind_n == "lse" else v_n,
+                    neg))
 
 
 def lse(m: Array, z: Array) -> Array:
@@ -281,15 +283,16 @@ def lse(m: Array, z: Array) -> Array:
 def stats_finish(rule, stats):
   """``(stat_p, stat_n)`` from the online statistics."""
   m_p, z_p, a_p, m_n, z_n, a_n = stats
-  if rule.statistic == "lse":
-    return lse(m_p, z_p), lse(m_n, z_n)
-  if rule.statistic == "sum":  # z counts the pairs (all weights are 1)
-    return (a_p, z_p), (a_n, z_n)
 
-  def mean(z, a):
+  def finish(kind, m, z, a):
+    if kind == "lse":
+      return lse(m, z)
+    if kind == "sum":  # z counts the pairs (all weights are 1)
+      return a, z
     return jnp.where(z > 0, a / jnp.where(z > 0, z, 1.0), 0.0)
 
-  return mean(z_p, a_p), mean(z_n, a_n)
+  kind_p, kind_n = set_statistics(rule)
+  return finish(kind_p, m_p, z_p, a_p), finish(kind_n, m_n, z_n, a_n)
 
 
 def finish_rows(rule, plan, stats):
@@ -327,20 +330,27 @@ def tile_cotangent(rule, s, pos, neg, pre, stats, ct):
   stat_p, stat_n = stats_finish(rule, stats)
   _, combine_vjp = jax.vjp(lambda a, b: rule.combine(a, b)[0], stat_p, stat_n)
   c_p, c_n = combine_vjp(ct)
-  if rule.statistic == "sum":  # the counts carry no gradient
-    c_p, c_n = c_p[0], c_n[0]
+  kind_p, kind_n = set_statistics(rule)
+  # The counts of a "sum" set carry no gradient.
+  c_p = c_p[0] if kind_p == "sum" else c_p
+  c_n = c_n[0] if kind_n == "sum" else c_n
   _, pos, neg, logit_p, logit_n = set_terms(rule, s, pos, neg, pre)
 
   def head(s):
     x = rule.prepare(s)
-    return rule.logits(x) if rule.statistic == "lse" else rule.values(x)
+    logits = rule.logits(x)
+    if (kind_p, kind_n) == ("lse", "lse"):
+      return logits
+    values = rule.values(x)
+    return (logits[0] if kind_p == "lse" else values[0],
+            logits[1] if kind_n == "lse" else values[1])
 
   _, (df_p, df_n) = jax.jvp(head, (s,), (jnp.ones_like(s),))
   m_p, z_p, _, m_n, z_n, _ = stats
-  if rule.statistic == "sum":  # a plain sum: every pair has weight 1
-    w_p = w_n = 1.0
-  else:
-    w_p = _softmax_weights(logit_p, lse(m_p, z_p), pos)
-    w_n = _softmax_weights(logit_n, lse(m_n, z_n), neg)
+  # A plain sum weighs every pair by 1.
+  w_p = (1.0 if kind_p == "sum"
+         else _softmax_weights(logit_p, lse(m_p, z_p), pos))
+  w_n = (1.0 if kind_n == "sum"
+         else _softmax_weights(logit_n, lse(m_n, z_n), neg))
   return (jnp.where(pos, c_p[:, None] * w_p * df_p, 0.0)
           + jnp.where(neg, c_n[:, None] * w_n * df_n, 0.0))

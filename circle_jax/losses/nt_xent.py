@@ -1,0 +1,103 @@
+r"""NT-Xent / InfoNCE with label-defined views (Chen et al., ICML 2020), a rule.
+
+SimCLR's normalised temperature-scaled cross-entropy, for every positive
+pair ``(i, p)`` (two views of one sample: the same label),
+
+.. math::
+
+  \ell_{ip} = -\log \frac{\exp(s_{ip}/\tau)}
+                         {\sum_{k \ne i} \exp(s_{ik}/\tau)},
+
+averaged over all positive pairs. With two views per label it is SupCon
+(:mod:`circle_jax.losses.supcon`) exactly; with more, NT-Xent weighs every
+positive pair alike where SupCon weighs every anchor alike. Per anchor the
+rule keeps ``|P| LSE - sum_P s/tau`` and ``|P|``, reduced to the global ratio
+of sums, so it runs on every engine.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from circle_jax.losses import _common
+from circle_jax.losses import engine
+from circle_jax.losses import hyperbolic
+from circle_jax.losses import supcon
+
+Array = jax.Array
+
+
+@engine.rule_dataclass(meta=("geometry",))
+class NTXent(supcon.SupCon):
+  """NT-Xent rule: SupCon's statistics, averaged over the positive pairs.
+
+  Attributes:
+    tau: the temperature ``tau`` in [1e-3, 1e4].
+    geometry: the similarity of a pair (static).
+  """
+
+  tau: float = 0.1
+  geometry: engine.Geometry = engine.COSINE
+
+  def combine(self, sum_count_p, lse_all):
+    total, count, valid = self.terms(sum_count_p, lse_all)
+    return (total, count), valid
+
+  def reduce(self, terms, valid, axis_name):
+    del valid
+    return _common.ratio_of_sums(*terms, axis_name)
+
+
+def nt_xent_loss(
+    embeddings: Array,
+    labels: Array,
+    *,
+    tau: float = NTXent.tau,
+    geometry: str = "cosine",
+    c: float = hyperbolic.DEFAULT_C,
+    r: float = hyperbolic.DEFAULT_R,
+    **options,
+) -> Array:
+  r"""NT-Xent / InfoNCE (Chen et al., ICML 2020; van den Oord et al. 2018).
+
+  .. math::
+
+    L = \frac{1}{\sum_i |P(i)|} \sum_i \sum_{p \in P(i)} \Big[
+      \operatorname*{LSE}_{k \in A(i)} \frac{s_{ik}}{\tau}
+      - \frac{s_{ip}}{\tau} \Big],
+
+  labels give the views (``P(i)``: the other views of sample ``i``; ``A(i)``
+  every candidate but ``i``), ``s`` the cosine similarity (or ``-d_c``).
+
+  Reduction: mean over all positive pairs (SimCLR's ``1/2N`` sum over its
+  ``2N`` ordered pairs with two views); 0 with zero gradient when there is
+  no positive pair.
+
+  Differences: the paper's denominator runs over every ``k != i``, and so
+  does ours; pytorch-metric-learning's ``NTXentLoss`` keeps only the positive
+  ``p`` and the negatives in it (the same with two views, not with more).
+  Temperature: SimCLR's code defaults to 0.1 and the paper's Table 5 finds
+  0.1 best for its ImageNet setting (0.5 is its CIFAR-10 choice and
+  pytorch-metric-learning's default is 0.07); we default to 0.1.
+
+  Args:
+    embeddings: ``[B, D]`` float32 or bfloat16.
+    labels: ``[B]`` integer labels: the views of one sample share a label.
+    tau: the temperature ``tau`` in [1e-3, 1e4].
+    geometry: ``"cosine"`` (default) or ``"poincare"``.
+    c: the Poincaré ball's curvature, in [1e-4, 100] (``"poincare"`` only).
+    r: the feature clipping radius, in (0, 1000] (``"poincare"`` only).
+    **options: the pair losses' shared keywords, documented once at
+      :func:`circle_jax.losses.engine.embedding_loss`.
+
+  Returns:
+    float32 scalar.
+
+  References:
+    Chen, Kornblith, Norouzi, Hinton, "A Simple Framework for Contrastive
+    Learning of Visual Representations", ICML 2020. van den Oord, Li,
+    Vinyals, "Representation Learning with Contrastive Predictive Coding",
+    arXiv:1807.03748, 2018.
+  """
+  rule = NTXent(tau=tau, geometry=hyperbolic.geometry_of(geometry, c, r))
+  return engine.embedding_loss(rule, embeddings, labels, **options)
