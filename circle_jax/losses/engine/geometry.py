@@ -15,13 +15,15 @@ loss's own module) and no engine changes. The interface:
 
 A geometry is a frozen (hashable) dataclass: its fields are static.
 :class:`Cosine` is today's geometry (one matmul of unit vectors per tile);
-:class:`Dot` keeps the raw inner products (the N-pair loss). A hyperbolic
-(Poincaré-ball) geometry would map ``embed`` onto the ball and compute
-``tile`` from the tile's matmul and the two sides' squared norms
-(``||x - y||^2 = |x|^2 + |y|^2 - 2 x.y``); a rule then reads the distance in
-its ``prepare``, and losses that softmax over every candidate (SupCon) are
-rules with the ``"lse"`` statistic on the negatives-and-positives set, so
-neither needs an engine change.
+:class:`Dot` keeps the raw inner products (the N-pair loss).
+:class:`circle_jax.losses.hyperbolic.Poincare` (in the losses room, since no
+engine needs to know it) maps ``embed`` onto the ball and computes ``tile``
+as ``-d_c`` from the tile's matmul and the two sides' squared norms
+(``||x - y||^2 = |x|^2 + |y|^2 - 2 x.y``). Losses that softmax over every
+candidate (SupCon) are rules with one statistic per set, ``("sum", "lse")``:
+the positives' sum and the logsumexp over the positives and negatives
+together (:mod:`circle_jax.losses.engine.rule`). Neither needed an engine
+change beyond that per-set statistic.
 """
 
 from __future__ import annotations
