@@ -76,9 +76,11 @@ def nt_xent_loss(
   Differences: the paper's denominator runs over every ``k != i``, and so
   does ours; pytorch-metric-learning's ``NTXentLoss`` keeps only the positive
   ``p`` and the negatives in it (the same with two views, not with more).
-  Temperature: SimCLR's code defaults to 0.1 and the paper's Table 5 finds
-  0.1 best for its ImageNet setting (0.5 is its CIFAR-10 choice and
-  pytorch-metric-learning's default is 0.07); we default to 0.1.
+  Temperature: we default to 0.1, the ``temperature`` flag's default in the
+  official code's ``run.py`` (google-research/simclr, checked there), the
+  value of its ImageNet runs. The paper's CIFAR-10 runs and
+  pytorch-metric-learning's default use other values (0.5 and 0.07, as
+  recalled, unchecked here).
 
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16.
