@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from circle_jax import ops
 from circle_jax.losses import _common
 from circle_jax.losses import engine
+from circle_jax.losses import forms
 from circle_jax.losses import miners
 from circle_jax.losses import ranges
 
@@ -59,13 +60,23 @@ def _margin_weights(pos, neg, pair_weights):
   return jnp.where(pos, w, 0.0), jnp.where(neg, w, 0.0)
 
 
+@forms.declaration
+class Margin:
+  """The margin loss's hyperparameters, the defaults of both its forms: the
+  margin ``m`` (the paper's ``alpha``) and the weight ``nu`` of the ``beta``
+  regulariser."""
+
+  margin: float = 0.2
+  nu: float = 0.0
+
+
+@forms.takes(Margin, into="hp")
 def margin_loss_from_distance(
     distance: Array,
     labels: Array,
     beta: Array,
     *,
-    margin: float = 0.2,
-    nu: float = 0.0,
+    hp: Margin,
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
     pair_weights: Optional[Array] = None,
@@ -79,19 +90,19 @@ def margin_loss_from_distance(
                                                 neg_mask, "distance")
   pos_w, neg_w = _margin_weights(pos, neg, pair_weights)
   return _margin_core(dist, pos_w, neg_w, _beta_rows(beta, labels),
-                      margin=margin, nu=nu, axis_name=None)
+                      **forms.keywords(hp), axis_name=None)
 
 
+@forms.takes(Margin, into="hp")
+@forms.takes(miners.DistanceWeighted, into="sampler")
 def margin_loss(
     embeddings: Array,
     labels: Array,
     beta: Array,
     *,
-    margin: float = 0.2,
-    nu: float = 0.0,
+    hp: Margin,
     key: Optional[Array] = None,
-    cutoff: float = 0.5,
-    nonzero_loss_cutoff: float = 1.4,
+    sampler: miners.DistanceWeighted,
     pair_weights: Optional[Array] = None,
     **options,
 ) -> Array:
@@ -152,7 +163,7 @@ def margin_loss(
     raise ValueError(
         "Pass either `key` (sample negatives) or `pair_weights` (already "
         "sampled), not both.")
-  ranges.check_range(margin, "margin", ranges.NONNEGATIVE_RANGE)
+  ranges.check_range(hp.margin, "margin", ranges.NONNEGATIVE_RANGE)
   axis_name = options.get("axis_name")
   rows, _, sim, pos, neg = engine.dense_block(
       embeddings, labels, loss="margin loss", reason=_NOT_A_RULE, **options)
@@ -162,8 +173,7 @@ def margin_loss(
     num_rows = m if axis_name is None else m * jax.lax.axis_size(axis_name)
     pair_weights = miners.distance_weighted_weights(
         dist, pos, neg, _common.local_row_offset(m, axis_name), key, dim,
-        cutoff=cutoff, nonzero_loss_cutoff=nonzero_loss_cutoff,
-        num_rows=num_rows)
+        **forms.keywords(sampler), num_rows=num_rows)
   pos_w, neg_w = _margin_weights(pos, neg, pair_weights)
   return _margin_core(dist, pos_w, neg_w, _beta_rows(beta, rows.labels),
-                      margin=margin, nu=nu, axis_name=axis_name)
+                      **forms.keywords(hp), axis_name=axis_name)

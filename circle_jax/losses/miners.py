@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax import ops
+from circle_jax.losses import forms
 from circle_jax.losses import ranges
 from circle_jax.losses import _common
 from circle_jax.losses import engine
@@ -346,13 +347,24 @@ def pair_margin_miner(
                            pos_margin=pos_margin, neg_margin=neg_margin)
 
 
+@forms.declaration
+class DistanceWeighted:
+  """The distance-weighted sampler's parameters, the defaults of
+  :func:`distance_weighted_miner` and of the margin loss's sampler (the
+  official code's): the distance floor ``cutoff`` and the distance beyond
+  which a negative has no loss, ``nonzero_loss_cutoff``."""
+
+  cutoff: float = 0.5
+  nonzero_loss_cutoff: float = 1.4
+
+
+@forms.takes(DistanceWeighted, into="sampler")
 def distance_weighted_miner(
     embeddings: Array,
     labels: Array,
     key: Array,
     *,
-    cutoff: float = 0.5,
-    nonzero_loss_cutoff: float = 1.4,
+    sampler: DistanceWeighted,
     axis_name: Optional[str] = None,
 ) -> Array:
   r"""Distance-weighted negative sampling (Wu et al. 2017, Sec. 4).
@@ -390,9 +402,9 @@ def distance_weighted_miner(
     Wu, Manmatha, Smola, Kraehenbuehl, "Sampling Matters in Deep Embedding
     Learning", ICCV 2017, eq. 4 and Sec. 4.
   """
-  ranges.check_range(cutoff, "cutoff", ranges.NONNEGATIVE_RANGE)
+  ranges.check_range(sampler.cutoff, "cutoff", ranges.NONNEGATIVE_RANGE)
   sim, pos, neg, offset = _block(embeddings, labels, axis_name)
   dist = ops.euclidean_from_cosine(sim)
   return distance_weighted_weights(
-      dist, pos, neg, offset, key, embeddings.shape[1], cutoff=cutoff,
-      nonzero_loss_cutoff=nonzero_loss_cutoff)
+      dist, pos, neg, offset, key, embeddings.shape[1],
+      **forms.keywords(sampler))

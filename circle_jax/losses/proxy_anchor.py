@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax import ops
+from circle_jax.losses import forms
 from circle_jax.losses import ranges
 from circle_jax.losses import _common
 from circle_jax.losses import ranked_list as _ranked_list
@@ -43,6 +44,25 @@ from circle_jax.losses import ranked_list as _ranked_list
 Array = jax.Array
 
 _DISTANCES = ("euclidean", "cosine")
+
+
+@forms.declaration
+class ProxyAnchor:
+  """Proxy-Anchor's hyperparameters, the defaults of both its forms (the
+  paper's): the margin ``delta`` and the scale ``alpha``."""
+
+  margin: float = 0.1
+  alpha: float = 32.0
+
+
+@forms.declaration
+class RankedProxyAnchor:
+  """Ranked Proxy-Anchor's hyperparameters, the defaults of both its forms:
+  RLL's negative boundary ``alpha``, gap ``m`` and temperature ``T_n``."""
+
+  alpha: float = 1.4
+  margin: float = 0.4
+  t_neg: float = 20.0
 
 
 # ----------------------------------------------------------------------------
@@ -120,12 +140,12 @@ def _num_proxies_with_positives(pos: Array, axis_name) -> Array:
 # ----------------------------------------------------------------------------
 
 
+@forms.takes(ProxyAnchor, into="hp")
 def proxy_anchor_loss_from_similarity(
     similarity: Array,
     labels: Array,
     *,
-    margin: float = 0.1,
-    alpha: float = 32.0,
+    hp: ProxyAnchor,
     axis_name=None,
 ) -> Array:
   r"""Proxy-Anchor loss of a ``[B, C]`` sample-to-proxy similarity block.
@@ -156,12 +176,13 @@ def proxy_anchor_loss_from_similarity(
   Returns:
     A float32 scalar.
   """
-  ranges.check_range(alpha, "alpha", ranges.POSITIVE_RANGE)
+  ranges.check_range(hp.alpha, "alpha", ranges.POSITIVE_RANGE)
   similarity, labels = _check_sample_to_proxy(similarity, labels, "similarity")
   num_classes = similarity.shape[1]
   pos, neg = _proxy_masks(labels, num_classes)
   pos_terms, neg_terms = _batch_log1p_sum_exp_two_sets(
-      -alpha * (similarity - margin), alpha * (similarity + margin), pos, neg,
+      -hp.alpha * (similarity - hp.margin),
+      hp.alpha * (similarity + hp.margin), pos, neg,
       axis_name)
   num_valid = _num_proxies_with_positives(pos, axis_name)
   loss = (jnp.sum(pos_terms) / jnp.maximum(num_valid, 1.0)
@@ -169,13 +190,13 @@ def proxy_anchor_loss_from_similarity(
   return _common.to_float32_scalar(loss)
 
 
+@forms.takes(ProxyAnchor, into="hp")
 def proxy_anchor_loss(
     embeddings: Array,
     labels: Array,
     proxies: Array,
     *,
-    margin: float = 0.1,
-    alpha: float = 32.0,
+    hp: ProxyAnchor,
     axis_name=None,
 ) -> Array:
   r"""Proxy-Anchor loss: each class proxy is an anchor over the whole batch.
@@ -222,7 +243,7 @@ def proxy_anchor_loss(
   similarity = jnp.matmul(ops.l2_normalize(x), ops.l2_normalize(p).T,
                           precision=jax.lax.Precision.HIGHEST)
   return proxy_anchor_loss_from_similarity(
-      similarity, labels, margin=margin, alpha=alpha, axis_name=axis_name)
+      similarity, labels, **forms.keywords(hp), axis_name=axis_name)
 
 
 # ----------------------------------------------------------------------------
@@ -230,13 +251,12 @@ def proxy_anchor_loss(
 # ----------------------------------------------------------------------------
 
 
+@forms.takes(RankedProxyAnchor, into="hp")
 def ranked_proxy_anchor_loss_from_distance(
     distance: Array,
     labels: Array,
     *,
-    alpha: float = 1.4,
-    margin: float = 0.4,
-    t_neg: float = 20.0,
+    hp: RankedProxyAnchor,
     axis_name=None,
 ) -> Array:
   r"""Ranked Proxy-Anchor loss of a ``[B, C]`` sample-to-proxy distance block.
@@ -271,7 +291,7 @@ def ranked_proxy_anchor_loss_from_distance(
   """
   # RLL's boundaries, hinges and non-trivial sets, with proxies as anchors
   # (the rule's range checks included).
-  rule = _ranked_list.RankedList(alpha=alpha, margin=margin, t_neg=t_neg,
+  rule = _ranked_list.RankedList(**forms.keywords(hp),
                                  on_distance=True)
   distance, labels = _check_sample_to_proxy(distance, labels, "distance")
   num_classes = distance.shape[1]
@@ -303,14 +323,13 @@ def ranked_proxy_anchor_loss_from_distance(
   return _common.to_float32_scalar(pos_term + neg_term)
 
 
+@forms.takes(RankedProxyAnchor, into="hp")
 def ranked_proxy_anchor_loss(
     embeddings: Array,
     labels: Array,
     proxies: Array,
     *,
-    alpha: float = 1.4,
-    margin: float = 0.4,
-    t_neg: float = 20.0,
+    hp: RankedProxyAnchor,
     distance: str = "euclidean",
     axis_name=None,
 ) -> Array:
@@ -389,5 +408,4 @@ def ranked_proxy_anchor_loss(
   else:
     dist = 1.0 - similarity
   return ranked_proxy_anchor_loss_from_distance(
-      dist, labels, alpha=alpha, margin=margin, t_neg=t_neg,
-      axis_name=axis_name)
+      dist, labels, **forms.keywords(hp), axis_name=axis_name)

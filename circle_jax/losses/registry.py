@@ -253,6 +253,15 @@ class LossEntry:
     return self.fn(*args, **hyper)
 
 
+def _classifier(name, fn, *, paper, init=_normal(0.01),
+                param_init="normal, std 0.01"):
+  """The entry of a classifier loss: learnable ``class_weights``, the mean
+  over the samples."""
+  return _entry(name, fn, "classifier", param_name="class_weights",
+                init=init, param_init=param_init, paper=paper,
+                reduction="mean over samples")
+
+
 def _entry(name, fn, kind, *, paper, reduction, param_name=None,
            init=_no_params, param_init="", needs_key=False,
            rule=None, tiled=True) -> LossEntry:
@@ -404,29 +413,19 @@ LOSSES: Mapping[str, LossEntry] = types.MappingProxyType({e.name: e for e in [
                  "Without Triplet Sampling\", ICCV 2019",
            reduction="mean over samples + tau * center regulariser"),
     # Classification.
-    _entry("normface", _classification.normface_loss, "classifier",
-           param_name="class_weights", init=_normal(0.01),
-           param_init="normal, std 0.01",
-           paper="Wang et al., \"NormFace: L2 Hypersphere Embedding for "
-                 "Face Verification\", ACM MM 2017",
-           reduction="mean over samples"),
-    _entry("cosface", _classification.cosface_loss, "classifier",
-           param_name="class_weights", init=_normal(0.01),
-           param_init="normal, std 0.01",
-           paper="Wang et al., \"CosFace: Large Margin Cosine Loss for "
-                 "Deep Face Recognition\", CVPR 2018 (= AM-Softmax)",
-           reduction="mean over samples"),
-    _entry("arcface", _classification.arcface_loss, "classifier",
-           param_name="class_weights", init=_normal(0.01),
-           param_init="normal, std 0.01 (insightface)",
-           paper="Deng et al., \"ArcFace: Additive Angular Margin Loss for "
-                 "Deep Face Recognition\", CVPR 2019",
-           reduction="mean over samples"),
-    _entry("softmax", _classification.softmax_loss, "classifier",
-           param_name="class_weights", init=_glorot_uniform,
-           param_init="glorot (xavier) uniform",
-           paper="softmax cross-entropy on a linear classifier",
-           reduction="mean over samples"),
+    _classifier("normface", _classification.normface_loss,
+                paper="Wang et al., \"NormFace: L2 Hypersphere Embedding "
+                      "for Face Verification\", ACM MM 2017"),
+    _classifier("cosface", _classification.cosface_loss,
+                paper="Wang et al., \"CosFace: Large Margin Cosine Loss for "
+                      "Deep Face Recognition\", CVPR 2018 (= AM-Softmax)"),
+    _classifier("arcface", _classification.arcface_loss,
+                param_init="normal, std 0.01 (insightface)",
+                paper="Deng et al., \"ArcFace: Additive Angular Margin Loss "
+                      "for Deep Face Recognition\", CVPR 2019"),
+    _classifier("softmax", _classification.softmax_loss,
+                init=_glorot_uniform, param_init="glorot (xavier) uniform",
+                paper="softmax cross-entropy on a linear classifier"),
 ]})
 
 
