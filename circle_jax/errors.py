@@ -59,7 +59,7 @@ def reading_weights(path, expected: str):
   except (UserError, ImportError):
     raise
   except Exception as e:  # pylint: disable=broad-except
-    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:400]
     raise WeightsFileError(
         f"Cannot read the pretrained weights {path!r} ({type(e).__name__}: "
         f"{first}): expected {expected}; the file is damaged, truncated or of "

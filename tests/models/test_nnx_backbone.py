@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from circle_jax import losses, models
+from circle_jax import losses, models, parallel
 from circle_jax.train import optim, state as state_lib, step as step_lib
 
 
@@ -55,7 +55,7 @@ def test_nnx_backbone_trains_a_step_and_updates_its_batch_stats(registry):
       apply_fn=model.apply, params={"model": variables["params"], "loss": {}},
       tx=tx, batch_stats=variables["batch_stats"])
   step = step_lib.make_train_step(
-      step_lib.make_loss_fn(losses.get_loss("circle")), placement="none",
+      step_lib.make_loss_fn(losses.get_loss("circle")), placement=parallel.SingleDevice(),
       base_key=jax.random.PRNGKey(2), donate=False)
   batch = {"image": images, "label": jnp.arange(8, dtype=jnp.int32) % 4}
   new, metrics = step(state, batch)

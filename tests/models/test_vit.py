@@ -258,8 +258,11 @@ def test_malicious_bin_checkpoint_never_runs(tmp_path, monkeypatch):
   with zipfile.ZipFile(path, "w") as zf:
     zf.writestr("archive/data.pkl",
                 pickle.dumps({"pos_embed": _Evil()}, protocol=2))
-  with pytest.raises(pickle.UnpicklingError, match="Refusing"):
+  with pytest.raises(errors.WeightsFileError) as e:
     vit_weights.load_timm_vit(path, tiny())
+  assert isinstance(e.value.__cause__, pickle.UnpicklingError)
+  assert "Refusing to unpickle `posix.system`" in str(e.value)
+  assert str(path) in str(e.value) and "\n" not in str(e.value)
   assert not (tmp_path / "pwned_by_vit_checkpoint").exists()
 
 

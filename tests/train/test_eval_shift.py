@@ -124,8 +124,9 @@ def test_finished_run_resumed_with_a_shift_is_evaluated_again(tmp_path,
   before = loop.train_and_evaluate(c, workdir)
   c.eval_shift = 1
   after = loop.train_and_evaluate(c, workdir)
-  assert after["train_seconds"] == pytest.approx(before["train_seconds"],
-                                                 rel=0.2)
+  # Nothing is trained: the training time is the one the last checkpoint
+  # recorded (its wait for the final write is not in it), never more.
+  assert 0 < after["train_seconds"] <= before["train_seconds"]
   assert after["best"]["step"] == before["best"]["step"]
   assert after["result"]["step"] == before["result"]["step"]
   for which, part in (("best", after["result"]["test"]),
