@@ -127,21 +127,27 @@ def loss_config(name: str = "circle", **hyper) -> ml_collections.ConfigDict:
     registry default, i.e. the paper's, unless given in ``hyper``) and, for
     losses that can be computed blockwise, ``block_size`` (None: the dense
     ``[B, B]`` computation) and ``collective`` (None: the loss's default,
-    an all-gather of the global batch; ``"ring"``: the device ring).
+    an all-gather of the global batch; ``"ring"``: the device ring); for
+    pair losses the geometry: ``geometry`` (``"cosine"``, ``"poincare"``;
+    ``"dot"`` for N-pair), and the Poincaré ball's curvature ``c`` and
+    clipping radius ``r`` (Hyp-ViT's 0.1 and 2.3). With ``"poincare"`` the
+    embedding head does not L2-normalise: the ball's exponential map takes
+    the raw features.
 
   Raises:
     ValueError: unknown loss or hyperparameter, naming the accepted ones.
   """
   entry = losses_lib.get_loss(name)
   options = [o for o in EXECUTION_OPTIONS if o in entry.execution_options]
-  unknown = sorted(set(hyper) - set(entry.defaults) - set(options))
+  fields = {**entry.defaults, **entry.geometry_defaults()}
+  unknown = sorted(set(hyper) - set(fields) - set(options))
   if unknown:
     raise ValueError(
         f"loss {name!r} has no hyperparameter(s) {unknown}; it accepts "
-        f"{sorted(entry.defaults) + options}.")
+        f"{sorted(fields) + options}.")
   c = Config()
   c.name = name
-  for k, v in entry.defaults.items():
+  for k, v in fields.items():
     c[k] = hyper.get(k, v)
   for o in options:
     c[o] = hyper.get(o, placeholder(EXECUTION_OPTIONS[o]))

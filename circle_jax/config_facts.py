@@ -63,6 +63,12 @@ def loss_hyper(config) -> dict:
           if k != "name" and v is not None}
 
 
+def head_normalizes(config) -> bool:
+  """Whether the embedding head L2-normalises: unless the loss's geometry
+  maps raw features (``config.loss.geometry == "poincare"``)."""
+  return config.loss.get("geometry", None) != "poincare"
+
+
 def global_batch_size(config) -> int:
   """``P x K`` for the PK sampler, ``batch.size`` for the random sampler."""
   if config.batch.sampler == "random":

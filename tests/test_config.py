@@ -87,7 +87,7 @@ def test_misspelt_fields_are_errors_naming_the_close_match(config_file):
 def test_loss_config_lists_every_hyperparameter_and_rejects_unknown_ones():
   for name, entry in losses.LOSSES.items():
     c = config_lib.loss_config(name)
-    want = dict(entry.defaults, name=name)
+    want = dict(entry.defaults, name=name, **entry.geometry_defaults())
     want.update(dict.fromkeys(entry.execution_options))
     assert dict(c) == want, name
     with pytest.raises(AttributeError, match="does not have this field"):
@@ -101,7 +101,8 @@ def test_loss_name_swaps_in_that_losses_own_defaults(config_file):
   assert dict(c.loss) == {"name": "multi_similarity", "alpha": 2.0,
                           "beta": 50.0, "base": 0.5, "epsilon": 0.1,
                           "mining": True, "block_size": None,
-                          "collective": None}
+                          "collective": None, "geometry": "cosine",
+                          "c": 0.1, "r": 2.3}
   # Circle's class-level variant gets its own gamma/m, not Circle's.
   c = parse(config_file, "--config.loss.name=circle_class_level")
   assert (c.loss.gamma, c.loss.margin) == (256.0, 0.25)
@@ -233,4 +234,9 @@ def test_contrastive_losses_and_the_poincare_geometry_by_flag(config_file):
   for name in ("nt_xent", "pairwise_sigmoid"):
     c = parse(config_file, f"--config.loss.name={name}")
     assert c.loss.geometry == "cosine"
-  assert config_lib.loss_config("circle").get("geometry") is None
+  c = parse(config_file, "--config.loss.geometry=poincare",
+            "--config.loss.c=0.5")
+  assert (c.loss.name, c.loss.geometry, c.loss.c) == ("circle", "poincare",
+                                                      0.5)
+  assert config_lib.loss_config("n_pair").geometry == "dot"
+  assert config_lib.loss_config("arcface").get("geometry") is None

@@ -45,8 +45,20 @@ def model_apply(model, shift: int = 0) -> Callable:
   mean of the L2-normalised outputs of the 5 :func:`shifted_views` of each
   image, run as one batch of ``5 b``. Its norm is at most 1; cosine
   similarities ignore it.
+
+  A model whose head does not normalise (``normalize=False``: a loss on the
+  Poincaré ball) is evaluated on the L2-normalised features, by cosine like
+  every other: the ball's clipping puts features longer than ``r`` on one
+  sphere, and the Poincaré distance from any query to candidates of one
+  norm is an increasing function of their angle, so both rank the
+  candidates alike (exactly, when every candidate is clipped).
   """
   apply = functools.partial(model.apply, train=False)
+  if not getattr(model, "normalize", True):
+    raw = apply
+
+    def apply(variables, images):  # pylint: disable=function-redefined
+      return ops.l2_normalize(raw(variables, images))
   if not shift:
     return apply
 

@@ -12,7 +12,6 @@ import types
 import jax
 import jax.numpy as jnp
 
-from circle_jax import ops
 from circle_jax.losses import _common
 from circle_jax.losses import engine
 from circle_jax.losses import forms
@@ -33,8 +32,9 @@ class Contrastive(engine.PairRule):
       pulled.
     neg_margin: ``m_-``, in [0, 2]: negatives farther than this are not
       pushed (distances of unit vectors lie in [0, 2]).
-    on_distance: the block holds distances (static); otherwise cosine
-      similarities, turned into the Euclidean distance of unit vectors.
+    on_distance: the block holds distances (static); otherwise the
+      geometry's similarities, turned into its distance (cosine: the
+      Euclidean distance of unit vectors; Poincaré: ``-s``).
   """
 
   pos_margin: float = 0.0
@@ -48,7 +48,7 @@ class Contrastive(engine.PairRule):
       "neg_margin": ranges.DISTANCE_MARGIN_RANGE})
 
   def prepare(self, s):
-    return s if self.on_distance else ops.euclidean_from_cosine(s)
+    return s if self.on_distance else self.geometry.to_distance(s)
 
   def values(self, d):
     return (jax.nn.relu(d - self.pos_margin),

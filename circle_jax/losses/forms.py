@@ -35,6 +35,8 @@ from circle_jax.losses import engine
 Array = jax.Array
 
 _KW = inspect.Parameter.KEYWORD_ONLY
+# Rule fields that the shared ``**options`` set (not a form's keywords).
+_OPTION_FIELDS = ("geometry",)
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY,
                inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
@@ -67,7 +69,8 @@ def takes(declared, *, defaults=None, into: str = "rule", **fixed):
   Returns:
     A decorator giving the public form.
   """
-  fields = [f for f in dataclasses.fields(declared) if f.name not in fixed]
+  fields = [f for f in dataclasses.fields(declared)
+            if f.name not in fixed and f.name not in _OPTION_FIELDS]
   source = declared if defaults is None else defaults
 
   def wrap(fn):

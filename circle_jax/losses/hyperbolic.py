@@ -60,7 +60,7 @@ _MIN_NORM = 1e-5
 _BALL_MARGIN = 1e-3
 _MIN_ARG = 1e-12
 
-GEOMETRIES = ("cosine", "poincare")
+GEOMETRIES = ("cosine", "dot", "poincare")
 # Hyp-ViT's defaults (hyp_metric's train.py: hyp_c = 0.1, clip_r = 2.3).
 DEFAULT_C = 0.1
 DEFAULT_R = 2.3
@@ -90,6 +90,10 @@ class Poincare(engine.Geometry):
 
   c: float = DEFAULT_C
   r: float = DEFAULT_R
+
+  def __post_init__(self):
+    ranges.check_range(self.c, "c", CURVATURE_RANGE, "the Poincaré geometry")
+    ranges.check_range(self.r, "r", CLIP_RANGE, "the Poincaré geometry")
 
   def embed(self, x):
     x = x.astype(jnp.float32)
@@ -122,19 +126,24 @@ class Poincare(engine.Geometry):
   def tile(self, z_rows, z_cols):
     return -self.distance(z_rows, z_cols)
 
+  def to_distance(self, s):
+    return -s
+
+
+engine.register_geometry("poincare", Poincare())
+
 
 def geometry_of(geometry: str = "cosine", c: float = DEFAULT_C,
                 r: float = DEFAULT_R) -> engine.Geometry:
-  """The geometry named ``geometry`` (``"cosine"`` or ``"poincare"``).
+  """The geometry named ``geometry`` (one of :data:`GEOMETRIES`, the
+  trainer's ``config.loss.geometry``), the ball's ``c`` and ``r`` given.
 
   Raises:
     ValueError: an unknown name, or ``c`` / ``r`` outside their ranges.
   """
-  if geometry == "cosine":
-    return engine.COSINE
-  if geometry != "poincare":
+  if geometry not in GEOMETRIES:
     raise ValueError(f"`geometry` must be one of {GEOMETRIES}; got "
                      f"{geometry!r}.")
-  ranges.check_range(c, "c", CURVATURE_RANGE, "the Poincaré geometry")
-  ranges.check_range(r, "r", CLIP_RANGE, "the Poincaré geometry")
+  if geometry != "poincare":
+    return engine.resolve_geometry(geometry)
   return Poincare(c=float(c), r=float(r))

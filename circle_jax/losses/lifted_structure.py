@@ -113,9 +113,9 @@ def lifted_structure_loss(
     Structured Feature Embedding", CVPR 2016.
   """
   axis_name = options.get("axis_name")
-  _, _, sim, pos, neg = engine.dense_block(
+  _, _, dist, pos, neg = engine.dense_block(
       embeddings, labels, loss="lifted structure loss", reason=_NOT_A_RULE,
-      **options)
-  return _lifted_core(ops.euclidean_from_cosine(sim), pos, neg,
+      distance=True, **options)
+  return _lifted_core(dist, pos, neg,
                       margin=margin, axis_name=axis_name,
                       column_term=options.get("ref") is None)

@@ -15,7 +15,6 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from circle_jax import ops
 from circle_jax.losses import _common
 from circle_jax.losses import engine
 from circle_jax.losses import forms
@@ -165,10 +164,15 @@ def margin_loss(
         "sampled), not both.")
   ranges.check_range(hp.margin, "margin", ranges.NONNEGATIVE_RANGE)
   axis_name = options.get("axis_name")
-  rows, _, sim, pos, neg = engine.dense_block(
-      embeddings, labels, loss="margin loss", reason=_NOT_A_RULE, **options)
-  dist = ops.euclidean_from_cosine(sim)
+  rows, _, dist, pos, neg = engine.dense_block(
+      embeddings, labels, loss="margin loss", reason=_NOT_A_RULE,
+      distance=True, **options)
   if key is not None:
+    if engine.resolve_geometry(options.get("geometry")) not in (
+        None, engine.COSINE):
+      raise ValueError(
+          "The margin loss's distance-weighted sampling (`key`) assumes "
+          "unit vectors: use the cosine geometry, or pass `key=None`.")
     m, dim = rows.z.shape
     num_rows = m if axis_name is None else m * jax.lax.axis_size(axis_name)
     pair_weights = miners.distance_weighted_weights(

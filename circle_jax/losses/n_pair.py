@@ -106,9 +106,9 @@ def n_pair_loss(
   """
   ranges.check_range(l2_reg, "l2_reg", ranges.NONNEGATIVE_RANGE)
   axis_name = options.get("axis_name")
+  options.setdefault("geometry", engine.DOT)
   rows, _, sim, pos, neg = engine.dense_block(
-      embeddings, labels, loss="N-pair loss", reason=_NOT_A_RULE,
-      geometry=engine.DOT, **options)
+      embeddings, labels, loss="N-pair loss", reason=_NOT_A_RULE, **options)
   emb = rows.z
   tuplet = _n_pair_core(sim, pos, neg, axis_name=axis_name)
   penalty = _common.sum_over_batch(jnp.sum(emb * emb, axis=1), axis_name)

@@ -21,23 +21,16 @@ import jax
 
 from circle_jax.losses import _common
 from circle_jax.losses import engine
-from circle_jax.losses import hyperbolic
+from circle_jax.losses import forms
 from circle_jax.losses import supcon
 
 Array = jax.Array
 
 
-@engine.rule_dataclass(meta=("geometry",))
+@engine.rule_dataclass
 class NTXent(supcon.SupCon):
-  """NT-Xent rule: SupCon's statistics, averaged over the positive pairs.
-
-  Attributes:
-    tau: the temperature ``tau`` in [1e-3, 1e4].
-    geometry: the similarity of a pair (static).
-  """
-
-  tau: float = 0.1
-  geometry: engine.Geometry = engine.COSINE
+  """NT-Xent rule: SupCon's statistics and temperature ``tau``, averaged
+  over the positive pairs instead of the anchors."""
 
   def combine(self, sum_count_p, lse_all):
     total, count, valid = self.terms(sum_count_p, lse_all)
@@ -48,17 +41,9 @@ class NTXent(supcon.SupCon):
     return _common.ratio_of_sums(*terms, axis_name)
 
 
-def nt_xent_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    tau: float = NTXent.tau,
-    geometry: str = "cosine",
-    c: float = hyperbolic.DEFAULT_C,
-    r: float = hyperbolic.DEFAULT_R,
-    **options,
-) -> Array:
-  r"""NT-Xent / InfoNCE (Chen et al., ICML 2020; van den Oord et al. 2018).
+nt_xent_loss = forms.embedding_form(
+    NTXent, "nt_xent_loss",
+    r"""NT-Xent / InfoNCE (Chen et al., ICML 2020; van den Oord et al. 2018).
 
   .. math::
 
@@ -86,9 +71,6 @@ def nt_xent_loss(
     embeddings: ``[B, D]`` float32 or bfloat16.
     labels: ``[B]`` integer labels: the views of one sample share a label.
     tau: the temperature ``tau`` in [1e-3, 1e4].
-    geometry: ``"cosine"`` (default) or ``"poincare"``.
-    c: the Poincaré ball's curvature, in [1e-4, 100] (``"poincare"`` only).
-    r: the feature clipping radius, in (0, 1000] (``"poincare"`` only).
     **options: the pair losses' shared keywords, documented once at
       :func:`circle_jax.losses.engine.embedding_loss`.
 
@@ -100,6 +82,4 @@ def nt_xent_loss(
     Learning of Visual Representations", ICML 2020. van den Oord, Li,
     Vinyals, "Representation Learning with Contrastive Predictive Coding",
     arXiv:1807.03748, 2018.
-  """
-  rule = NTXent(tau=tau, geometry=hyperbolic.geometry_of(geometry, c, r))
-  return engine.embedding_loss(rule, embeddings, labels, **options)
+  """)

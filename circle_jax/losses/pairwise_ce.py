@@ -30,6 +30,7 @@ from __future__ import annotations
 import jax
 
 from circle_jax.losses import engine
+from circle_jax.losses import forms
 from circle_jax.losses import hyperbolic
 from circle_jax.losses import nt_xent
 
@@ -37,18 +38,13 @@ Array = jax.Array
 
 # Hyp-ViT's cross-entropy temperature (hyp_metric's train.py, ``t``).
 PAIRWISE_CE_TAU = 0.2
+# Hyp-ViT's ball: hyp_c = 0.1, clip_r = 2.3 (the Poincare defaults).
+HYP_VIT_BALL = hyperbolic.Poincare()
 
 
-def pairwise_ce_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    tau: float = PAIRWISE_CE_TAU,
-    geometry: str = "poincare",
-    c: float = hyperbolic.DEFAULT_C,
-    r: float = hyperbolic.DEFAULT_R,
-    **options,
-) -> Array:
+@forms.takes(nt_xent.NTXent, defaults=nt_xent.NTXent(tau=PAIRWISE_CE_TAU))
+def pairwise_ce_loss(embeddings: Array, labels: Array, *, rule,
+                     **options) -> Array:
   r"""Hyp-ViT's pairwise cross-entropy (Ermolov et al., CVPR 2022).
 
   .. math::
@@ -70,12 +66,10 @@ def pairwise_ce_loss(
       geometry clips and maps them onto the ball).
     labels: ``[B]`` integer labels.
     tau: the temperature ``tau`` in [1e-3, 1e4] (Hyp-ViT: 0.2).
-    geometry: ``"poincare"`` (default) or ``"cosine"`` (Hyp-ViT's sphere
-      mode).
-    c: the curvature, in [1e-4, 100] (Hyp-ViT: 0.1).
-    r: the feature clipping radius, in (0, 1000] (Hyp-ViT: 2.3).
     **options: the pair losses' shared keywords, documented once at
-      :func:`circle_jax.losses.engine.embedding_loss`.
+      :func:`circle_jax.losses.engine.embedding_loss`; ``geometry``
+      defaults to Hyp-ViT's ball, ``Poincare(c=0.1, r=2.3)``
+      (``"cosine"``: Hyp-ViT's sphere mode).
 
   Returns:
     float32 scalar.
@@ -84,6 +78,5 @@ def pairwise_ce_loss(
     Ermolov, Mirvakhabova, Khrulkov, Sebe, Oseledets, "Hyperbolic Vision
     Transformers: Combining Improvements in Metric Learning", CVPR 2022.
   """
-  rule = nt_xent.NTXent(tau=tau,
-                        geometry=hyperbolic.geometry_of(geometry, c, r))
+  options.setdefault("geometry", HYP_VIT_BALL)
   return engine.embedding_loss(rule, embeddings, labels, **options)

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax.losses import engine
-from circle_jax.losses import hyperbolic
+from circle_jax.losses import forms
 from circle_jax.losses import ranges
 
 Array = jax.Array
@@ -38,7 +38,7 @@ Array = jax.Array
 BIAS_RANGE = ranges.HyperRange(-1e4, 1e4)
 
 
-@engine.rule_dataclass(meta=("geometry",))
+@engine.rule_dataclass
 class PairwiseSigmoid(engine.PairRule):
   """Pairwise sigmoid rule: per anchor, the sum of the pairs' log-sigmoid
   losses; reduced by the global batch size.
@@ -46,12 +46,10 @@ class PairwiseSigmoid(engine.PairRule):
   Attributes:
     t: the logit scale ``t > 0`` (SigLIP's ``exp(t')``, init 10).
     b: the logit bias ``b`` (SigLIP's init -10).
-    geometry: the similarity of a pair (static).
   """
 
   t: float = 10.0
   b: float = -10.0
-  geometry: engine.Geometry = engine.COSINE
 
   statistic = "sum"
   reduction = "batch_mean"
@@ -67,18 +65,9 @@ class PairwiseSigmoid(engine.PairRule):
     return total, jnp.ones(total.shape, bool)
 
 
-def pairwise_sigmoid_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    t: float = PairwiseSigmoid.t,
-    b: float = PairwiseSigmoid.b,
-    geometry: str = "cosine",
-    c: float = hyperbolic.DEFAULT_C,
-    r: float = hyperbolic.DEFAULT_R,
-    **options,
-) -> Array:
-  r"""Pairwise sigmoid loss with label positives (Zhai et al., ICCV 2023).
+pairwise_sigmoid_loss = forms.embedding_form(
+    PairwiseSigmoid, "pairwise_sigmoid_loss",
+    r"""Pairwise sigmoid loss with label positives (Zhai et al., ICCV 2023).
 
   .. math::
 
@@ -99,9 +88,6 @@ def pairwise_sigmoid_loss(
     t: the logit scale, in [1e-6, 1e4] (SigLIP's ``exp(t')`` at its init
       ``t' = log 10``; fixed here, not learned: module docstring).
     b: the logit bias, in [-1e4, 1e4] (SigLIP's init -10, fixed here).
-    geometry: ``"cosine"`` (default) or ``"poincare"``.
-    c: the Poincaré ball's curvature, in [1e-4, 100] (``"poincare"`` only).
-    r: the feature clipping radius, in (0, 1000] (``"poincare"`` only).
     **options: the pair losses' shared keywords, documented once at
       :func:`circle_jax.losses.engine.embedding_loss`.
 
@@ -111,7 +97,4 @@ def pairwise_sigmoid_loss(
   References:
     Zhai, Mustafa, Kolesnikov, Beyer, "Sigmoid Loss for Language Image
     Pre-Training", ICCV 2023.
-  """
-  rule = PairwiseSigmoid(t=t, b=b,
-                         geometry=hyperbolic.geometry_of(geometry, c, r))
-  return engine.embedding_loss(rule, embeddings, labels, **options)
+  """)

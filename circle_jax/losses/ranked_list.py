@@ -31,7 +31,6 @@ import types
 import jax
 import jax.numpy as jnp
 
-from circle_jax import ops
 from circle_jax.losses import forms
 from circle_jax.losses import ranges
 from circle_jax.losses import engine
@@ -58,9 +57,10 @@ class RankedList(engine.PairRule):
     t_pos: temperature ``T_p`` of the positive weighting, in [0, 1e4] (0:
       plain mean).
     imbalance: ``lambda``, the weight of the negative term, in [0, 1].
-    on_distance: the block holds distances (static); otherwise cosine
-      similarities, turned into the Euclidean distance of unit vectors
-      ``sqrt(2 - 2 s)`` (0 with a zero gradient at ``s = 1``).
+    on_distance: the block holds distances (static); otherwise the
+      geometry's similarities, turned into its distance (cosine: the
+      Euclidean distance of unit vectors ``sqrt(2 - 2 s)``, 0 with a zero
+      gradient at ``s = 1``; Poincaré: ``-s``).
   """
 
   alpha: float = 1.2
@@ -81,7 +81,7 @@ class RankedList(engine.PairRule):
       "imbalance": ranges.UNIT_INTERVAL})
 
   def prepare(self, s):
-    return s if self.on_distance else ops.euclidean_from_cosine(s)
+    return s if self.on_distance else self.geometry.to_distance(s)
 
   def hinges(self, d):
     """``(d - (alpha - m), alpha - d)``: positive and negative violations."""

@@ -14,6 +14,13 @@ positionally as the loss's class-vector argument (``entry.param_name``), the
 PRNG key to losses that sample (``needs_key``) and ``axis_name`` to losses
 that support it, and rejects unknown hyperparameters by name.
 
+A pair loss that takes the shared ``geometry`` option has
+``entry.geometry``, its default geometry's name; a config then gives the
+geometry as three fields, ``geometry`` (a name), ``c`` and ``r`` (the
+Poincaré ball's curvature and clipping radius, :data:`GEOMETRY_FIELDS`),
+which ``apply`` turns into the geometry
+(:func:`circle_jax.losses.hyperbolic.geometry_of`).
+
 ``entry.hyper_ranges`` (also :func:`hyper_ranges`) are the documented ranges
 of the hyperparameters that have one, read from the loss's rule (a single
 source of truth: the rule enforces them for concrete values);
@@ -64,6 +71,10 @@ _PER_BATCH = ("pos_mask", "neg_mask", "pair_weights", "bias")
 # listed among the hyperparameter defaults): the blockwise engine and the
 # device ring of the rule-based pair losses.
 _EXECUTION = ("block_size", "collective")
+# The config fields of the geometry option (the ball's c and r; the name is
+# the entry's default geometry).
+GEOMETRY_FIELDS = types.MappingProxyType(
+    {"c": _hyperbolic.DEFAULT_C, "r": _hyperbolic.DEFAULT_R})
 
 
 # ----------------------------------------------------------------------------
@@ -143,8 +154,9 @@ def _signature_defaults(fn) -> Dict[str, Any]:
 
 def _accepted_keywords(fn, execution_options):
   names, _ = _keywords(fn)
+  extra = tuple(GEOMETRY_FIELDS) if "geometry" in names else ()
   return tuple(n for n in names if n not in _ROUTED
-               and (n not in _EXECUTION or n in execution_options))
+               and (n not in _EXECUTION or n in execution_options)) + extra
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,6 +189,8 @@ class LossEntry:
     supports_ref: whether ``fn`` takes reference embeddings (``ref``, a
       :class:`circle_jax.losses.Candidates`; every pair loss, no proxy or
       classifier loss).
+    geometry: the name of the loss's default geometry if it takes the
+      ``geometry`` option (every pair loss), else ``None``.
   """
 
   name: str
@@ -194,6 +208,14 @@ class LossEntry:
   hyper_ranges: Mapping[str, "HyperRange"] = dataclasses.field(
       default_factory=lambda: types.MappingProxyType({}))
   supports_ref: bool = False
+  geometry: Optional[str] = None
+
+  def geometry_defaults(self) -> Dict[str, Any]:
+    """The config fields of the geometry option with their defaults
+    (``geometry``, ``c``, ``r``); empty for a loss without it."""
+    if self.geometry is None:
+      return {}
+    return {"geometry": self.geometry, **GEOMETRY_FIELDS}
 
   def apply(self, embeddings, labels, params=None, *, key=None,
             axis_name=None, ref=None, **hyper) -> Array:
@@ -247,6 +269,13 @@ class LossEntry:
       hyper["ref"] = ref
     if self.needs_key:
       hyper["key"] = key
+    if self.geometry is not None and (
+        isinstance(hyper.get("geometry"), str) or set(GEOMETRY_FIELDS) & set(
+            hyper)):
+      fields = {**self.geometry_defaults(), **hyper}
+      hyper = {k: v for k, v in hyper.items() if k not in GEOMETRY_FIELDS}
+      hyper["geometry"] = _hyperbolic.geometry_of(
+          fields["geometry"], *(fields[k] for k in GEOMETRY_FIELDS))
     args = (embeddings, labels)
     if self.param_name is not None:
       args = args + (params,)
@@ -264,25 +293,27 @@ def _classifier(name, fn, *, paper, init=_normal(0.01),
 
 def _entry(name, fn, kind, *, paper, reduction, param_name=None,
            init=_no_params, param_init="", needs_key=False,
-           rule=None, tiled=True) -> LossEntry:
+           rule=None, tiled=True, geometry=None) -> LossEntry:
   """A registry entry; ``rule``: the rule class whose ``ranges`` apply;
   ``tiled``: whether a pair loss runs on the tiled engines (``block_size``,
-  ``collective``)."""
+  ``collective``); ``geometry``: the default geometry's name when it is not
+  the rule's (or cosine)."""
   if kind not in KINDS:
     raise ValueError(f"kind must be one of {KINDS}; got {kind!r}.")
   defaults = _signature_defaults(fn)
   ranges = {} if rule is None else {
       k: r for k, r in rule.ranges.items() if k in defaults}
-  if "geometry" in defaults:  # the Poincaré ball's c and r
-    ranges.update({k: r for k, r in _hyperbolic.GEOMETRY_RANGES.items()
-                   if k in defaults})
+  names, _ = _keywords(fn)
+  if "geometry" in names:  # the option's name, the Poincaré ball's c and r
+    geometry = geometry or _geometry_name(
+        engine.COSINE if rule is None else rule.geometry)
+    ranges.update(_hyperbolic.GEOMETRY_RANGES)
 
   @functools.wraps(init)
   def init_params(key, num_classes, embedding_dim, **hyper):
     merged = {**defaults, **hyper}
     return init(key, num_classes, embedding_dim, **merged)
 
-  names, _ = _keywords(fn)
   execution = tuple(o for o in _EXECUTION if o in names) if tiled else ()
   return LossEntry(
       name=name, fn=fn, kind=kind, param_name=param_name,
@@ -293,9 +324,18 @@ def _entry(name, fn, kind, *, paper, reduction, param_name=None,
       param_init=param_init,
       execution_options=execution,
       hyper_ranges=types.MappingProxyType(ranges),
-      supports_ref="ref" in names)
+      supports_ref="ref" in names, geometry=geometry)
 
 
+def _geometry_name(geometry) -> str:
+  """The registered name of ``geometry``."""
+  return next(n for n in engine.geometry_names()
+              if engine.resolve_geometry(n) == geometry)
+
+
+_CIRCLE_PAPER = ("Sun et al., \"Circle Loss: A Unified Perspective of Pair "
+                 "Similarity Optimization\", CVPR 2020")
+_BOTH_SETS = "mean over anchors with >= 1 positive and >= 1 negative"
 _PROXY_ANCHOR_PAPER = (
     "Kim, Kim, Cho, Kwak, \"Proxy Anchor Loss for Deep Metric Learning\", "
     "CVPR 2020")
@@ -304,15 +344,9 @@ LOSSES: Mapping[str, LossEntry] = types.MappingProxyType({e.name: e for e in [
     # Pair-similarity losses of the Circle, MS and RLL papers, and
     # (Ranked) Proxy-Anchor.
     _entry("circle", _circle.circle_loss, "pair", rule=_circle.Circle,
-           paper="Sun et al., \"Circle Loss: A Unified Perspective of Pair "
-                 "Similarity Optimization\", CVPR 2020 (eq. 6)",
-           reduction="mean over anchors with >= 1 positive and >= 1 "
-                     "negative"),
+           paper=_CIRCLE_PAPER + " (eq. 6)", reduction=_BOTH_SETS),
     _entry("unified", _circle.unified_loss, "pair", rule=_circle.Unified,
-           paper="Sun et al., \"Circle Loss: A Unified Perspective of Pair "
-                 "Similarity Optimization\", CVPR 2020 (eq. 1)",
-           reduction="mean over anchors with >= 1 positive and >= 1 "
-                     "negative"),
+           paper=_CIRCLE_PAPER + " (eq. 1)", reduction=_BOTH_SETS),
     _entry("circle_class_level", _circle.circle_loss_class_level,
            "classifier", param_name="class_weights",
            init=_normal(0.01), param_init="normal, std 0.01",
@@ -366,6 +400,7 @@ LOSSES: Mapping[str, LossEntry] = types.MappingProxyType({e.name: e for e in [
                  "Structured Feature Embedding\", CVPR 2016 (smooth form)",
            reduction="sum over ordered positive pairs of [J]_+^2 / (2 #pairs)"),
     _entry("n_pair", _n_pair.n_pair_loss, "pair", tiled=False,
+           geometry="dot",
            paper="Sohn, \"Improved Deep Metric Learning with Multi-class "
                  "N-pair Loss Objective\", NeurIPS 2016",
            reduction="mean over positive pairs + l2_reg * mean squared "
@@ -389,7 +424,7 @@ LOSSES: Mapping[str, LossEntry] = types.MappingProxyType({e.name: e for e in [
                  "Oord et al., arXiv 2018 (InfoNCE); labels give the views",
            reduction="mean over positive pairs"),
     _entry("pairwise_ce", _pairwise_ce.pairwise_ce_loss, "pair",
-           rule=_nt_xent.NTXent,
+           rule=_nt_xent.NTXent, geometry="poincare",
            paper="Ermolov et al., \"Hyperbolic Vision Transformers: "
                  "Combining Improvements in Metric Learning\", CVPR 2022",
            reduction="mean over positive pairs"),

@@ -25,24 +25,21 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax.losses import engine
-from circle_jax.losses import hyperbolic
+from circle_jax.losses import forms
 from circle_jax.losses import ranges
 
 Array = jax.Array
 
 
-@engine.rule_dataclass(meta=("geometry",))
+@engine.rule_dataclass
 class SupCon(engine.PairRule):
   """SupCon rule (``L_out``): ``LSE_A(s/tau) - mean_P(s/tau)`` per anchor.
 
   Attributes:
     tau: the temperature ``tau`` in [1e-3, 1e4].
-    geometry: the similarity of a pair (static; cosine, or the Poincaré
-      ball's ``-d``, :mod:`circle_jax.losses.hyperbolic`).
   """
 
   tau: float = 0.1
-  geometry: engine.Geometry = engine.COSINE
 
   statistic = ("sum", "lse")
   ranges = types.MappingProxyType(
@@ -70,17 +67,9 @@ class SupCon(engine.PairRule):
     return total / jnp.maximum(count, 1.0), valid
 
 
-def supcon_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    tau: float = SupCon.tau,
-    geometry: str = "cosine",
-    c: float = hyperbolic.DEFAULT_C,
-    r: float = hyperbolic.DEFAULT_R,
-    **options,
-) -> Array:
-  r"""Supervised contrastive loss ``L^sup_out`` (Khosla et al., NeurIPS 2020).
+supcon_loss = forms.embedding_form(
+    SupCon, "supcon_loss",
+    r"""Supervised contrastive loss ``L^sup_out`` (Khosla et al., NeurIPS 2020).
 
   .. math::
 
@@ -107,10 +96,6 @@ def supcon_loss(
     embeddings: ``[B, D]`` float32 or bfloat16.
     labels: ``[B]`` integer labels (views of a sample share its label).
     tau: the temperature ``tau`` in [1e-3, 1e4].
-    geometry: ``"cosine"`` (default) or ``"poincare"``
-      (:mod:`circle_jax.losses.hyperbolic`).
-    c: the Poincaré ball's curvature, in [1e-4, 100] (``"poincare"`` only).
-    r: the feature clipping radius, in (0, 1000] (``"poincare"`` only).
     **options: the pair losses' shared keywords (``axis_name``,
       ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``),
       documented once at :func:`circle_jax.losses.engine.embedding_loss`.
@@ -121,6 +106,4 @@ def supcon_loss(
   References:
     Khosla, Teterwak, Wang, Sarna, Tian, Isola, Maschinot, Liu, Krishnan,
     "Supervised Contrastive Learning", NeurIPS 2020.
-  """
-  rule = SupCon(tau=tau, geometry=hyperbolic.geometry_of(geometry, c, r))
-  return engine.embedding_loss(rule, embeddings, labels, **options)
+  """)

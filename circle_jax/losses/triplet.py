@@ -29,7 +29,6 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from circle_jax import ops
 from circle_jax.losses import _common
 from circle_jax.losses import engine
 from circle_jax.losses import miners
@@ -55,8 +54,9 @@ class BatchHard(engine.PairRule):
 
   Attributes:
     margin: ``m``, >= 0.
-    on_distance: the block holds distances (static); otherwise cosine
-      similarities, turned into the Euclidean distance of unit vectors.
+    on_distance: the block holds distances (static); otherwise the
+      geometry's similarities, turned into its distance (cosine: the
+      Euclidean distance of unit vectors; Poincaré: ``-s``).
   """
 
   margin: float = 0.2
@@ -67,7 +67,7 @@ class BatchHard(engine.PairRule):
   ranges = types.MappingProxyType({"margin": ranges_lib.NONNEGATIVE_RANGE})
 
   def prepare(self, s):
-    return s if self.on_distance else ops.euclidean_from_cosine(s)
+    return s if self.on_distance else self.geometry.to_distance(s)
 
   def select(self, d, pos, neg, pre):
     hardest_pos, hardest_neg = pre
@@ -231,8 +231,8 @@ def triplet_margin_loss(
     return engine.embedding_loss(BatchHard(margin=margin), embeddings, labels,
                                  **options)
   ranges_lib.check_range(margin, "margin", ranges_lib.NONNEGATIVE_RANGE)
-  _, _, sim, pos, neg = engine.dense_block(
+  _, _, dist, pos, neg = engine.dense_block(
       embeddings, labels, loss=f"triplet loss with mining={mining!r}",
-      reason=_NOT_A_RULE, **options)
-  return _dense_core(ops.euclidean_from_cosine(sim), pos, neg, margin=margin,
+      reason=_NOT_A_RULE, distance=True, **options)
+  return _dense_core(dist, pos, neg, margin=margin,
                      mining=mining, axis_name=options.get("axis_name"))

@@ -90,7 +90,7 @@ MODELS: Dict[str, Callable[..., Any]] = {
 
 def get_model(name: str, *, embedding_dim: int, pooling: str = "avg",
               freeze_bn: bool = False, dtype: Any = jnp.float32,
-              **kw) -> EmbeddingModel:
+              normalize: bool = True, **kw) -> EmbeddingModel:
   """Builds a backbone + embedding head.
 
   Args:
@@ -105,6 +105,8 @@ def get_model(name: str, *, embedding_dim: int, pooling: str = "avg",
     dtype: compute dtype of the backbone's convolutions (``jnp.bfloat16`` for
       mixed precision). Parameters, BatchNorm statistics, the head and the
       output stay float32.
+    normalize: the head L2-normalises the embeddings (default); ``False``
+      for a loss geometry that takes raw features (Poincaré).
     **kw: backbone options: ``bn_momentum`` (Flax convention),
       ``bn_axis_name`` (synchronised BatchNorm over a device axis); for
       ``conv4`` also ``width``, ``num_blocks``, ``pool_padding``; for the
@@ -131,7 +133,8 @@ def get_model(name: str, *, embedding_dim: int, pooling: str = "avg",
   except TypeError as e:
     raise TypeError(f"Bad option for model {name!r}: {e}") from None
   return EmbeddingModel(backbone=backbone, embedding_dim=embedding_dim,
-                        pooling=pooling, freeze_bn=freeze_bn)
+                        pooling=pooling, freeze_bn=freeze_bn,
+                        normalize=bool(normalize))
 
 
 # Backbone fields that are not ``model.kwargs`` options: set from other

@@ -21,7 +21,7 @@ default_embedding_init = nn.initializers.variance_scaling(
 
 
 class EmbeddingHead(nn.Module):
-  """Global pooling, a linear layer and L2 normalisation.
+  """Global pooling, a linear layer and (by default) L2 normalisation.
 
   .. math::
      z = W\\,\\mathrm{pool}(F) + b, \\qquad e = z / \\max(\\lVert z \\rVert_2,
@@ -34,14 +34,19 @@ class EmbeddingHead(nn.Module):
   Attributes:
     embedding_dim: output dimension ``D``.
     pooling: ``'avg'``, ``'max'`` or ``'avg+max'``.
+    normalize: L2-normalise ``z`` (default); ``False`` returns ``z`` itself,
+      for a loss geometry that maps raw features (the Poincaré ball's
+      clipping and exponential map).
   """
 
   embedding_dim: int
   pooling: str = "avg"
+  normalize: bool = True
 
   @nn.compact
   def __call__(self, features: Array) -> Array:
-    """Maps a ``[B, H, W, C]`` feature map to ``[B, D]`` unit-norm float32."""
+    """Maps a ``[B, H, W, C]`` feature map to ``[B, D]`` float32 (unit-norm
+    with ``normalize``)."""
     pooled = layers.global_pool(features, self.pooling)
     z = nn.Dense(
         self.embedding_dim,
@@ -51,7 +56,7 @@ class EmbeddingHead(nn.Module):
         bias_init=nn.initializers.zeros,
         name="embedding",
     )(pooled)
-    return l2_normalize(z, axis=-1)
+    return l2_normalize(z, axis=-1) if self.normalize else z
 
 
 class EmbeddingModel(nn.Module):
@@ -68,15 +73,18 @@ class EmbeddingModel(nn.Module):
     pooling: ``'avg'``, ``'max'`` or ``'avg+max'``.
     freeze_bn: whether the backbone was built with frozen BatchNorm (kept here
       so that the trainer can read it from the model).
+    normalize: whether the head L2-normalises (:class:`EmbeddingHead`).
   """
 
   backbone: nn.Module
   embedding_dim: int
   pooling: str = "avg"
   freeze_bn: bool = False
+  normalize: bool = True
 
   def setup(self):
-    self.head = EmbeddingHead(self.embedding_dim, self.pooling)
+    self.head = EmbeddingHead(self.embedding_dim, self.pooling,
+                              self.normalize)
 
   def features(self, images: Array, *, train: bool) -> Array:
     """The backbone's ``[B, h, w, C]`` feature map (compute dtype)."""

@@ -96,7 +96,8 @@ def _check_loss_hyper(entry, hyper: dict, embedding_dim: int,
   With ``references`` (a cross-batch memory) it traces the loss against
   reference embeddings too."""
   for field, valid in entry.hyper_ranges.items():
-    value = hyper.get(field, entry.defaults.get(field))
+    value = hyper.get(field, {**entry.defaults,
+                              **entry.geometry_defaults()}.get(field))
     if isinstance(value, (int, float)) and not isinstance(value, bool) and (
         not valid.contains(value)):
       _fail(f"loss.{field}", f"must be in {valid} for loss {entry.name!r} "
@@ -262,7 +263,8 @@ def _check_loss(config, info):
           f"{', '.join(sorted(losses_lib.LOSSES))}.")
   entry = losses_lib.get_loss(loss_name)
   hyper = facts.loss_hyper(config)
-  accepted = sorted(entry.defaults) + list(entry.execution_options)
+  accepted = (sorted({**entry.defaults, **entry.geometry_defaults()})
+              + list(entry.execution_options))
   unknown = sorted(set(hyper) - set(accepted))
   if unknown:
     _fail(f"loss.{unknown[0]}", f"loss {loss_name!r} has no hyperparameter(s) "

@@ -112,7 +112,7 @@ def build_model(config, placement=None):
   return models_lib.get_model(
       config.model.name, embedding_dim=config.model.embedding_dim,
       pooling=config.model.pooling, freeze_bn=config.model.freeze_bn,
-      dtype=dtype, **kwargs)
+      dtype=dtype, normalize=config_facts.head_normalizes(config), **kwargs)
 
 
 def _load_pretrained(config, variables):

@@ -20,6 +20,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from circle_jax import config as config_lib
+from circle_jax import losses as losses_lib
 from circle_jax.errors import UserError
 
 CONFIG_FILE = "config.json"
@@ -83,8 +84,7 @@ def _added_since(path, va, vb, defaults) -> bool:
   present = vb if va == ABSENT else va
   if present is None or present == {}:  # unset, or a section without values
     return True
-  return (not path.startswith("loss.") and path in defaults
-          and defaults[path] == present)
+  return path in defaults and defaults[path] == present
 
 
 def config_diff(saved: Dict[str, Any], new: Dict[str, Any]
@@ -93,11 +93,17 @@ def config_diff(saved: Dict[str, Any], new: Dict[str, Any]
 
   A field that one config lacks (saved before the field existed) counts as
   at its schema default, as :func:`circle_jax.config.from_dict` reads it
-  (``loss.*`` excepted: those depend on the loss), or, for any field, unset
-  (None) in the other (an execution option such as ``loss.collective``).
+  (a ``loss.*`` field: the default of the loss both configs name, e.g. the
+  ``geometry`` fields), or, for any field, unset (None) in the other (an
+  execution option such as ``loss.collective``).
   """
   a, b = flatten(saved), flatten(new)
-  defaults = flatten(config_to_dict(config_lib.base_config()))
+  defaults = {k: v for k, v in flatten(config_to_dict(
+      config_lib.base_config())).items() if not k.startswith("loss.")}
+  name = a.get("loss.name")
+  if name == b.get("loss.name") and name in losses_lib.LOSSES:
+    defaults.update(flatten(config_to_dict(config_lib.loss_config(name)),
+                            "loss."))
   out = []
   for path in sorted(set(a) | set(b)):
     va, vb = a.get(path, ABSENT), b.get(path, ABSENT)

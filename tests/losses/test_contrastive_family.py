@@ -148,11 +148,25 @@ def _mesh():
   return Mesh(np.array(jax.devices()), ("d",))
 
 
-def _vg(fn, x, labels, **kw):
+def geometry_kw(kw):
+  """The test cases' ``geometry`` / ``c`` / ``r`` as the loss's ``geometry``
+  option (a Poincare object, or a name)."""
+  kw = dict(kw)
+  c, r = kw.pop("c", None), kw.pop("r", None)
+  if kw.get("geometry") == "poincare" and (c, r) != (None, None):
+    kw["geometry"] = losses.Poincare(c=0.1 if c is None else c,
+                                     r=2.3 if r is None else r)
+  return kw
+
+
+def vg(fn, x, labels, **kw):
+  kw = geometry_kw(kw)
   return jax.jit(jax.value_and_grad(lambda x: fn(x, labels, **kw)))(x)
 
 
-def _sharded_vg(fn, x, labels, *masks, **kw):
+def sharded_vg(fn, x, labels, *masks, **kw):
+  kw = geometry_kw(kw)
+
   def local(x, labels, *masks):
     mk = dict(zip(("pos_mask", "neg_mask"), masks))
     return jax.value_and_grad(
@@ -162,7 +176,7 @@ def _sharded_vg(fn, x, labels, *masks, **kw):
       out_specs=(P(), P("d"))))(x, labels, *masks)
 
 
-def _close(got, want):
+def close_to(got, want):
   scale = float(np.max(np.abs(np.asarray(want[1])))) or 1.0
   np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=2e-5,
                              atol=1e-6)
@@ -174,7 +188,7 @@ def _close(got, want):
 def test_value_and_gradient_equal_the_float64_reference(case):
   name, fn, hyper = _split(case)
   x = _x()
-  value, grad = _vg(fn, x, jnp.asarray(LABELS), **hyper)
+  value, grad = vg(fn, x, jnp.asarray(LABELS), **hyper)
   want = loss_ref(name, x, LABELS, hyper)
   assert want > 0
   np.testing.assert_allclose(float(value), want, rtol=2e-5)
@@ -188,11 +202,11 @@ def test_dense_blockwise_ring_equal_on_eight_devices(case):
   assert jax.device_count() == 8
   _, fn, hyper = _split(case)
   x, labels = _x(seed=1), jnp.asarray(LABELS)
-  dense = _vg(fn, x, labels, **hyper)
-  _close(_vg(fn, x, labels, block_size=3, **hyper), dense)
-  _close(_sharded_vg(fn, x, labels, collective="ring", block_size=1,
+  dense = vg(fn, x, labels, **hyper)
+  close_to(vg(fn, x, labels, block_size=3, **hyper), dense)
+  close_to(sharded_vg(fn, x, labels, collective="ring", block_size=1,
                      **hyper), dense)
-  _close(_sharded_vg(fn, x, labels, block_size=3, **hyper), dense)
+  close_to(sharded_vg(fn, x, labels, block_size=3, **hyper), dense)
 
 
 @pytest.mark.parametrize("case", ["supcon", "nt_xent_poincare",
@@ -200,6 +214,7 @@ def test_dense_blockwise_ring_equal_on_eight_devices(case):
 def test_check_grads_dense_and_blockwise(case):
   _, fn, hyper = _split(case)
   x, labels = jnp.asarray(_x(seed=3)), jnp.asarray(LABELS)
+  hyper = geometry_kw(hyper)
   for block_size in (None, 4):
     f = jax.jit(lambda x, bs=block_size: fn(x, labels, block_size=bs,
                                             **hyper))
@@ -214,12 +229,12 @@ def test_miner_masks_on_every_engine(case):
   pm, nm = (rng.random((B, B)) < 0.7 for _ in range(2))
   x, labels = _x(seed=2), jnp.asarray(LABELS)
   masks = dict(pos_mask=jnp.asarray(pm), neg_mask=jnp.asarray(nm))
-  dense = _vg(fn, x, labels, **masks, **hyper)
+  dense = vg(fn, x, labels, **masks, **hyper)
   np.testing.assert_allclose(
       float(dense[0]),
       loss_ref(name, x, LABELS, hyper, pos_mask=pm, neg_mask=nm), rtol=2e-5)
-  _close(_vg(fn, x, labels, block_size=5, **masks, **hyper), dense)
-  _close(_sharded_vg(fn, x, labels, masks["pos_mask"], masks["neg_mask"],
+  close_to(vg(fn, x, labels, block_size=5, **masks, **hyper), dense)
+  close_to(sharded_vg(fn, x, labels, masks["pos_mask"], masks["neg_mask"],
                      collective="ring", block_size=1, **hyper), dense)
 
 
@@ -233,7 +248,8 @@ def test_reference_embeddings_on_every_engine(case):
 
   def run(x, labels, mem, mem_labels, **kw):
     return jax.value_and_grad(lambda x, mem: fn(
-        x, labels, ref=losses.Candidates(mem, mem_labels), **hyper, **kw),
+        x, labels, ref=losses.Candidates(mem, mem_labels),
+        **geometry_kw(hyper), **kw),
         argnums=(0, 1))(x, mem)
 
   args = (x, labels, jnp.asarray(mem), jnp.asarray(mem_labels))
@@ -249,7 +265,7 @@ def test_reference_embeddings_on_every_engine(case):
       out_specs=(P(), (P("d"), P("d")))))(*args)
   for got in (blockwise, ring):
     for k in (0, 1):
-      _close((got[0], got[1][k]), (want[0], want[1][k]))
+      close_to((got[0], got[1][k]), (want[0], want[1][k]))
 
 
 @pytest.mark.parametrize("name", ["supcon", "nt_xent", "pairwise_ce"])
@@ -257,8 +273,8 @@ def test_no_positive_gives_zero_loss_and_zero_gradient(name):
   fn = FNS[name]
   labels = jnp.arange(B, dtype=jnp.int32)
   x = _x()
-  for got in (_vg(fn, x, labels), _vg(fn, x, labels, block_size=3),
-              _sharded_vg(fn, x, labels, collective="ring", block_size=3)):
+  for got in (vg(fn, x, labels), vg(fn, x, labels, block_size=3),
+              sharded_vg(fn, x, labels, collective="ring", block_size=3)):
     assert float(got[0]) == 0.0
     np.testing.assert_array_equal(np.asarray(got[1]), 0.0)
 
@@ -282,13 +298,13 @@ def test_an_anchor_without_positives_adds_nothing(name):
 def test_small_temperatures_stay_finite_and_exact_under_jit(name, tau):
   fn = FNS[name]
   x, labels = _x(seed=6), jnp.asarray(LABELS)
-  dense = _vg(fn, x, labels, tau=tau)
+  dense = vg(fn, x, labels, tau=tau)
   assert np.isfinite(float(dense[0]))
   assert np.all(np.isfinite(np.asarray(dense[1])))
   np.testing.assert_allclose(float(dense[0]),
                              loss_ref(name, x, LABELS, dict(tau=tau)),
                              rtol=1e-4)
-  blockwise = _vg(fn, x, labels, tau=tau, block_size=4)
+  blockwise = vg(fn, x, labels, tau=tau, block_size=4)
   np.testing.assert_allclose(float(blockwise[0]), float(dense[0]), rtol=1e-5)
   np.testing.assert_allclose(np.asarray(blockwise[1]), np.asarray(dense[1]),
                              rtol=1e-3, atol=1e-3 * np.abs(dense[1]).max())
@@ -298,7 +314,7 @@ def test_small_temperatures_stay_finite_and_exact_under_jit(name, tau):
 def test_sigmoid_range_ends_stay_finite(t, b):
   x, labels = _x(seed=6), jnp.asarray(LABELS)
   for bs in (None, 4):
-    value, grad = _vg(losses.pairwise_sigmoid_loss, x, labels, t=t, b=b,
+    value, grad = vg(losses.pairwise_sigmoid_loss, x, labels, t=t, b=b,
                       block_size=bs)
     assert np.isfinite(float(value)) and np.all(np.isfinite(grad))
 
@@ -345,7 +361,7 @@ def test_poincare_is_safe_at_the_boundary_under_jit(scale):
   np.testing.assert_allclose(d[off], want[off], rtol=2e-3, atol=1e-2)
   for name, fn in FNS.items():
     for bs in (None, 4):
-      value, grad = _vg(fn, x, jnp.asarray(LABELS), geometry="poincare", c=c,
+      value, grad = vg(fn, x, jnp.asarray(LABELS), geometry="poincare", c=c,
                         r=r, block_size=bs)
       assert np.isfinite(float(value)), name
       assert np.all(np.isfinite(np.asarray(grad))), name
@@ -355,7 +371,7 @@ def test_poincare_identical_points_have_a_finite_gradient():
   x = np.repeat(_x(seed=10)[:8], 2, axis=0)  # every point twice
   labels = jnp.asarray(np.repeat(np.arange(8), 2).astype(np.int32))
   for bs in (None, 4):
-    value, grad = _vg(losses.supcon_loss, x, labels, geometry="poincare",
+    value, grad = vg(losses.supcon_loss, x, labels, geometry="poincare",
                       block_size=bs)
     assert np.isfinite(float(value)) and np.all(np.isfinite(grad))
 
@@ -366,7 +382,7 @@ def test_unknown_geometry_and_bad_curvature_are_one_line_errors():
     losses.supcon_loss(x, labels, geometry="sphere")
   assert "\n" not in str(info.value)
   with pytest.raises(ValueError, match="`c`"):
-    losses.nt_xent_loss(x, labels, geometry="poincare", c=0.0)
+    losses.nt_xent_loss(x, labels, geometry=losses.Poincare(c=0.0))
   with pytest.raises(ValueError, match="`tau`"):
     losses.supcon_loss(x, labels, tau=1e-4)
 
@@ -378,8 +394,10 @@ def test_registered_with_paper_defaults_and_ranges(name):
   assert entry.execution_options == ("block_size", "collective")
   assert {"c", "r"} <= set(entry.hyper_ranges)
   defaults = dict(entry.defaults)
-  assert defaults["geometry"] == ("poincare" if name == "pairwise_ce"
-                                  else "cosine")
+  assert entry.geometry == ("poincare" if name == "pairwise_ce"
+                            else "cosine")
+  assert entry.geometry_defaults() == {"geometry": entry.geometry, "c": 0.1,
+                                       "r": 2.3}
   with pytest.raises(ValueError, match="`c`"):
     losses.validate_hyper(name, c=-1.0)
   x, labels = jnp.asarray(_x()), jnp.asarray(LABELS)

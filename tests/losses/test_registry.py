@@ -36,12 +36,13 @@ _SPEC = {
     "cosface": {"margin": 0.35, "scale": 64.0},
     "arcface": {"margin": 0.5, "scale": 64.0},
     "softmax": {},
-    "supcon": {"tau": 0.1, "geometry": "cosine", "c": 0.1, "r": 2.3},
-    "nt_xent": {"tau": 0.1, "geometry": "cosine", "c": 0.1, "r": 2.3},
-    "pairwise_ce": {"tau": 0.2, "geometry": "poincare", "c": 0.1, "r": 2.3},
-    "pairwise_sigmoid": {"t": 10.0, "b": -10.0, "geometry": "cosine",
-                         "c": 0.1, "r": 2.3},
+    "supcon": {"tau": 0.1},
+    "nt_xent": {"tau": 0.1},
+    "pairwise_ce": {"tau": 0.2},
+    "pairwise_sigmoid": {"t": 10.0, "b": -10.0},
 }
+# The default geometry of the losses that take the `geometry` option.
+_GEOMETRY = {"pairwise_ce": "poincare", "n_pair": "dot"}
 _PARAM = {"circle_class_level": "class_weights", "proxy_anchor": "proxies",
           "ranked_proxy_anchor": "proxies", "margin": "beta",
           "proxy_nca": "proxies", "soft_triple": "centers",
@@ -64,6 +65,8 @@ def test_names_kinds_params_and_paper_defaults():
     assert entry.paper and entry.reduction
     for key, value in _SPEC[name].items():
       assert entry.defaults[key] == value, (name, key)
+    assert entry.geometry == (
+        _GEOMETRY.get(name, "cosine") if entry.kind == "pair" else None)
     # Defaults are read from the signature: a single source of truth.
     params = inspect.signature(entry.fn).parameters
     for key, value in entry.defaults.items():

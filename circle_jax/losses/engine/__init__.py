@@ -42,8 +42,10 @@ Adding an engine: a new module here, a function ``(rule, rows, cols, ...)
 branch in :func:`dispatch.embedding_loss`. No loss touched.
 
 Adding a geometry: a :class:`geometry.Geometry` subclass (``embed``,
-``tile`` and optionally ``tile_vjp``), set as a rule's ``geometry``. No
-engine touched.
+``tile``, optionally ``tile_vjp`` and ``to_distance``), passed to any pair
+loss as its ``geometry`` option (every rule has the static field, which
+:func:`with_geometry` replaces) or named with :func:`register_geometry`.
+No engine and no loss touched.
 """
 
 from circle_jax.losses.engine.dense import dense_per_anchor, selected_pairs
@@ -61,12 +63,22 @@ from circle_jax.losses.engine.blockwise import (
     blockwise_per_anchor,
     check_block_size,
 )
-from circle_jax.losses.engine.geometry import COSINE, DOT, Cosine, Dot, Geometry
+from circle_jax.losses.engine.geometry import (
+    COSINE,
+    DOT,
+    Cosine,
+    Dot,
+    Geometry,
+)
+from circle_jax.losses.engine.geometry import names as geometry_names
+from circle_jax.losses.engine.geometry import register as register_geometry
+from circle_jax.losses.engine.geometry import resolve as resolve_geometry
 from circle_jax.losses.engine.ring import ring_per_anchor
 from circle_jax.losses.engine.rule import (
     PairRule,
     both_sets_nonempty,
     rule_dataclass,
+    with_geometry,
 )
 from circle_jax.losses.engine.sides import (
     Candidates,

@@ -17,6 +17,7 @@ from circle_jax.losses.engine import blockwise
 from circle_jax.losses.engine import dense
 from circle_jax.losses.engine import geometry as geometry_lib
 from circle_jax.losses.engine import ring
+from circle_jax.losses.engine import rule as rule_lib
 from circle_jax.losses.engine import sides
 
 Array = jax.Array
@@ -24,7 +25,7 @@ Array = jax.Array
 COLLECTIVES = ("all_gather", "ring")
 # The keyword options every embedding-form pair loss takes (**options).
 OPTIONS = ("axis_name", "pos_mask", "neg_mask", "block_size", "collective",
-           "ref")
+           "ref", "geometry")
 
 
 def check_collective(collective) -> str:
@@ -49,7 +50,8 @@ def reduce_per_anchor(rule, per_anchor: Array, valid: Array, axis_name=None):
 def embedding_loss(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
                    neg_mask=None, block_size: Optional[int] = None,
                    collective: str = "all_gather",
-                   ref: Optional[sides.Candidates] = None) -> Array:
+                   ref: Optional[sides.Candidates] = None,
+                   geometry=None) -> Array:
   """A pair loss of a batch of embeddings (every ``*_loss(**options)``).
 
   The embeddings are checked and mapped by the rule's geometry (cosine:
@@ -82,10 +84,18 @@ def embedding_loss(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
     ref: optional :class:`circle_jax.losses.Candidates`, reference
       embeddings (e.g. a cross-batch memory) the anchors meet instead of the
       batch, as pytorch-metric-learning's ``ref_emb``; see docs/losses.md.
+    geometry: optional similarity of a pair, replacing the rule's own
+      (cosine for most losses): a :class:`circle_jax.losses.engine.Geometry`
+      such as ``losses.Poincare(c=0.1, r=2.3)`` (Hyp-ViT's ball,
+      :mod:`circle_jax.losses.hyperbolic`), or a registered name
+      (``"cosine"``, ``"poincare"`` with its defaults, ``"dot"``). Every
+      engine runs every geometry; losses that read distances take the
+      geometry's (``sqrt(2 - 2 cos)``, or the Poincaré distance).
 
   Returns:
     float32 scalar: the rule's reduction of the per-anchor losses.
   """
+  rule = rule_lib.with_geometry(rule, geometry_lib.resolve(geometry))
   on_ring = check_collective(collective) == "ring" and axis_name is not None
   if block_size is not None:
     block_size = blockwise.check_block_size(block_size)
@@ -142,10 +152,10 @@ def class_level_loss(rule, embeddings, labels, class_weights) -> Array:
 
 
 def dense_block(embeddings, labels, *, loss: str, reason: str,
-                geometry=None, axis_name=None, pos_mask=None, neg_mask=None,
-                block_size: Optional[int] = None,
+                distance: bool = False, axis_name=None, pos_mask=None,
+                neg_mask=None, block_size: Optional[int] = None,
                 collective: str = "all_gather",
-                ref: Optional[sides.Candidates] = None):
+                ref: Optional[sides.Candidates] = None, geometry=None):
   """The dense ``[M, N]`` block of a pair loss that is not a rule.
 
   Such a loss takes the same ``**options`` as the rule-based ones
@@ -156,12 +166,13 @@ def dense_block(embeddings, labels, *, loss: str, reason: str,
     embeddings, labels: as :func:`embedding_loss`.
     loss: the loss's name, for the message.
     reason: why it has no tiled form, for the message.
-    geometry: the block's geometry (default cosine).
-    axis_name, pos_mask, neg_mask, block_size, collective, ref: the options
-      of :func:`embedding_loss`.
+    distance: return the geometry's distances instead of the similarities.
+    axis_name, pos_mask, neg_mask, block_size, collective, ref, geometry:
+      the options of :func:`embedding_loss` (default geometry: cosine).
 
   Returns:
-    ``(rows, cols, s, pos, neg)`` as :func:`sides.pair_block`.
+    ``(rows, cols, s, pos, neg)`` as :func:`sides.pair_block` (``s`` the
+    distances with ``distance``).
   """
   tiled = block_size is not None or (
       check_collective(collective) == "ring" and axis_name is not None)
@@ -169,7 +180,8 @@ def dense_block(embeddings, labels, *, loss: str, reason: str,
     raise ValueError(
         f"The {loss} has only the dense engine ({reason}); drop "
         "`block_size` and `collective=\"ring\"`.")
-  return sides.pair_block(
+  geometry = geometry_lib.resolve(geometry) or geometry_lib.COSINE
+  rows, cols, s, pos, neg = sides.pair_block(
       embeddings, labels, axis_name=axis_name, pos_mask=pos_mask,
-      neg_mask=neg_mask, ref=ref,
-      geometry=geometry_lib.COSINE if geometry is None else geometry)
+      neg_mask=neg_mask, ref=ref, geometry=geometry)
+  return rows, cols, geometry.to_distance(s) if distance else s, pos, neg

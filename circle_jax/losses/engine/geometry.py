@@ -52,6 +52,13 @@ class Geometry:
     _, pull = jax.vjp(self.tile, z_rows, z_cols)
     return pull(g)
 
+  def to_distance(self, s):
+    """The distance of a pair from its similarity ``s`` (the rules that
+    read distances: contrastive, triplet, lifted structure, margin)."""
+    raise ValueError(f"The {type(self).__name__} geometry has no distance "
+                     "of its similarities; use a distance-free loss or the "
+                     "cosine or Poincaré geometry.")
+
 
 @dataclasses.dataclass(frozen=True)
 class Dot(Geometry):
@@ -72,6 +79,38 @@ class Cosine(Dot):
   def embed(self, x):
     return ops.l2_normalize(x)
 
+  def to_distance(self, s):
+    """The Euclidean distance of unit vectors, ``sqrt(2 - 2 s)``."""
+    return ops.euclidean_from_cosine(s)
+
 
 COSINE = Cosine()
 DOT = Dot()
+
+# The geometries a loss's ``geometry`` option may name (register adds).
+_NAMED = {"cosine": COSINE, "dot": DOT}
+
+
+def register(name: str, geometry: Geometry) -> None:
+  """Makes ``geometry`` (with its default fields) selectable as ``name``."""
+  _NAMED[name] = geometry
+
+
+def names():
+  """The registered geometry names."""
+  return tuple(sorted(_NAMED))
+
+
+def resolve(geometry):
+  """The geometry ``geometry`` names (a registered name), or ``geometry``
+  itself (a :class:`Geometry`, or ``None``: the rule's own).
+
+  Raises:
+    ValueError: an unknown name.
+  """
+  if not isinstance(geometry, str):
+    return geometry
+  if geometry not in _NAMED:
+    raise ValueError(f"`geometry` must be one of {names()} or a Geometry; "
+                     f"got {geometry!r}.")
+  return _NAMED[geometry]

@@ -33,7 +33,10 @@ tile the block):
   statistic is ``-inf`` (``"lse"``) or ``0`` (``"mean"``, ``"sum"``);
   ``per_anchor`` is ``[R]`` or a tuple of ``[R]`` terms;
 * ``geometry``: how a tile's similarities are made
-  (:mod:`circle_jax.losses.engine.geometry`; cosine by default);
+  (:mod:`circle_jax.losses.engine.geometry`; cosine by default). It is a
+  static keyword-only field of every :func:`rule_dataclass` (its default the
+  class attribute), so the shared ``geometry`` option replaces it in any
+  rule (:func:`with_geometry`);
 * ``ranges``: the documented range of each hyperparameter (name ->
   :class:`circle_jax.losses.ranges.HyperRange`), checked for concrete values
   when the rule is built and exposed by :func:`circle_jax.losses.hyper_ranges`;
@@ -115,12 +118,33 @@ def rule_dataclass(cls=None, *, meta=()):
   Fields named in ``meta`` are static (e.g. ``mining``); the others are the
   hyperparameters, which may be Python numbers or traced scalars. The
   class's field defaults are the loss's defaults (the public functions read
-  them from there) and ``__post_init__`` checks them when concrete.
+  them from there) and ``__post_init__`` checks them when concrete. Every
+  such rule also gets the static keyword-only field ``geometry`` (default:
+  the class's ``geometry`` attribute, cosine unless the rule sets another).
   """
   def wrap(cls):
+    own = cls.__dict__.get("__annotations__", {})
+    inherited = getattr(cls, "__dataclass_fields__", {})
+    if "geometry" not in own and "geometry" not in inherited:
+      cls.__annotations__ = {**own, "geometry": "geometry_lib.Geometry"}
+      cls.geometry = dataclasses.field(default=cls.geometry, kw_only=True)
     cls = dataclasses.dataclass(frozen=True)(cls)
     names = [f.name for f in dataclasses.fields(cls)]
+    static = set(meta) | {"geometry"}
     return jax.tree_util.register_dataclass(
-        cls, data_fields=[n for n in names if n not in meta],
-        meta_fields=list(meta))
+        cls, data_fields=[n for n in names if n not in static],
+        meta_fields=[n for n in names if n in static])
   return wrap if cls is None else wrap(cls)
+
+
+def with_geometry(rule, geometry: geometry_lib.Geometry):
+  """``rule`` with its tiles' similarity made by ``geometry`` (a
+  :class:`circle_jax.losses.engine.Geometry`; ``None`` keeps the rule's)."""
+  if geometry is None or geometry == rule.geometry:
+    return rule
+  if not isinstance(geometry, geometry_lib.Geometry):
+    raise ValueError(
+        f"`geometry` must be a Geometry, e.g. losses.Poincare(c=0.1, r=2.3) "
+        f"or losses.engine.COSINE, or a name in {geometry_lib.names()}; got "
+        f"{geometry!r}.")
+  return dataclasses.replace(rule, geometry=geometry)

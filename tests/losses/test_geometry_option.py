@@ -1,0 +1,153 @@
+"""The shared ``geometry`` option on every pair loss.
+
+Each registered pair loss with ``geometry=Poincare(c, r)`` equals its own
+matrix form (``*_from_similarity`` / ``*_from_distance``) on the float64
+Poincaré distances of Hyp-ViT's Möbius formula; the tiled engines
+(blockwise, and the ring on 8 simulated devices) equal the dense one; names
+resolve, and a bad geometry is a one-line error.
+"""
+
+import inspect
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from circle_jax import losses
+from tests.losses.test_contrastive_family import close_to
+from tests.losses.test_contrastive_family import mobius_distance_ref
+from tests.losses.test_contrastive_family import poincare_ref
+from tests.losses.test_contrastive_family import sharded_vg
+from tests.losses.test_contrastive_family import vg
+
+# 16 samples, 2 per device; label 9 has no positive.
+LABELS = np.array([0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 4, 4, 9, 0], np.int32)
+B = len(LABELS)
+BALL = losses.Poincare(c=0.5, r=2.0)
+
+
+def _x(seed=0):
+  return np.random.default_rng(seed).normal(size=(B, 5)).astype(np.float32)
+
+
+def _distance_ref(x):
+  z = poincare_ref(x, BALL.c, BALL.r)
+  d = mobius_distance_ref(z, z, BALL.c)
+  np.fill_diagonal(d, 0.0)
+  return d
+
+
+# name -> (embedding form, hyperparameters, matrix form, "similarity" or
+# "distance"): the distance forms take d, the similarity forms -d.
+CASES = {
+    "circle": (losses.circle_loss, dict(margin=0.25, gamma=4.0),
+               losses.circle_loss_from_similarity, "similarity"),
+    "unified": (losses.unified_loss, dict(margin=0.25, gamma=4.0),
+                losses.unified_loss_from_similarity, "similarity"),
+    "multi_similarity": (losses.multi_similarity_loss, dict(epsilon=10.0),
+                         losses.multi_similarity_loss_from_similarity,
+                         "similarity"),
+    "ranked_list": (losses.ranked_list_loss, dict(alpha=1.8, margin=0.4),
+                    losses.ranked_list_loss_from_distance, "distance"),
+    "contrastive": (losses.contrastive_loss,
+                    dict(pos_margin=0.2, neg_margin=1.9),
+                    losses.contrastive_loss_from_distance, "distance"),
+    "triplet_batch_hard": (losses.triplet_margin_loss,
+                           dict(margin=0.3, mining="batch_hard"),
+                           losses.triplet_margin_loss_from_distance,
+                           "distance"),
+    "triplet_all": (losses.triplet_margin_loss, dict(margin=0.3, mining="all"),
+                    losses.triplet_margin_loss_from_distance, "distance"),
+    "lifted_structure": (losses.lifted_structure_loss, dict(margin=1.0),
+                         losses.lifted_structure_loss_from_distance,
+                         "distance"),
+    "n_pair": (losses.n_pair_loss, dict(l2_reg=0.0),
+               losses.n_pair_loss_from_similarity, "similarity"),
+}
+
+
+def _registry_name(case):
+  return case.split("_batch_hard")[0].split("_all")[0]
+
+
+def test_every_pair_loss_takes_the_option():
+  pair = {n for n, e in losses.LOSSES.items() if e.kind == "pair"}
+  assert all(losses.LOSSES[n].geometry for n in pair)
+  assert "geometry" in losses.engine.OPTIONS
+  # Every pair loss is tested with the ball: here, in the margin test below
+  # and (the contrastive family) in test_contrastive_family.py.
+  assert {_registry_name(c) for c in CASES} | {
+      "margin", "supcon", "nt_xent", "pairwise_ce", "pairwise_sigmoid"} == pair
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_poincare_equals_the_matrix_form_on_float64_distances(case):
+  fn, hyper, matrix_fn, kind = CASES[case]
+  x = _x()
+  d = _distance_ref(x)
+  takes = inspect.signature(matrix_fn).parameters
+  want = matrix_fn(jnp.asarray(-d if kind == "similarity" else d,
+                               jnp.float32), jnp.asarray(LABELS),
+                   **{k: v for k, v in hyper.items() if k in takes})
+  got = fn(jnp.asarray(x), jnp.asarray(LABELS), geometry=BALL, **hyper)
+  np.testing.assert_allclose(float(got), float(want), rtol=1e-4, atol=1e-5)
+  # The geometry changes the loss: the cosine value is another.
+  cosine = fn(jnp.asarray(x), jnp.asarray(LABELS), **hyper)
+  assert abs(float(cosine) - float(got)) > 1e-3
+
+
+@pytest.mark.parametrize("case", [
+    c for c in sorted(CASES)
+    if losses.LOSSES[_registry_name(c)].execution_options])
+def test_poincare_runs_on_every_engine(case):
+  fn, hyper, _, _ = CASES[case]
+  x, labels = jnp.asarray(_x(seed=1)), jnp.asarray(LABELS)
+  dense = vg(fn, x, labels, geometry=BALL, **hyper)
+  assert np.all(np.isfinite(np.asarray(dense[1])))
+  close_to(vg(fn, x, labels, geometry=BALL, block_size=5, **hyper), dense)
+  close_to(sharded_vg(fn, x, labels, geometry=BALL, **hyper), dense)
+  close_to(sharded_vg(fn, x, labels, geometry=BALL, collective="ring",
+                     block_size=1, **hyper), dense)
+
+
+def test_margin_loss_with_the_ball_and_its_sampler_refused():
+  beta = jnp.float32(1.2)
+  x, labels = jnp.asarray(_x()), jnp.asarray(LABELS)
+  d = _distance_ref(_x())
+  want = losses.margin_loss_from_distance(jnp.asarray(d, jnp.float32),
+                                          labels, beta)
+  got = losses.margin_loss(x, labels, beta, key=None, geometry=BALL)
+  np.testing.assert_allclose(float(got), float(want), rtol=1e-4)
+  with pytest.raises(ValueError, match="unit vectors") as info:
+    losses.margin_loss(x, labels, beta, key=jax.random.PRNGKey(0),
+                       geometry=BALL)
+  assert "\n" not in str(info.value)
+
+
+def test_names_resolve_and_bad_geometries_are_one_line_errors():
+  x, labels = jnp.asarray(_x()), jnp.asarray(LABELS)
+  by_name = losses.circle_loss(x, labels, geometry="poincare")
+  by_object = losses.circle_loss(x, labels, geometry=losses.Poincare())
+  assert float(by_name) == float(by_object)
+  assert float(losses.circle_loss(x, labels, geometry="cosine")) == float(
+      losses.circle_loss(x, labels))
+  for bad, match in (("sphere", "must be one of"), (3, "must be a Geometry")):
+    with pytest.raises(ValueError, match=match) as info:
+      losses.multi_similarity_loss(x, labels, geometry=bad)
+    assert "\n" not in str(info.value)
+  with pytest.raises(ValueError, match="`r`"):
+    losses.Poincare(r=-1.0)
+  # Dot products have no distance: a distance loss names the fix.
+  with pytest.raises(ValueError, match="no distance"):
+    losses.contrastive_loss(x, labels, geometry="dot")
+
+
+def test_registry_apply_builds_the_geometry_from_config_fields():
+  entry = losses.get_loss("supcon")
+  x, labels = jnp.asarray(_x()), jnp.asarray(LABELS)
+  got = entry.apply(x, labels, geometry="poincare", c=0.5, r=2.0)
+  want = losses.supcon_loss(x, labels, geometry=BALL)
+  assert float(got) == float(want)
+  assert float(entry.apply(x, labels, geometry="cosine", c=0.5)) == float(
+      losses.supcon_loss(x, labels))
