@@ -6,9 +6,9 @@ Learning", CVPR 2022; github.com/htdt/hyp_metric), with the self-supervised
 DINO ViT-S/16 (Caron et al., "Emerging Properties in Self-Supervised Vision
 Transformers", ICCV 2021) as the backbone: the code's ``--model
 dino_vits16 --lr 1e-5``, ImageNet mean and std. Everything else is
-``hyp_vit.py``'s recipe, including **the loss: Circle in place of the
-paper's hyperbolic pairwise cross-entropy**, which circle_jax does not have
-yet (see ``hyp_vit.py``).
+``hyp_vit.py``'s recipe, including the paper's loss: the hyperbolic
+pairwise cross-entropy (``pairwise_ce`` on the Poincare ball, c = 0.1,
+r = 2.3, temperature 0.2; see ``hyp_vit.py``).
 
 Published R@1 (%), "Hyp-DINO" (128-d, hyperbolic), checked against the
 paper's results as listed by Papers with Code
@@ -74,7 +74,7 @@ PUBLISHED = {
 
 
 def get_config(dataset: str = "cub200"):
-  """Hyp-ViT's recipe with the DINO ViT-S/16; loss: Circle (see above).
+  """Hyp-ViT's recipe with the DINO ViT-S/16 and its hyperbolic loss.
 
   Args:
     dataset: one of :data:`DATASETS`.

@@ -61,9 +61,10 @@ def test_config_has_the_official_code_recipe(config_file, dataset):
   else:
     assert c.num_train_steps == steps  # one step per epoch
   assert (c.dataset.validation_fraction, c.best_metric) == (0.0, "")
-  assert c.loss.name == "circle"  # stands in for the hyperbolic loss
-  assert hyp_vit.HYP_LOSS == {"temperature": 0.2, "curvature": 0.1,
-                              "clip_radius": 2.3}
+  # The paper's loss: train.py's --t 0.2 --hyp_c 0.1 --clip_r 2.3.
+  assert dict(c.loss) == {"name": "pairwise_ce", "tau": 0.2,
+                          "geometry": "poincare", "c": 0.1, "r": 2.3,
+                          "block_size": None, "collective": None}
 
 
 @pytest.mark.parametrize("config_file, dataset", PAIRS, ids=IDS)
@@ -74,7 +75,7 @@ def test_docstring_and_table_give_the_command_weights_and_number(
   assert _words(command) in _words(module.__doc__)
   assert f"create_model('{module.TIMM_MODEL}', pretrained=True" in (
       module.__doc__)
-  assert "Circle" in module.__doc__ and "hyperbolic" in module.__doc__
+  assert "pairwise_ce" in module.__doc__ and "hyperbolic" in module.__doc__
   rows = [line for line in TABLES.read_text().splitlines()
           if f"`{command}`" in line]
   assert len(rows) == 1
