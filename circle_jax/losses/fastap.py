@@ -106,7 +106,8 @@ def _histograms(d, pos, cand, num_bins, k_block):
     h_all = h_all + jnp.sum(jnp.where(cand_k[:, :, None], pulse, 0.0), 1)
     return (h_pos, h_all), None
 
-  zeros = jnp.zeros((d.shape[0], num_bins + 1), F32)
+  # Shaped from d, so it is device-varying like the tiles under shard_map.
+  zeros = jnp.zeros_like(d[:, :1]) * centres
   (h_pos, h_all), _ = jax.lax.scan(step, (zeros, zeros), tiles)
   return h_pos, h_all
 

@@ -117,7 +117,7 @@ def _block_ranks(s, pos, cand, tau, k_block):
     den = den + jnp.sum(jnp.where(cand_k[:, None, :], sig, 0.0), axis=-1)
     return (num, den), None
 
-  half = jnp.full(s.shape, 0.5, F32)  # the k = j term, sigma(0)
+  half = jnp.full_like(s, 0.5)  # the k = j term, sigma(0)
   (num, den), _ = jax.lax.scan(step, (half, half), tiles)
   return num, den
 
@@ -151,7 +151,7 @@ def _block_grad(s, pos, cand, tau, num, den, g, k_block):
     dtau = dtau - jnp.sum(t * diff, axis=(1, 2)) / tau
     return (ds_j - jnp.sum(t, axis=2), dtau), jnp.sum(t, axis=1)
 
-  init = (jnp.zeros_like(s), jnp.zeros(s.shape[:1], F32))
+  init = (jnp.zeros_like(s), jnp.zeros_like(s[:, 0]))
   (ds_j, dtau), ds_k = jax.lax.scan(step, init, tiles)
   m = s.shape[0]
   ds_k = jnp.moveaxis(ds_k, 0, 1).reshape(m, -1)[:, :s.shape[1]]
@@ -261,7 +261,9 @@ def smooth_ap_loss(
   SmoothAP(tau=tau)  # the range check
   block = ranking.ranking_block(embeddings, labels, loss="Smooth-AP loss",
                                 **options)
-  ap = smooth_ap_per_anchor(block.s, block.pos, block.cand,
-                            jnp.asarray(tau, F32), block.block)
+  # tau takes s's device-varying type under shard_map, so its cotangent
+  # (one per device) is summed over the devices by autodiff.
+  tau = jnp.asarray(tau, F32) + jnp.zeros_like(block.s[0, 0])
+  ap = smooth_ap_per_anchor(block.s, block.pos, block.cand, tau, block.block)
   valid = jnp.any(block.pos, axis=1)
   return ranking.mean_loss(1.0 - ap, valid, options.get("axis_name"))

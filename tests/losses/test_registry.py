@@ -41,6 +41,8 @@ _SPEC = {
     "pairwise_ce": {"tau": 0.2, "geometry": "poincare", "c": 0.1, "r": 2.3},
     "pairwise_sigmoid": {"t": 10.0, "b": -10.0, "geometry": "cosine",
                          "c": 0.1, "r": 2.3},
+    "smooth_ap": {"tau": 0.01},
+    "fastap": {"L": 10},
 }
 _PARAM = {"circle_class_level": "class_weights", "proxy_anchor": "proxies",
           "ranked_proxy_anchor": "proxies", "margin": "beta",
