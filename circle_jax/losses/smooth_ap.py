@@ -45,8 +45,10 @@ and pytorch-metric-learning 2.9.0's ``SmoothAPLoss`` (a port of it) differ:
   rather than from the labels (PML checks the equal counts and raises
   otherwise). In PML 2.9.0 the group size is computed as the batch size
   over the number of classes, i.e. the number of *classes*, which is the
-  number of samples per class only when the two are equal (by our reading
-  of its ``compute_loss``; the benchmark builds such batches);
+  number of samples per class only when the two are equal (checked in
+  tests/losses/test_ranking_losses.py: with 4 classes of 4 its value is the
+  official form's, with 2 classes of 3 it is not; the benchmark builds
+  square batches);
 * the ``[j, k]`` mask removes only ``k = j``, so the anchor itself is both
   a candidate and one of its own positives (its similarity with itself is
   the largest): each anchor's AP averages ``g`` terms including a

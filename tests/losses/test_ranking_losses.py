@@ -391,3 +391,50 @@ def test_the_memory_check_sees_a_cubic_tensor():
   small, large = (_compiled_bytes(losses.smooth_ap_loss, b, block_size=b)
                   for b in (64, 128))
   assert large / small > 6.0, (small, large)
+
+
+def test_fastap_equals_pytorch_metric_learning():
+  torch = pytest.importorskip("torch")
+  pml = pytest.importorskip("pytorch_metric_learning.losses")
+  x, labels = _x(seed=12), LABELS
+  xt = torch.tensor(x, requires_grad=True)
+  want = pml.FastAPLoss(num_bins=10)(xt, torch.tensor(labels, dtype=torch.int64))
+  want.backward()
+  got = _vg(losses.fastap_loss, x, jnp.asarray(labels), block_size=5)
+  _close(got, (want.item(), xt.grad.numpy()))
+
+
+def _official_smooth_ap(x, y, tau):
+  """The official code's sets: the anchor is its own positive and one of
+  the candidates; only k = j is left out of each rank."""
+  s = _unit(x) @ _unit(x).T
+  sig = lambda v: 0.5 * (1.0 + np.tanh(0.5 * v))
+  aps = []
+  for i in range(len(y)):
+    group = [j for j in range(len(y)) if y[j] == y[i]]
+    ap = 0.0
+    for j in group:
+      num = 1 + sum(sig((s[i, k] - s[i, j]) / tau) for k in group if k != j)
+      den = 1 + sum(sig((s[i, k] - s[i, j]) / tau) for k in range(len(y))
+                    if k != j)
+      ap += num / den
+    aps.append(ap / len(group))
+  return 1.0 - np.mean(aps)
+
+
+def test_what_pytorch_metric_learning_computes():
+  # PML 2.9.0's SmoothAPLoss is the official form (anchor included) when
+  # the batch has as many classes as samples per class, and groups the
+  # batch by the class count otherwise; ours is the paper's sets.
+  torch = pytest.importorskip("torch")
+  pml = pytest.importorskip("pytorch_metric_learning.losses")
+  for classes, per_class, same in ((4, 4, True), (2, 3, False)):
+    y = np.repeat(np.arange(classes), per_class)
+    x = _x(seed=13, n=len(y))
+    want = pml.SmoothAPLoss(temperature=0.1)(
+        torch.tensor(x), torch.tensor(y)).item()
+    official = _official_smooth_ap(x, y, 0.1)
+    assert np.isclose(want, official, rtol=1e-5) == same
+    ours = float(losses.smooth_ap_loss(x, jnp.asarray(y), tau=0.1))
+    np.testing.assert_allclose(ours, smooth_ap_ref(x, y, 0.1), rtol=2e-5)
+    assert not np.isclose(ours, official)
