@@ -105,22 +105,29 @@ def _sigmoid_tile(s_rows, s_cols, tau):
   return jax.nn.sigmoid((s_cols[:, None, :] - s_rows[:, :, None]) / tau)
 
 
-def _block_ranks(s, pos, cand, tau, k_block):
-  """The smoothed ranks ``(n, d)`` ``[R, N]`` of one block of anchors."""
-  tiles = (ranking.column_tiles(s, k_block),
-           ranking.column_tiles(pos, k_block),
-           ranking.column_tiles(cand, k_block))
+def _scan_tiles(body, init, s, pos, cand, tau, k_block):
+  """``lax.scan`` of ``body(carry, s_k, pos_k, cand_k, sigma_k)`` over the
+  column tiles of one block of anchors (``sigma_k``: :func:`_sigmoid_tile`)."""
+  tiles = tuple(ranking.column_tiles(v, k_block) for v in (s, pos, cand))
 
   def step(carry, tile):
-    num, den = carry
     s_k, pos_k, cand_k = tile
-    sig = _sigmoid_tile(s, s_k, tau)
+    return body(carry, s_k, pos_k, cand_k, _sigmoid_tile(s, s_k, tau))
+
+  return jax.lax.scan(step, init, tiles)
+
+
+def _block_ranks(s, pos, cand, tau, k_block):
+  """The smoothed ranks ``(n, d)`` ``[R, N]`` of one block of anchors."""
+  def body(carry, s_k, pos_k, cand_k, sig):
+    del s_k
+    num, den = carry
     num = num + jnp.sum(jnp.where(pos_k[:, None, :], sig, 0.0), axis=-1)
     den = den + jnp.sum(jnp.where(cand_k[:, None, :], sig, 0.0), axis=-1)
     return (num, den), None
 
   half = jnp.full_like(s, 0.5)  # the k = j term, sigma(0)
-  (num, den), _ = jax.lax.scan(step, (half, half), tiles)
+  (num, den), _ = _scan_tiles(body, (half, half), s, pos, cand, tau, k_block)
   return num, den
 
 
@@ -138,14 +145,8 @@ def _block_grad(s, pos, cand, tau, num, den, g, k_block):
   scale = (g / count)[:, None]
   a = jnp.where(pos, scale / den, 0.0)
   b = jnp.where(pos, -scale * num / (den * den), 0.0)
-  tiles = (ranking.column_tiles(s, k_block),
-           ranking.column_tiles(pos, k_block),
-           ranking.column_tiles(cand, k_block))
-
-  def step(carry, tile):
+  def body(carry, s_k, pos_k, cand_k, sig):
     ds_j, dtau = carry
-    s_k, pos_k, cand_k = tile
-    sig = _sigmoid_tile(s, s_k, tau)
     w = (jnp.where(pos_k[:, None, :], a[:, :, None], 0.0)
          + jnp.where(cand_k[:, None, :], b[:, :, None], 0.0))
     t = w * sig * (1.0 - sig) / tau
@@ -154,7 +155,7 @@ def _block_grad(s, pos, cand, tau, num, den, g, k_block):
     return (ds_j - jnp.sum(t, axis=2), dtau), jnp.sum(t, axis=1)
 
   init = (jnp.zeros_like(s), jnp.zeros_like(s[:, 0]))
-  (ds_j, dtau), ds_k = jax.lax.scan(step, init, tiles)
+  (ds_j, dtau), ds_k = _scan_tiles(body, init, s, pos, cand, tau, k_block)
   m = s.shape[0]
   ds_k = jnp.moveaxis(ds_k, 0, 1).reshape(m, -1)[:, :s.shape[1]]
   return ds_j + ds_k, dtau

@@ -12,6 +12,7 @@ from jax.test_util import check_grads
 
 from circle_jax import losses
 from circle_jax.losses import engine
+from tests.losses.test_contrastive_family import grad_ref
 
 B, D = 12, 8
 LABELS = np.array([0, 0, 0, 1, 1, 2, 2, 2, 2, 3, 4, 4], np.int32)  # 3: alone
@@ -90,17 +91,6 @@ def fastap_ref(x, y, L, pos_mask=None, neg_mask=None, cols=None, col_y=None):
     total += 1.0 - ap / len(pos)
     count += 1
   return total / max(count, 1)
-
-
-def grad_ref(f, x, eps=1e-5):
-  """Central differences of a float64 reference."""
-  x = np.asarray(x, np.float64)
-  g = np.zeros_like(x)
-  for idx in np.ndindex(*x.shape):
-    e = np.zeros_like(x)
-    e[idx] = eps
-    g[idx] = (f(x + e) - f(x - e)) / (2 * eps)
-  return g
 
 
 LOSS = {"smooth_ap": (losses.smooth_ap_loss, smooth_ap_ref, "tau"),
@@ -197,10 +187,10 @@ def test_the_temperature_gradient_is_exact():
 @pytest.mark.parametrize("case", ["smooth_ap", "fastap"])
 def test_miner_masks(case):
   fn, ref, hyper = _case(case)
-  rng = np.random.default_rng(5)
-  pm, nm = (rng.random((B, B)) < 0.7 for _ in range(2))
   x, labels = _x(seed=2), jnp.asarray(LABELS)
-  masks = dict(pos_mask=jnp.asarray(pm), neg_mask=jnp.asarray(nm))
+  rng = np.random.default_rng(5)
+  pm, nm = rng.random((B, B)) < 0.7, rng.random((B, B)) < 0.6
+  masks = {"pos_mask": jnp.asarray(pm), "neg_mask": jnp.asarray(nm)}
   got = _vg(fn, x, labels, block_size=5, **masks, **hyper)
   np.testing.assert_allclose(float(got[0]),
                              ref(x, LABELS, pos_mask=pm, neg_mask=nm),
@@ -287,21 +277,15 @@ def test_an_anchor_without_positives_has_zero_gradient_of_its_own():
     assert np.abs(np.asarray(grad)).max() > 0
 
 
-@pytest.mark.parametrize("tau", [1e-3, 1e4])
-def test_range_ends_of_tau_stay_finite_and_exact_under_jit(tau):
+@pytest.mark.parametrize("name,hyper", [
+    ("smooth_ap", {"tau": 1e-3}), ("smooth_ap", {"tau": 1e4}),
+    ("fastap", {"L": 1}), ("fastap", {"L": 1000})])
+def test_range_ends_stay_finite_and_exact_under_jit(name, hyper):
+  fn, ref, _ = LOSS[name]
   x, labels = _x(seed=9), jnp.asarray(LABELS)
-  value, grad = _vg(losses.smooth_ap_loss, x, labels, tau=tau, block_size=5)
+  value, grad = _vg(fn, x, labels, block_size=5, **hyper)
   assert np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(grad)))
-  np.testing.assert_allclose(float(value), smooth_ap_ref(x, LABELS, tau),
-                             rtol=1e-4)
-
-
-@pytest.mark.parametrize("L", [1, 1000])
-def test_range_ends_of_L_stay_finite_and_exact_under_jit(L):
-  x, labels = _x(seed=9), jnp.asarray(LABELS)
-  value, grad = _vg(losses.fastap_loss, x, labels, L=L, block_size=5)
-  assert np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(grad)))
-  np.testing.assert_allclose(float(value), fastap_ref(x, LABELS, L),
+  np.testing.assert_allclose(float(value), ref(x, LABELS, *hyper.values()),
                              rtol=1e-4)
 
 
