@@ -27,6 +27,10 @@ recomputes the tiles in the backward pass from the closed-form gradient
 (``O(B^3)``; plus the ``O(B^2 D)`` similarity matmul), memory
 ``O(B D + M N + R N K)``: ``O(B^2)`` for the similarities, their masks and
 the ranks, and ``O(block^2 B)`` for a tile (``R = K = block_size``).
+Measured (XLA's memory analysis of ``jit(value_and_grad)``, D = 512, tiles
+of 128): peak 154 MiB at B = 1,024, 345 MiB at 2,048, 833 MiB at 4,096
+(x2.2, x2.4 per doubling; one tile would need 20 GB, 164 GB, 1.3 TB):
+``python experiments/bench_ranking.py`` (experiments/results/ranking_cpu.md).
 
 Gradient. With ``n_j``, ``d_j`` the numerator and denominator of positive
 ``j`` and ``sigma'_jk = sigma(1 - sigma)`` at ``(s_k - s_j) / tau``, let
