@@ -422,3 +422,23 @@ def test_what_pytorch_metric_learning_computes():
     ours = float(losses.smooth_ap_loss(x, jnp.asarray(y), tau=0.1))
     np.testing.assert_allclose(ours, smooth_ap_ref(x, y, 0.1), rtol=2e-5)
     assert not np.isclose(ours, official)
+
+
+@pytest.mark.parametrize("name,bad,message", [
+    ("smooth_ap", {"tau": 1e-4}, "config.loss.tau: must be in [0.001, "
+     "10000] for loss 'smooth_ap'"),
+    ("fastap", {"L": 0}, "config.loss.L: must be in [1, 1000] for loss "
+     "'fastap'"),
+])
+def test_the_trainer_takes_them_by_name_and_checks_their_ranges(name, bad,
+                                                                 message):
+  from circle_jax import config as config_lib
+  from circle_jax.train import config_checks
+  from tests.train import helpers
+  c = helpers.digits_config()
+  c.loss = config_lib.loss_config(name, **bad)
+  with pytest.raises(config_checks.ConfigError) as err:
+    config_checks.check_config(c, device_count=8, process_count=1)
+  assert str(err.value).startswith(message)
+  c.loss = config_lib.loss_config(name, block_size=16)
+  config_checks.check_config(c, device_count=8, process_count=1)
