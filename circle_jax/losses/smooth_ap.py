@@ -47,9 +47,10 @@ and pytorch-metric-learning 2.9.0's ``SmoothAPLoss`` (a port of it) differ:
 * they need every class to have the same number ``g`` of samples in the
   batch, stored contiguously, and take the positive set from that layout
   rather than from the labels (PML checks the equal counts and raises
-  otherwise). In PML 2.9.0 the group size is computed as the batch size
-  over the number of classes, i.e. the number of *classes*, which is the
-  number of samples per class only when the two are equal (checked in
+  otherwise). PML 2.9.0 computes the batch size over the number of
+  classes (the samples per class) but uses it as the number of groups, so
+  its groups hold as many samples as there are classes: the classes only
+  when the two counts are equal (checked in
   tests/losses/test_ranking_losses.py: with 4 classes of 4 its value is the
   official form's, with 2 classes of 3 it is not; the benchmark builds
   square batches);
@@ -64,8 +65,8 @@ We follow the paper with label-defined sets: ``P_i`` the candidates with the
 anchor's label (any class sizes, any order, miner masks and references
 allowed), ``Omega_i`` all valid candidates, the anchor excluded from both;
 ``jax.nn.sigmoid`` needs no clamp. Anchors without positives are left out
-of the mean (zero loss, zero gradient). Default ``tau = 0.01`` (the paper's
-and both implementations').
+of the mean (zero loss, zero gradient). Default ``tau = 0.01``: the
+paper's, the official ``main.py``'s ``--sigmoid_temperature`` and PML's.
 """
 
 from __future__ import annotations
