@@ -59,6 +59,12 @@ from circle_jax.losses.pairwise_ce import (
 from circle_jax.losses.pairwise_sigmoid import (
     pairwise_sigmoid_loss,
 )
+from circle_jax.losses.smooth_ap import (
+    smooth_ap_loss,
+)
+from circle_jax.losses.fastap import (
+    fastap_loss,
+)
 from circle_jax.losses.hyperbolic import (
     Poincare,
 )

@@ -56,7 +56,9 @@ from circle_jax.losses import pairwise_sigmoid as _pairwise_sigmoid
 from circle_jax.losses import proxy_anchor as _proxy_anchor
 from circle_jax.losses import proxy_baselines as _proxy
 from circle_jax.losses import ranges
+from circle_jax.losses import fastap as _fastap
 from circle_jax.losses import ranked_list as _ranked_list
+from circle_jax.losses import smooth_ap as _smooth_ap
 from circle_jax.losses import supcon as _supcon
 from circle_jax.losses import triplet as _triplet
 
@@ -306,7 +308,7 @@ def _entry(name, fn, kind, *, paper, reduction, param_name=None,
   names, _ = _keywords(fn)
   if "geometry" in names:  # the option's name, the Poincaré ball's c and r
     geometry = geometry or _geometry_name(
-        engine.COSINE if rule is None else rule.geometry)
+        getattr(rule, "geometry", engine.COSINE))
     ranges.update(_hyperbolic.GEOMETRY_RANGES)
 
   @functools.wraps(init)
@@ -433,6 +435,16 @@ LOSSES: Mapping[str, LossEntry] = types.MappingProxyType({e.name: e for e in [
            paper="Zhai et al., \"Sigmoid Loss for Language Image "
                  "Pre-Training\", ICCV 2023 (label positives, fixed t, b)",
            reduction="sum over pairs / batch size"),
+    # Ranking surrogates (tiled, no B^3 tensor; no device ring).
+    _entry("smooth_ap", _smooth_ap.smooth_ap_loss, "pair",
+           rule=_smooth_ap.SmoothAP,
+           paper="Brown, Xie, Kalogeiton, Zisserman, \"Smooth-AP: Smoothing "
+                 "the Path Towards Large-Scale Image Retrieval\", ECCV 2020",
+           reduction="mean over anchors with >= 1 positive"),
+    _entry("fastap", _fastap.fastap_loss, "pair", rule=_fastap.FastAP,
+           paper="Cakir, He, Xia, Kulis, Sclaroff, \"Deep Metric Learning "
+                 "to Rank\", CVPR 2019",
+           reduction="mean over anchors with >= 1 positive"),
     # Proxy baselines.
     _entry("proxy_nca", _proxy.proxy_nca_loss, "proxy",
            param_name="proxies", init=_normal(1.0),

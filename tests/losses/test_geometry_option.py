@@ -78,7 +78,8 @@ def test_every_pair_loss_takes_the_option():
   # Every pair loss is tested with the ball: here, in the margin test below
   # and (the contrastive family) in test_contrastive_family.py.
   assert {_registry_name(c) for c in CASES} | {
-      "margin", "supcon", "nt_xent", "pairwise_ce", "pairwise_sigmoid"} == pair
+      "margin", "supcon", "nt_xent", "pairwise_ce", "pairwise_sigmoid",
+      "smooth_ap", "fastap"} == pair
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -109,6 +110,32 @@ def test_poincare_runs_on_every_engine(case):
   close_to(sharded_vg(fn, x, labels, geometry=BALL, **hyper), dense)
   close_to(sharded_vg(fn, x, labels, geometry=BALL, collective="ring",
                      block_size=1, **hyper), dense)
+
+
+def _smooth_ap_on(s, y, tau):
+  """Smooth-AP of a float64 similarity matrix, every (i, j, k) by hand."""
+  sig = lambda v: 0.5 * (1.0 + np.tanh(0.5 * v))
+  losses_ = []
+  for i in range(len(y)):
+    pos = [j for j in range(len(y)) if j != i and y[j] == y[i]]
+    cand = [k for k in range(len(y)) if k != i]
+    if pos:
+      ap = sum((1 + sum(sig((s[i, k] - s[i, j]) / tau) for k in pos if k != j))
+               / (1 + sum(sig((s[i, k] - s[i, j]) / tau) for k in cand
+                          if k != j)) for j in pos)
+      losses_.append(1 - ap / len(pos))
+  return float(np.mean(losses_))
+
+
+def test_smooth_ap_on_the_ball_and_fastap_refusing_it():
+  x, labels = jnp.asarray(_x()), jnp.asarray(LABELS)
+  got = losses.smooth_ap_loss(x, labels, tau=0.5, geometry=BALL,
+                              block_size=5)
+  want = _smooth_ap_on(-_distance_ref(_x()), LABELS, 0.5)
+  np.testing.assert_allclose(float(got), want, rtol=1e-4)
+  with pytest.raises(ValueError, match="only the cosine") as info:
+    losses.fastap_loss(x, labels, geometry="poincare")
+  assert "\n" not in str(info.value)
 
 
 def test_margin_loss_with_the_ball_and_its_sampler_refused():

@@ -40,6 +40,8 @@ _SPEC = {
     "nt_xent": {"tau": 0.1},
     "pairwise_ce": {"tau": 0.2},
     "pairwise_sigmoid": {"t": 10.0, "b": -10.0},
+    "smooth_ap": {"tau": 0.01},
+    "fastap": {"L": 10},
 }
 # The default geometry of the losses that take the `geometry` option.
 _GEOMETRY = {"pairwise_ce": "poincare", "n_pair": "dot"}
