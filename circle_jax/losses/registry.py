@@ -64,6 +64,10 @@ _PER_BATCH = ("pos_mask", "neg_mask", "pair_weights", "bias")
 # listed among the hyperparameter defaults): the blockwise engine and the
 # device ring of the rule-based pair losses.
 _EXECUTION = ("block_size", "collective")
+# The layout of the class matrix of the proxy and classifier losses
+# (circle_jax.losses.class_shard): the rows sharded over the devices and
+# PartialFC's negative-class sampling; accepted by `apply`, not defaults.
+_CLASS_LAYOUT = ("shard_classes", "num_classes", "sample_rate")
 
 
 # ----------------------------------------------------------------------------
@@ -81,6 +85,15 @@ def _normal(std):
     del hyper
     return std * jax.random.normal(key, (num_classes, embedding_dim),
                                    jnp.float32)
+  return init
+
+
+def _subcenters_normal(std):
+  """Normal ``[C K, D]`` sub-centres, class-major (``centers_per_class``)."""
+  def init(key, num_classes, embedding_dim, *, centers_per_class, **hyper):
+    del hyper
+    return std * jax.random.normal(
+        key, (num_classes * centers_per_class, embedding_dim), jnp.float32)
   return init
 
 
@@ -137,7 +150,7 @@ def _signature_defaults(fn) -> Dict[str, Any]:
       name: p.default for name, p in params.items()
       if p.kind is inspect.Parameter.KEYWORD_ONLY
       and p.default is not inspect.Parameter.empty
-      and name not in _ROUTED + _PER_BATCH + _EXECUTION
+      and name not in _ROUTED + _PER_BATCH + _EXECUTION + _CLASS_LAYOUT
   }
 
 
@@ -177,6 +190,12 @@ class LossEntry:
     supports_ref: whether ``fn`` takes reference embeddings (``ref``, a
       :class:`circle_jax.losses.Candidates`; every pair loss, no proxy or
       classifier loss).
+    shards_classes: whether ``fn`` takes its class matrix sharded over the
+      devices (``shard_classes``, ``num_classes``; and ``sample_rate`` with
+      the step's ``key`` where it samples negative classes):
+      :mod:`circle_jax.losses.class_shard`.
+    samples_classes: whether ``fn`` takes PartialFC's ``sample_rate`` (and
+      then the step's ``key``, which ``apply`` passes on).
   """
 
   name: str
@@ -194,6 +213,8 @@ class LossEntry:
   hyper_ranges: Mapping[str, "HyperRange"] = dataclasses.field(
       default_factory=lambda: types.MappingProxyType({}))
   supports_ref: bool = False
+  shards_classes: bool = False
+  samples_classes: bool = False
 
   def apply(self, embeddings, labels, params=None, *, key=None,
             axis_name=None, ref=None, **hyper) -> Array:
@@ -245,7 +266,7 @@ class LossEntry:
             f"Loss {self.name!r} does not support reference embeddings "
             "(`ref`); only the pair losses do.")
       hyper["ref"] = ref
-    if self.needs_key:
+    if self.needs_key or (self.samples_classes and key is not None):
       hyper["key"] = key
     args = (embeddings, labels)
     if self.param_name is not None:
@@ -293,7 +314,9 @@ def _entry(name, fn, kind, *, paper, reduction, param_name=None,
       param_init=param_init,
       execution_options=execution,
       hyper_ranges=types.MappingProxyType(ranges),
-      supports_ref="ref" in names)
+      supports_ref="ref" in names,
+      shards_classes="shard_classes" in names,
+      samples_classes="sample_rate" in names)
 
 
 _PROXY_ANCHOR_PAPER = (
@@ -423,6 +446,12 @@ LOSSES: Mapping[str, LossEntry] = types.MappingProxyType({e.name: e for e in [
                 param_init="normal, std 0.01 (insightface)",
                 paper="Deng et al., \"ArcFace: Additive Angular Margin Loss "
                       "for Deep Face Recognition\", CVPR 2019"),
+    _classifier("subcenter_arcface", _classification.subcenter_arcface_loss,
+                init=_subcenters_normal(0.01),
+                param_init="normal, std 0.01, [C K, D]",
+                paper="Deng, Guo, Liu, Zafeiriou, Kotsia, \"Sub-center "
+                      "ArcFace: Boosting Face Recognition by Large-scale "
+                      "Noisy Web Faces\", ECCV 2020"),
     _classifier("softmax", _classification.softmax_loss,
                 init=_glorot_uniform, param_init="glorot (xavier) uniform",
                 paper="softmax cross-entropy on a linear classifier"),

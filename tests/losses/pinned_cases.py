@@ -119,9 +119,10 @@ def _miners():
 # Registry names added after the numbers were pinned; their functions are
 # pinned under their own names below ("unified" is `unified_loss`), or
 # checked against float64 references instead (the contrastive family:
-# tests/losses/test_contrastive_family.py).
+# tests/losses/test_contrastive_family.py; SubCenter-ArcFace:
+# tests/losses/test_sharded_classes.py).
 _REGISTERED_AFTER_PINNING = ("unified", "supcon", "nt_xent", "pairwise_ce",
-                             "pairwise_sigmoid")
+                             "pairwise_sigmoid", "subcenter_arcface")
 
 
 def cases():
