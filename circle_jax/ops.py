@@ -119,17 +119,29 @@ def log_of_shifted_sum(s: Array, m: Array) -> Array:
   return jnp.where(empty, -jnp.inf, jnp.log(jnp.where(empty, 1.0, s)) + m)
 
 
-def masked_logsumexp(x: Array, mask: Array, axis: int = -1) -> Array:
+def masked_logsumexp(x: Array, mask: Array, axis: int = -1,
+                     axis_name=None) -> Array:
   """``log(sum(mask * exp(x)))`` along ``axis``; ``-inf`` (zero grad) if empty.
 
   Max-shifted, and never evaluates ``exp`` of a masked-out entry, so masked
   entries may hold any value without affecting the value or the gradient.
+
+  With ``axis_name`` the reduced axis is split over that mapped axis (each
+  device holds some of the entries, e.g. its rows of a sharded class matrix):
+  the shift is the global maximum (``pmax``, no gradient) and the shifted
+  sums are added with :func:`global_sum`, so the result is the log-sum-exp of
+  all devices' entries, the same on every device, with exact gradients for
+  each device's own entries (the model-parallel softmax of PartialFC).
   """
   x = x.astype(jnp.float32)
   m = jnp.max(jnp.where(mask, x, -jnp.inf), axis=axis, keepdims=True)
-  m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
+  m = jax.lax.stop_gradient(m)
+  if axis_name is not None:
+    m = jax.lax.pmax(m, axis_name)
+  m = jnp.where(jnp.isfinite(m), m, 0.0)
   shifted = jnp.where(mask, nonpositive(x - m), -jnp.inf)
-  s = jnp.sum(jnp.exp(shifted), axis=axis, keepdims=True)
+  s = maybe_global_sum(jnp.sum(jnp.exp(shifted), axis=axis, keepdims=True),
+                       axis_name)
   return jnp.squeeze(log_of_shifted_sum(s, m), axis=axis)
 
 

@@ -48,7 +48,8 @@ def test_call_table_reads_signatures_and_registry_names():
           "| call (defaults) | registry name |\n"
           "| --- | --- |\n"
           "| `proxy_anchor_loss(embeddings, labels, proxies, *, margin=0.1, "
-          "alpha=32.0, axis_name=None)` | `proxy_anchor` |\n"
+          "alpha=32.0, axis_name=None, shard_classes=False, "
+          "num_classes=None)` | `proxy_anchor` |\n"
           "| `unified_loss_class_level(embeddings, labels, class_weights, *, "
           "gamma=64.0, margin=0.35)` | - |\n"
           "| `pair_weights(loss_fn, similarity, labels, **hyper)` | - |\n")

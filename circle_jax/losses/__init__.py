@@ -92,7 +92,11 @@ from circle_jax.losses.classification import (
     normface_loss,
     cosface_loss,
     arcface_loss,
+    subcenter_arcface_loss,
     softmax_loss,
+)
+from circle_jax.losses.class_shard import (
+    pad_rows,
 )
 from circle_jax.losses.miners import (
     multi_similarity_miner,

@@ -12,6 +12,13 @@ global batch size (no gather): the same value on every device, exact
 gradients for the local embeddings; the replicated ``class_weights`` get the
 full gradient inside ``jax.shard_map`` and a per-device share under
 ``jax.pmap`` (``psum`` them, as for any replicated parameter).
+
+NormFace, CosFace, ArcFace and SubCenter-ArcFace also take the class matrix
+sharded over the devices (``shard_classes=True``: each device passes its
+``ceil(C / n)`` rows, the softmax is PartialFC's model-parallel one) and
+PartialFC's negative-class sampling (``sample_rate``, ``key``); see
+:mod:`circle_jax.losses.class_shard`. Without them the same code runs on the
+whole matrix.
 """
 
 from __future__ import annotations
@@ -22,24 +29,13 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax import ops
+from circle_jax.losses import class_shard
+from circle_jax.losses import forms
 from circle_jax.losses import ranges
 from circle_jax.losses import _common
 
 Array = jax.Array
-
-
-def _inputs(embeddings, labels, class_weights):
-  embeddings = _common.check_embeddings(embeddings)
-  labels = _common.check_labels(labels, embeddings.shape[0])
-  class_weights = _common.check_class_vectors(
-      class_weights, embeddings.shape[1], "class_weights")
-  return embeddings, labels, class_weights
-
-
-def _cross_entropy(logits, onehot, axis_name):
-  per_sample = (jax.nn.logsumexp(logits, axis=1)
-                - jnp.sum(jnp.where(onehot, logits, 0.0), axis=1))
-  return _common.sum_over_batch(per_sample, axis_name)
+_LAYOUT = forms.takes(class_shard.Layout, into="layout")
 
 
 def softmax_loss(
@@ -67,17 +63,19 @@ def softmax_loss(
   Returns:
     float32 scalar: the mean over the (global) batch.
   """
-  x, labels, w = _inputs(embeddings, labels, class_weights)
+  x, labels, w, block = class_shard.class_block(
+      embeddings, labels, class_weights, axis_name=axis_name)
   logits = jnp.matmul(x, w.T, precision=jax.lax.Precision.HIGHEST)
   if bias is not None:
     bias = _common.check_shape(
         bias, (w.shape[0],), f"`bias` must have shape [num_classes] = "
         f"({w.shape[0]},); got {jnp.shape(bias)}.")
     logits = logits + bias.astype(jnp.float32)
-  onehot = jax.nn.one_hot(labels, w.shape[0], dtype=bool)
-  return _cross_entropy(logits, onehot, axis_name)
+  onehot = block.onehot(labels)
+  return block.cross_entropy(logits, onehot)
 
 
+@_LAYOUT
 def cosface_loss(
     embeddings: Array,
     labels: Array,
@@ -86,6 +84,7 @@ def cosface_loss(
     margin: float = 0.35,
     scale: float = 64.0,
     axis_name: Optional[str] = None,
+    layout: class_shard.Layout,
 ) -> Array:
   r"""CosFace / AM-Softmax: additive cosine margin (Wang et al. 2018).
 
@@ -100,10 +99,12 @@ def cosface_loss(
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16 (normalised inside).
     labels: ``[B]`` integer labels in ``[0, C)``.
-    class_weights: ``[C, D]`` (normalised inside).
+    class_weights: ``[C, D]`` (normalised inside); with ``shard_classes``
+      this device's ``[ceil(C / n), D]`` rows.
     margin: ``m``.
     scale: ``s``.
-    axis_name: global-batch mean across devices (module docstring).
+    axis_name, shard_classes, num_classes, sample_rate, key: the global
+      batch and the sharded class matrix (module docstring).
 
   Returns:
     float32 scalar: the mean over the (global) batch.
@@ -114,13 +115,15 @@ def cosface_loss(
     Softmax for Face Verification", IEEE SPL 2018.
   """
   ranges.check_range(scale, "scale", ranges.POSITIVE_RANGE)
-  x, labels, w = _inputs(embeddings, labels, class_weights)
+  x, labels, w, block = class_shard.class_block(
+      embeddings, labels, class_weights, axis_name=axis_name, layout=layout)
   cos = ops.cosine_similarity(x, w)
-  onehot = jax.nn.one_hot(labels, w.shape[0], dtype=bool)
+  onehot = block.onehot(labels)
   logits = scale * jnp.where(onehot, cos - margin, cos)
-  return _cross_entropy(logits, onehot, axis_name)
+  return block.cross_entropy(logits, onehot)
 
 
+@_LAYOUT
 def normface_loss(
     embeddings: Array,
     labels: Array,
@@ -128,6 +131,7 @@ def normface_loss(
     *,
     scale: float = 20.0,
     axis_name: Optional[str] = None,
+    layout: class_shard.Layout,
 ) -> Array:
   r"""NormFace: softmax on scaled cosines (Wang et al. 2017).
 
@@ -143,11 +147,9 @@ def normface_loss(
   normalised-softmax baseline of Zhai & Wu (2019) for metric learning.
 
   Args:
-    embeddings: ``[B, D]`` float32 or bfloat16 (normalised inside).
-    labels: ``[B]`` integer labels in ``[0, C)``.
-    class_weights: ``[C, D]`` (normalised inside).
+    embeddings, labels, class_weights, axis_name, shard_classes,
+      num_classes, sample_rate, key: as :func:`cosface_loss`.
     scale: ``s``.
-    axis_name: global-batch mean across devices (module docstring).
 
   Returns:
     float32 scalar: the mean over the (global) batch.
@@ -157,20 +159,42 @@ def normface_loss(
     Verification", ACM MM 2017, eq. 5. Zhai, Wu, "Classification is a Strong
     Baseline for Deep Metric Learning", BMVC 2019.
   """
-  return cosface_loss(embeddings, labels, class_weights, margin=0.0,
-                      scale=scale, axis_name=axis_name)
+  return cosface_loss(
+      embeddings, labels, class_weights, margin=0.0, scale=scale,
+      axis_name=axis_name, **forms.keywords(layout))
 
 
-def arcface_loss(
-    embeddings: Array,
-    labels: Array,
-    class_weights: Array,
-    *,
-    margin: float = 0.5,
-    scale: float = 64.0,
-    easy_margin: bool = False,
-    axis_name: Optional[str] = None,
-) -> Array:
+def _arcface_logits(cos, onehot, *, margin, scale, easy_margin):
+  """ArcFace's logits of the cosines: the angular margin on the target."""
+  cos = jnp.clip(cos, -1.0, 1.0)
+  sin = ops.safe_sqrt(1.0 - cos * cos)
+  cos_m, sin_m = jnp.cos(margin), jnp.sin(margin)
+  phi = cos * cos_m - sin * sin_m
+  if easy_margin:
+    phi = jnp.where(cos > 0.0, phi, cos)
+  else:
+    # cos(pi - m) = -cos m;  sin(pi - m) * m = m sin m.
+    phi = jnp.where(cos > -cos_m, phi, cos - margin * sin_m)
+  return scale * jnp.where(onehot, phi, cos)
+
+
+@forms.declaration
+class SubCenterArcFace:
+  """(Sub-center) ArcFace's hyperparameters and their defaults (the
+  papers'): ``K`` sub-centres per class, the angular margin ``m``, the scale
+  ``s`` and insightface's ``easy_margin`` switch. ArcFace fixes ``K = 1``."""
+
+  centers_per_class: int = 3
+  margin: float = 0.5
+  scale: float = 64.0
+  easy_margin: bool = False
+
+
+@_LAYOUT
+@forms.takes(SubCenterArcFace, into="hp", centers_per_class=1)
+def arcface_loss(embeddings: Array, labels: Array, class_weights: Array, *,
+                 hp: SubCenterArcFace, axis_name: Optional[str] = None,
+                 layout: class_shard.Layout) -> Array:
   r"""ArcFace: additive angular margin (Deng et al. 2019).
 
   With ``\theta_c = \arccos(\hat x \cdot \hat W_c)`` the target logit is
@@ -194,11 +218,13 @@ def arcface_loss(
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16 (normalised inside).
     labels: ``[B]`` integer labels in ``[0, C)``.
-    class_weights: ``[C, D]`` (normalised inside).
+    class_weights: ``[C, D]`` (normalised inside); with ``shard_classes``
+      this device's ``[ceil(C / n), D]`` rows.
     margin: ``m`` in radians.
     scale: ``s``.
     easy_margin: the official code's ``easy_margin`` switch.
-    axis_name: global-batch mean across devices (module docstring).
+    axis_name, shard_classes, num_classes, sample_rate, key: the global
+      batch and the sharded class matrix (module docstring).
 
   Returns:
     float32 scalar: the mean over the (global) batch.
@@ -207,17 +233,72 @@ def arcface_loss(
     Deng, Guo, Xue, Zafeiriou, "ArcFace: Additive Angular Margin Loss for
     Deep Face Recognition", CVPR 2019, eq. 3 (and the insightface code).
   """
-  ranges.check_range(scale, "scale", ranges.POSITIVE_RANGE)
-  x, labels, w = _inputs(embeddings, labels, class_weights)
-  cos = jnp.clip(ops.cosine_similarity(x, w), -1.0, 1.0)
-  onehot = jax.nn.one_hot(labels, w.shape[0], dtype=bool)
-  sin = ops.safe_sqrt(1.0 - cos * cos)
-  cos_m, sin_m = jnp.cos(margin), jnp.sin(margin)
-  phi = cos * cos_m - sin * sin_m
-  if easy_margin:
-    phi = jnp.where(cos > 0.0, phi, cos)
-  else:
-    # cos(pi - m) = -cos m;  sin(pi - m) * m = m sin m.
-    phi = jnp.where(cos > -cos_m, phi, cos - margin * sin_m)
-  logits = scale * jnp.where(onehot, phi, cos)
-  return _cross_entropy(logits, onehot, axis_name)
+  return _subcenter_arcface(embeddings, labels, class_weights, hp,
+                            axis_name, layout)
+
+
+@_LAYOUT
+@forms.takes(SubCenterArcFace, into="hp")
+def subcenter_arcface_loss(embeddings: Array, labels: Array,
+                           class_weights: Array, *, hp: SubCenterArcFace,
+                           axis_name: Optional[str] = None,
+                           layout: class_shard.Layout) -> Array:
+  r"""Sub-center ArcFace: ``K`` sub-centres per class (Deng et al. 2020).
+
+  Each class ``c`` has ``K`` sub-centres ``W_c^k`` (row ``c K + k`` of
+  ``class_weights``); a sample's cosine to the class is the largest over
+  them, and ArcFace (:func:`arcface_loss`, the same margin rule) runs on
+  those cosines:
+
+  .. math::
+
+    \cos\theta_c = \max_k \hat x \cdot \hat W_c^k, \qquad
+    L = \frac{1}{B} \sum_i -\log
+        \frac{e^{s\,\phi(\theta_{y_i})}}
+             {e^{s\,\phi(\theta_{y_i})} + \sum_{c \ne y_i} e^{s \cos\theta_c}} .
+
+  The gradient of the max reaches only the closest sub-centre of each
+  (sample, class) pair. ``K = 1`` is ArcFace. The paper's later step (drop
+  the non-dominant sub-centres and go on with ``K = 1``) is a training
+  schedule, not part of this loss.
+
+  Args:
+    embeddings: ``[B, D]`` float32 or bfloat16 (normalised inside).
+    labels: ``[B]`` integer labels in ``[0, C)``.
+    class_weights: ``[C K, D]`` sub-centres, class-major (normalised
+      inside); with ``shard_classes`` this device's ``[ceil(C / n) K, D]``.
+    centers_per_class: ``K`` (static; paper: 3).
+    margin: ``m`` in radians (paper: 0.5).
+    scale: ``s`` (paper: 64).
+    easy_margin: the insightface code's ``easy_margin`` switch.
+    axis_name, shard_classes, num_classes, sample_rate, key: as for
+      :func:`arcface_loss`.
+
+  Returns:
+    A float32 scalar, the mean of the per-sample terms over the global batch.
+
+  References:
+    Deng, Guo, Liu, Zafeiriou, Kotsia, "Sub-center ArcFace: Boosting Face
+    Recognition by Large-scale Noisy Web Faces", ECCV 2020.
+  """
+  return _subcenter_arcface(embeddings, labels, class_weights, hp,
+                            axis_name, layout)
+
+
+def _subcenter_arcface(embeddings, labels, class_weights, hp, axis_name,
+                       layout):
+  k = hp.centers_per_class
+  if not isinstance(k, int) or k < 1:
+    raise ValueError(
+        f"`centers_per_class` must be a positive Python int; got {k!r}.")
+  ranges.check_range(hp.scale, "scale", ranges.POSITIVE_RANGE)
+  x, labels, w, block = class_shard.class_block(
+      embeddings, labels, class_weights, per_class=k, axis_name=axis_name,
+      layout=layout)
+  cos = ops.cosine_similarity(x, w)
+  if k > 1:
+    cos = jnp.max(cos.reshape(x.shape[0], -1, k), axis=2)
+  onehot = block.onehot(labels)
+  logits = _arcface_logits(cos, onehot, margin=hp.margin, scale=hp.scale,
+                           easy_margin=hp.easy_margin)
+  return block.cross_entropy(logits, onehot)

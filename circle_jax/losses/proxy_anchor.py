@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax import ops
+from circle_jax.losses import class_shard
 from circle_jax.losses import forms
 from circle_jax.losses import ranges
 from circle_jax.losses import _common
@@ -44,6 +45,10 @@ from circle_jax.losses import ranked_list as _ranked_list
 Array = jax.Array
 
 _DISTANCES = ("euclidean", "cosine")
+# The proxies may be sharded over the devices; no negative-class sampling
+# (every proxy is an anchor of its own term).
+_SHARDABLE = forms.takes(class_shard.Layout, into="layout", sample_rate=1.0,
+                         key=None)
 
 
 @forms.declaration
@@ -78,13 +83,13 @@ def _check_sample_to_proxy(matrix, labels, name: str):
   return matrix, labels
 
 
-def _proxy_masks(labels: Array, num_classes: int):
-  """``[B, C]`` masks: ``pos[b, c]`` iff ``labels[b] == c``; ``neg`` iff the
-  label is another valid class. Out-of-range labels are in neither."""
-  classes = jnp.arange(num_classes, dtype=labels.dtype)
-  pos = labels[:, None] == classes[None, :]
-  valid = (labels >= 0) & (labels < num_classes)
-  neg = valid[:, None] & ~pos
+def _proxy_masks(labels: Array, block: class_shard.ClassBlock):
+  """``[B, R]`` masks: ``pos[b, r]`` iff ``labels[b]`` is row ``r``'s class;
+  ``neg`` iff the label is another valid class and the row a real one.
+  Out-of-range labels and padding rows are in neither."""
+  pos = block.onehot(labels)
+  valid = (labels >= 0) & (labels < block.num_classes)
+  neg = valid[:, None] & block.real[None, :] & ~pos
   return pos, neg
 
 
@@ -130,9 +135,10 @@ def _batch_log1p_sum_exp_two_sets(logit_p: Array, logit_n: Array, pos: Array,
   return term(pos, m_p), term(neg, m_n)
 
 
-def _num_proxies_with_positives(pos: Array, axis_name) -> Array:
-  per_proxy = _psum_const(jnp.sum(pos.astype(jnp.float32), axis=0), axis_name)
-  return jnp.sum((per_proxy > 0).astype(jnp.float32))
+def _num_proxies_with_positives(pos: Array, block) -> Array:
+  per_proxy = _psum_const(jnp.sum(pos.astype(jnp.float32), axis=0),
+                          block.batch_axis)
+  return block.class_count(jnp.sum((per_proxy > 0).astype(jnp.float32)))
 
 
 # ----------------------------------------------------------------------------
@@ -176,20 +182,26 @@ def proxy_anchor_loss_from_similarity(
   Returns:
     A float32 scalar.
   """
-  ranges.check_range(hp.alpha, "alpha", ranges.POSITIVE_RANGE)
   similarity, labels = _check_sample_to_proxy(similarity, labels, "similarity")
-  num_classes = similarity.shape[1]
-  pos, neg = _proxy_masks(labels, num_classes)
+  return _proxy_anchor(similarity, labels, hp,
+                       class_shard.whole(similarity.shape[1], axis_name))
+
+
+def _proxy_anchor(similarity, labels, hp: ProxyAnchor, block) -> Array:
+  """Proxy-Anchor of a ``[B, R]`` block of rows laid out by ``block``."""
+  ranges.check_range(hp.alpha, "alpha", ranges.POSITIVE_RANGE)
+  pos, neg = _proxy_masks(labels, block)
   pos_terms, neg_terms = _batch_log1p_sum_exp_two_sets(
       -hp.alpha * (similarity - hp.margin),
       hp.alpha * (similarity + hp.margin), pos, neg,
-      axis_name)
-  num_valid = _num_proxies_with_positives(pos, axis_name)
-  loss = (jnp.sum(pos_terms) / jnp.maximum(num_valid, 1.0)
-          + jnp.sum(neg_terms) / num_classes)
+      block.batch_axis)
+  num_valid = _num_proxies_with_positives(pos, block)
+  loss = (block.class_sum(jnp.sum(pos_terms)) / jnp.maximum(num_valid, 1.0)
+          + block.class_sum(jnp.sum(neg_terms)) / block.num_classes)
   return _common.to_float32_scalar(loss)
 
 
+@_SHARDABLE
 @forms.takes(ProxyAnchor, into="hp")
 def proxy_anchor_loss(
     embeddings: Array,
@@ -198,6 +210,7 @@ def proxy_anchor_loss(
     *,
     hp: ProxyAnchor,
     axis_name=None,
+    layout: class_shard.Layout,
 ) -> Array:
   r"""Proxy-Anchor loss: each class proxy is an anchor over the whole batch.
 
@@ -229,6 +242,10 @@ def proxy_anchor_loss(
       device and the gradient w.r.t. the local embeddings is exact. Proxy
       gradients: exact under ``shard_map`` with replicated proxies; under
       ``pmap`` ``psum`` them over the axis.
+    shard_classes: the proxies are sharded over ``axis_name``: pass this
+      device's ``[ceil(C / n), D]`` rows; each device runs its proxies' sums
+      over the gathered global batch (:mod:`circle_jax.losses.class_shard`).
+    num_classes: ``C`` with ``shard_classes`` (the rows beyond are padding).
 
   Returns:
     A float32 scalar.
@@ -237,13 +254,10 @@ def proxy_anchor_loss(
     Kim et al., "Proxy Anchor Loss for Deep Metric Learning", CVPR 2020,
     https://arxiv.org/abs/2003.13911
   """
-  x = _common.check_embeddings(embeddings)
-  labels = _common.check_labels(labels, x.shape[0])
-  p = _common.check_class_vectors(proxies, x.shape[1], "proxies")
-  similarity = jnp.matmul(ops.l2_normalize(x), ops.l2_normalize(p).T,
-                          precision=jax.lax.Precision.HIGHEST)
-  return proxy_anchor_loss_from_similarity(
-      similarity, labels, **forms.keywords(hp), axis_name=axis_name)
+  x, labels, p, block = class_shard.class_block(
+      embeddings, labels, proxies, name="proxies", axis_name=axis_name,
+      layout=layout)
+  return _proxy_anchor(ops.cosine_similarity(x, p), labels, hp, block)
 
 
 # ----------------------------------------------------------------------------
@@ -291,11 +305,18 @@ def ranked_proxy_anchor_loss_from_distance(
   """
   # RLL's boundaries, hinges and non-trivial sets, with proxies as anchors
   # (the rule's range checks included).
+  distance, labels = _check_sample_to_proxy(distance, labels, "distance")
+  return _ranked_proxy_anchor(
+      distance, labels, hp, class_shard.whole(distance.shape[1], axis_name))
+
+
+def _ranked_proxy_anchor(distance, labels, hp: RankedProxyAnchor,
+                         block) -> Array:
+  """Ranked Proxy-Anchor of a ``[B, R]`` block laid out by ``block``."""
   rule = _ranked_list.RankedList(**forms.keywords(hp),
                                  on_distance=True)
-  distance, labels = _check_sample_to_proxy(distance, labels, "distance")
-  num_classes = distance.shape[1]
-  pos, neg = _proxy_masks(labels, num_classes)
+  axis_name = block.batch_axis
+  pos, neg = _proxy_masks(labels, block)
   pos_hinge, neg_hinge = rule.hinges(distance)
   pos_set, neg_set = rule.select(distance, pos, neg, ())
 
@@ -305,8 +326,9 @@ def ranked_proxy_anchor_loss_from_distance(
   pos_count = _psum_const(jnp.sum(pos_set.astype(jnp.float32), axis=0),
                           axis_name)
   pos_per_proxy = pos_sum / jnp.maximum(pos_count, 1.0)
-  num_valid = _num_proxies_with_positives(pos, axis_name)
-  pos_term = jnp.sum(pos_per_proxy) / jnp.maximum(num_valid, 1.0)
+  num_valid = _num_proxies_with_positives(pos, block)
+  pos_term = (block.class_sum(jnp.sum(pos_per_proxy))
+              / jnp.maximum(num_valid, 1.0))
 
   # Negative term: per proxy, the exp(T_n (alpha - d))-weighted mean over its
   # non-trivial negatives, max-shifted with the global per-proxy maximum.
@@ -319,10 +341,11 @@ def ranked_proxy_anchor_loss_from_distance(
   neg_num = ops.maybe_global_sum(
       jnp.sum(jnp.where(neg_set, w * neg_hinge, 0.0), axis=0), axis_name)
   neg_per_proxy = neg_num / jnp.where(w_sum == 0, 1.0, w_sum)
-  neg_term = jnp.sum(neg_per_proxy) / num_classes
+  neg_term = block.class_sum(jnp.sum(neg_per_proxy)) / block.num_classes
   return _common.to_float32_scalar(pos_term + neg_term)
 
 
+@_SHARDABLE
 @forms.takes(RankedProxyAnchor, into="hp")
 def ranked_proxy_anchor_loss(
     embeddings: Array,
@@ -332,6 +355,7 @@ def ranked_proxy_anchor_loss(
     hp: RankedProxyAnchor,
     distance: str = "euclidean",
     axis_name=None,
+    layout: class_shard.Layout,
 ) -> Array:
   r"""Ranked Proxy-Anchor loss (RPAL): RLL's boundaries with proxies as anchors.
 
@@ -382,6 +406,8 @@ def ranked_proxy_anchor_loss(
       per-proxy sums, counts and weight normalisers are global, the value is
       the global-batch loss on every device and the gradient w.r.t. the local
       embeddings is exact (proxy gradients: as in :func:`proxy_anchor_loss`).
+    shard_classes, num_classes: the proxies sharded over ``axis_name``, as
+      in :func:`proxy_anchor_loss`.
 
   Returns:
     A float32 scalar.
@@ -398,14 +424,12 @@ def ranked_proxy_anchor_loss(
   if distance not in _DISTANCES:
     raise ValueError(
         f"`distance` must be one of {_DISTANCES}; got {distance!r}.")
-  x = _common.check_embeddings(embeddings)
-  labels = _common.check_labels(labels, x.shape[0])
-  p = _common.check_class_vectors(proxies, x.shape[1], "proxies")
-  similarity = jnp.matmul(ops.l2_normalize(x), ops.l2_normalize(p).T,
-                          precision=jax.lax.Precision.HIGHEST)
+  x, labels, p, block = class_shard.class_block(
+      embeddings, labels, proxies, name="proxies", axis_name=axis_name,
+      layout=layout)
+  similarity = ops.cosine_similarity(x, p)
   if distance == "euclidean":
     dist = ops.euclidean_from_cosine(similarity)
   else:
     dist = 1.0 - similarity
-  return ranked_proxy_anchor_loss_from_distance(
-      dist, labels, **forms.keywords(hp), axis_name=axis_name)
+  return _ranked_proxy_anchor(dist, labels, hp, block)

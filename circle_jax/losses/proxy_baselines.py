@@ -11,6 +11,12 @@ replicated input's cotangent over devices); under ``jax.pmap`` each device
 gets its share and the usual ``jax.lax.psum`` of the gradients gives the full
 one. Regularisers that depend only on the class vectors are added to every
 sample's term, so they are counted exactly once in both cases.
+
+Both also take the class matrix sharded over the devices
+(``shard_classes=True``: PartialFC's model-parallel softmax; SoftTriple's
+regulariser is then each device's classes' part, summed over the devices)
+and PartialFC's negative-class sampling (``sample_rate``, ``key``); see
+:mod:`circle_jax.losses.class_shard`.
 """
 
 from __future__ import annotations
@@ -21,19 +27,14 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax import ops
+from circle_jax.losses import class_shard
+from circle_jax.losses import forms
 from circle_jax.losses import ranges
-from circle_jax.losses import _common
 
 Array = jax.Array
 
 
-def _inputs(embeddings, labels, vectors, name):
-  embeddings = _common.check_embeddings(embeddings)
-  labels = _common.check_labels(labels, embeddings.shape[0])
-  vectors = _common.check_class_vectors(vectors, embeddings.shape[1], name)
-  return embeddings, labels, vectors
-
-
+@forms.takes(class_shard.Layout, into="layout")
 def proxy_nca_loss(
     embeddings: Array,
     labels: Array,
@@ -42,6 +43,7 @@ def proxy_nca_loss(
     scale: float = 32.0,
     include_positive: bool = False,
     axis_name: Optional[str] = None,
+    layout: class_shard.Layout,
 ) -> Array:
   r"""Proxy-NCA (Movshovitz-Attias et al. 2017), scaled and normalised.
 
@@ -67,10 +69,12 @@ def proxy_nca_loss(
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16 (normalised inside).
     labels: ``[B]`` integer labels in ``[0, C)``.
-    proxies: ``[C, D]`` proxies (normalised inside).
+    proxies: ``[C, D]`` proxies (normalised inside); with ``shard_classes``
+      this device's ``[ceil(C / n), D]`` rows.
     scale: inverse temperature on the squared distances.
     include_positive: whether the positive proxy is in the denominator.
-    axis_name: global-batch mean across devices (module docstring).
+    axis_name, shard_classes, num_classes, sample_rate, key: the global
+      batch and the sharded class matrix (module docstring).
 
   Returns:
     float32 scalar.
@@ -81,16 +85,19 @@ def proxy_nca_loss(
     "ProxyNCA++", ECCV 2020.
   """
   ranges.check_range(scale, "scale", ranges.POSITIVE_RANGE)
-  x, labels, p = _inputs(embeddings, labels, proxies, "proxies")
+  x, labels, p, block = class_shard.class_block(
+      embeddings, labels, proxies, name="proxies", axis_name=axis_name,
+      layout=layout)
   cos = ops.cosine_similarity(x, p)  # [B, C]
   logits = -scale * jnp.maximum(2.0 - 2.0 * cos, 0.0)
-  onehot = jax.nn.one_hot(labels, p.shape[0], dtype=bool)
-  target = jnp.sum(jnp.where(onehot, logits, 0.0), axis=1)
+  onehot = block.onehot(labels)
+  target = block.target(logits, onehot)
   mask = jnp.ones_like(onehot) if include_positive else ~onehot
-  lse = ops.masked_logsumexp(logits, mask)
-  has = mask.any(axis=1)
+  lse = block.logsumexp(logits, mask)
+  has = block.class_count(
+      jnp.sum(mask & block.real[None, :], axis=1).astype(jnp.float32)) > 0
   per_sample = jnp.where(has, jnp.where(has, lse, 0.0) - target, 0.0)
-  return _common.sum_over_batch(per_sample, axis_name)
+  return block.batch_mean(per_sample)
 
 
 def soft_triple_regularizer(centers: Array, *, centers_per_class: int) -> Array:
@@ -100,15 +107,21 @@ def soft_triple_regularizer(centers: Array, *, centers_per_class: int) -> Array:
   normalised centers of each class (the ``1e-5`` keeps ``sqrt`` smooth, as in
   the official code).
   """
+  spread = _center_spread(centers, centers_per_class)
   k = centers_per_class
+  return jnp.sum(spread) / (spread.shape[0] * k * (k - 1.0))
+
+
+def _center_spread(centers: Array, k: int) -> Array:
+  """``[C]``: each class's sum over its center pairs of the regulariser."""
   w = ops.l2_normalize(centers).reshape(-1, k, centers.shape[1])
-  c = w.shape[0]
   gram = jnp.einsum("ckd,cjd->ckj", w, w, precision=jax.lax.Precision.HIGHEST)
   upper = jnp.triu(jnp.ones((k, k), bool), 1)
   dist = jnp.sqrt(jnp.maximum(2.0 + 1e-5 - 2.0 * gram, 1e-5))
-  return jnp.sum(jnp.where(upper, dist, 0.0)) / (c * k * (k - 1.0))
+  return jnp.sum(jnp.where(upper[None], dist, 0.0), axis=(1, 2))
 
 
+@forms.takes(class_shard.Layout, into="layout")
 def soft_triple_loss(
     embeddings: Array,
     labels: Array,
@@ -120,6 +133,7 @@ def soft_triple_loss(
     margin: float = 0.01,
     tau: float = 0.2,
     axis_name: Optional[str] = None,
+    layout: class_shard.Layout,
 ) -> Array:
   r"""SoftTriple loss (Qian et al. 2019): ``K`` centers per class.
 
@@ -144,13 +158,15 @@ def soft_triple_loss(
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16 (normalised inside).
     labels: ``[B]`` integer labels in ``[0, C)``.
-    centers: ``[C * K, D]`` centers, class-major (normalised inside).
+    centers: ``[C * K, D]`` centers, class-major (normalised inside); with
+      ``shard_classes`` this device's ``[ceil(C / n) K, D]`` rows.
     centers_per_class: ``K`` (static).
     la: ``lambda``, the scale of the logits.
     gamma: ``gamma``, the temperature of the soft assignment to centers.
     margin: ``delta``, the margin on the target class.
     tau: ``tau``, the weight of the center regulariser.
-    axis_name: global-batch mean across devices (module docstring).
+    axis_name, shard_classes, num_classes, sample_rate, key: the global
+      batch and the sharded class matrix (module docstring).
 
   Returns:
     float32 scalar.
@@ -165,21 +181,21 @@ def soft_triple_loss(
         f"`centers_per_class` must be a positive Python int; got "
         f"{centers_per_class!r}.")
   ranges.check_range(gamma, "gamma", ranges.POSITIVE_RANGE)
-  x, labels, w = _inputs(embeddings, labels, centers, "centers")
   k = centers_per_class
-  if w.shape[0] % k:
-    raise ValueError(
-        f"`centers` has {w.shape[0]} rows, not a multiple of "
-        f"centers_per_class={k}; it must be [num_classes * {k}, dim].")
-  num_classes = w.shape[0] // k
-  sim = ops.cosine_similarity(x, w).reshape(x.shape[0], num_classes, k)
+  x, labels, w, block = class_shard.class_block(
+      embeddings, labels, centers, name="centers", per_class=k,
+      axis_name=axis_name, layout=layout)
+  sim = ops.cosine_similarity(x, w).reshape(x.shape[0], -1, k)
   assign = jax.nn.softmax(sim / gamma, axis=2)
   class_sim = jnp.sum(assign * sim, axis=2)  # [B, C]
-  onehot = jax.nn.one_hot(labels, num_classes, dtype=jnp.float32)
+  onehot = block.onehot(labels)
   logits = la * (class_sim - margin * onehot)
-  per_sample = (jax.nn.logsumexp(logits, axis=1)
-                - jnp.sum(onehot * logits, axis=1))
+  per_sample = (block.logsumexp(logits, jnp.ones_like(onehot))
+                - block.target(logits, onehot))
   if k > 1 and not (isinstance(tau, (int, float)) and tau == 0):
-    per_sample = per_sample + tau * soft_triple_regularizer(
-        w, centers_per_class=k)
-  return _common.sum_over_batch(per_sample, axis_name)
+    # Over all this device's real classes (sampled or not), added once.
+    local = jnp.asarray(centers, jnp.float32)
+    spread = jnp.where(block.local_real, _center_spread(local, k), 0.0)
+    per_sample = per_sample + tau * block.class_sum(jnp.sum(spread)) / (
+        block.num_classes * k * (k - 1.0))
+  return block.batch_mean(per_sample)

@@ -77,6 +77,10 @@ _EXECUTION = ("block_size", "collective")
 # the entry's default geometry).
 GEOMETRY_FIELDS = types.MappingProxyType(
     {"c": _hyperbolic.DEFAULT_C, "r": _hyperbolic.DEFAULT_R})
+# The layout of the class matrix of the proxy and classifier losses
+# (circle_jax.losses.class_shard): the rows sharded over the devices and
+# PartialFC's negative-class sampling; accepted by `apply`, not defaults.
+_CLASS_LAYOUT = ("shard_classes", "num_classes", "sample_rate")
 
 
 # ----------------------------------------------------------------------------
@@ -94,6 +98,15 @@ def _normal(std):
     del hyper
     return std * jax.random.normal(key, (num_classes, embedding_dim),
                                    jnp.float32)
+  return init
+
+
+def _subcenters_normal(std):
+  """Normal ``[C K, D]`` sub-centres, class-major (``centers_per_class``)."""
+  def init(key, num_classes, embedding_dim, *, centers_per_class, **hyper):
+    del hyper
+    return std * jax.random.normal(
+        key, (num_classes * centers_per_class, embedding_dim), jnp.float32)
   return init
 
 
@@ -150,7 +163,7 @@ def _signature_defaults(fn) -> Dict[str, Any]:
       name: p.default for name, p in params.items()
       if p.kind is inspect.Parameter.KEYWORD_ONLY
       and p.default is not inspect.Parameter.empty
-      and name not in _ROUTED + _PER_BATCH + _EXECUTION
+      and name not in _ROUTED + _PER_BATCH + _EXECUTION + _CLASS_LAYOUT
   }
 
 
@@ -193,6 +206,12 @@ class LossEntry:
       classifier loss).
     geometry: the name of the loss's default geometry if it takes the
       ``geometry`` option (every pair loss), else ``None``.
+    shards_classes: whether ``fn`` takes its class matrix sharded over the
+      devices (``shard_classes``, ``num_classes``; and ``sample_rate`` with
+      the step's ``key`` where it samples negative classes):
+      :mod:`circle_jax.losses.class_shard`.
+    samples_classes: whether ``fn`` takes PartialFC's ``sample_rate`` (and
+      then the step's ``key``, which ``apply`` passes on).
   """
 
   name: str
@@ -210,6 +229,8 @@ class LossEntry:
   hyper_ranges: Mapping[str, "HyperRange"] = dataclasses.field(
       default_factory=lambda: types.MappingProxyType({}))
   supports_ref: bool = False
+  shards_classes: bool = False
+  samples_classes: bool = False
   geometry: Optional[str] = None
 
   def geometry_defaults(self) -> Dict[str, Any]:
@@ -269,7 +290,7 @@ class LossEntry:
             f"Loss {self.name!r} does not support reference embeddings "
             "(`ref`); only the pair losses do.")
       hyper["ref"] = ref
-    if self.needs_key:
+    if self.needs_key or (self.samples_classes and key is not None):
       hyper["key"] = key
     if self.geometry is not None and (
         isinstance(hyper.get("geometry"), str) or set(GEOMETRY_FIELDS) & set(
@@ -326,7 +347,9 @@ def _entry(name, fn, kind, *, paper, reduction, param_name=None,
       param_init=param_init,
       execution_options=execution,
       hyper_ranges=types.MappingProxyType(ranges),
-      supports_ref="ref" in names, geometry=geometry)
+      supports_ref="ref" in names, geometry=geometry,
+      shards_classes="shard_classes" in names,
+      samples_classes="sample_rate" in names)
 
 
 def _geometry_name(geometry) -> str:
@@ -470,6 +493,12 @@ LOSSES: Mapping[str, LossEntry] = types.MappingProxyType({e.name: e for e in [
                 param_init="normal, std 0.01 (insightface)",
                 paper="Deng et al., \"ArcFace: Additive Angular Margin Loss "
                       "for Deep Face Recognition\", CVPR 2019"),
+    _classifier("subcenter_arcface", _classification.subcenter_arcface_loss,
+                init=_subcenters_normal(0.01),
+                param_init="normal, std 0.01, [C K, D]",
+                paper="Deng, Guo, Liu, Zafeiriou, Kotsia, \"Sub-center "
+                      "ArcFace: Boosting Face Recognition by Large-scale "
+                      "Noisy Web Faces\", ECCV 2020"),
     _classifier("softmax", _classification.softmax_loss,
                 init=_glorot_uniform, param_init="glorot (xavier) uniform",
                 paper="softmax cross-entropy on a linear classifier"),

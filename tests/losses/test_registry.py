@@ -35,6 +35,8 @@ _SPEC = {
     "normface": {},
     "cosface": {"margin": 0.35, "scale": 64.0},
     "arcface": {"margin": 0.5, "scale": 64.0},
+    "subcenter_arcface": {"centers_per_class": 3, "margin": 0.5,
+                          "scale": 64.0},
     "softmax": {},
     "supcon": {"tau": 0.1},
     "nt_xent": {"tau": 0.1},
@@ -49,7 +51,8 @@ _PARAM = {"circle_class_level": "class_weights", "proxy_anchor": "proxies",
           "ranked_proxy_anchor": "proxies", "margin": "beta",
           "proxy_nca": "proxies", "soft_triple": "centers",
           "normface": "class_weights", "cosface": "class_weights",
-          "arcface": "class_weights", "softmax": "class_weights"}
+          "arcface": "class_weights", "softmax": "class_weights",
+          "subcenter_arcface": "class_weights"}
 
 _C, _D = 4, 8
 _Y = np.repeat(np.arange(_C), 4)  # P x K = 4 x 4
