@@ -1,4 +1,4 @@
-r"""SupCon and NT-Xent against pytorch-metric-learning, and their memory at scale.
+r"""SupCon and NT-Xent vs pytorch-metric-learning; their memory at scale.
 
 Part 1, time and memory at ``B`` x ``D`` (float32), for each size in turn
 (interleaved, so a change of the shared host's load hits every column):
@@ -13,11 +13,14 @@ Part 1, time and memory at ``B`` x ``D`` (float32), for each size in turn
   then ``--repeats`` rounds of one call of each; the medians);
 * the peer: pytorch-metric-learning's ``SupConLoss`` / ``NTXentLoss`` at the
   same temperature, forward and ``backward()`` on the same inputs, each size
-  in a fresh child process of this script (same threads: ``--threads``):
-  its median time and its peak memory, the child's peak resident set size
-  (``VmHWM``, reset just before the first call) minus its resident set then
-  (inputs already built), so it counts everything the library allocates;
-  its time is the median of ``--repeats`` calls after two warm-up calls. A size
+  in a fresh child process of this script: its time and its peak memory,
+  the child's peak resident set size (``VmHWM``, reset just before the first
+  call) minus its resident set then (inputs already built), so it counts
+  everything the library allocates. Its time is the lowest, over the torch
+  thread counts ``--threads`` (default 1 and every core), of the median of
+  ``--repeats`` calls after two warm-up calls (the thread counts
+  interleaved): on a loaded host torch's 2 threads can be 50x slower than
+  one (their barriers wait for a descheduled thread). A size
   whose predicted peak (the last measured one scaled by ``B^2`` for SupCon,
   ``B^3`` for NT-Xent, whose ``NTXentLoss`` builds a float matrix of
   positive x negative pairs) exceeds ``--peer-max-gb`` is not run.
@@ -47,6 +50,7 @@ A quick check::
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime
 import json
@@ -57,15 +61,14 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-# The ring needs 8 devices; they are set before JAX is imported. Single-device
-# programs run on the first one, at the speed of a 1-device process.
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_force_host_platform_device_count=8").strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
 if __package__ in (None, ""):  # run as a file: python experiments/X.py
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 _REPO = pathlib.Path(__file__).resolve().parents[1]
+
+# First: it sets the 8 simulated CPU devices of the ring before JAX is
+# imported. Single-device programs run on the first one, at the speed of a
+# 1-device process (checked: the floor at B=4096, D=512 times alike).
+from experiments import bench_ring_memory  # noqa: E402  isort: skip
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -73,7 +76,6 @@ import numpy as np  # noqa: E402
 
 import circle_jax.losses as cj  # noqa: E402
 from experiments import bench_losses  # noqa: E402
-from experiments import bench_ring_memory  # noqa: E402
 from experiments import timing  # noqa: E402
 
 LOSSES = ("supcon", "nt_xent")
@@ -100,7 +102,7 @@ def embeddings(batch: int, dim: int) -> np.ndarray:
 
 
 def _status_bytes(field: str) -> int:
-  """A ``kB`` field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``), in bytes."""
+  """A ``kB`` field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``), bytes."""
   with open("/proc/self/status") as f:
     for line in f:
       if line.startswith(field + ":"):
@@ -119,12 +121,15 @@ def _reset_peak_rss() -> None:
 
 
 def peer_child(loss, peer, batch, dim, per_class, threads, repeats) -> dict:
-  """Times the peer's forward+backward here; its value and peak memory."""
+  """Times the peer's forward+backward here; its value and peak memory.
+
+  ``threads``: the torch thread counts, timed interleaved; the fastest one's
+  median is ``seconds`` (all of them in ``by_threads``).
+  """
   mods, msg = bench_losses.load_torch()
   if mods is None:
     raise SystemExit(msg)
   torch = mods[0]
-  torch.set_num_threads(threads)
   fn, _ = bench_losses.pml_loss(mods, peer, dict(cj.LOSSES[loss].defaults),
                                 0, dim)
   x = torch.tensor(embeddings(batch, dim), requires_grad=True)
@@ -133,16 +138,20 @@ def peer_child(loss, peer, batch, dim, per_class, threads, repeats) -> dict:
   before = _status_bytes("VmRSS")
   values = []
 
-  def step():
+  def step(n):
+    torch.set_num_threads(n)
     x.grad = None
     v = fn(x, labels)
     v.backward()
     values.append(float(v.detach()))
     return ()
 
-  seconds = timing.median_s(step, 2, repeats)
+  by_threads = timing.interleaved_medians(
+      {n: lambda n=n: step(n) for n in threads}, 2, repeats)
   peak = _status_bytes("VmHWM") - before
-  return dict(seconds=seconds, peak=peak, value=values[-1])
+  best = min(by_threads, key=by_threads.get)
+  return dict(seconds=by_threads[best], threads=best, peak=peak,
+              value=values[-1], by_threads=by_threads)
 
 
 def run_peer(loss, peer, batch, dim, args) -> dict:
@@ -260,7 +269,7 @@ def _peer_cells(row, peer):
   if "seconds" not in r:
     return f"{r['note']} | - | -"
   ratio = r["seconds"] / row.ours_s if row.ours_s else None
-  return (f"{_ms(r['seconds'])} | {_mib(r['peak'])} | "
+  return (f"{_ms(r['seconds'])} ({r['threads']}) | {_mib(r['peak'])} | "
           f"{'-' if ratio is None else f'{ratio:.2f}'}")
 
 
@@ -321,7 +330,7 @@ def part2(args) -> List[dict]:
 
 def part2_lines(cases) -> List[str]:
   lines = ["| engine | devices | B | D | block | peak per device MiB | "
-           "temporaries MiB | one fwd+bwd s |", "|---|---|---|---|---|---|---|---|"]
+           "temporaries MiB | one fwd+bwd s |", "|---" * 8 + "|"]
   for c in cases:
     engine = c.get("engine", "blockwise")
     run = "-" if c["run_s"] is None else f"{c['run_s']:.3g}"
@@ -336,7 +345,8 @@ def oom_lines(args) -> List[str]:
   for (mine, peer, dim), seen in sorted(args.peer_peaks.items()):
     power = dict(((m, p), k) for m, p, k in PEERS)[(mine, peer)]
     b = batch_at(seen, power, args.ram_gb * 1e9)
-    pts = ", ".join(f"B={k}: {v / _GIB:.2f} GiB" for k, v in sorted(seen.items()))
+    pts = ", ".join(f"B={k}: {v / _GIB:.2f} GiB"
+                    for k, v in sorted(seen.items()))
     lines.append(
         f"- PML {'SupConLoss' if peer == 'supcon' else 'NTXentLoss'} "
         f"({mine} labels), D={dim}: measured {pts or 'nothing'}; fit a + b "
@@ -357,8 +367,9 @@ def main(argv=None):
   p.add_argument("--big-batch", type=int, default=4096,
                  help="above this batch size: --big-repeats timed calls")
   p.add_argument("--big-repeats", type=int, default=2)
-  p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
-                 help="torch threads for the peer")
+  cores = len(os.sched_getaffinity(0))
+  p.add_argument("--threads", default="1" if cores == 1 else f"1,{cores}",
+                 help="the peer's torch thread counts (its fastest is shown)")
   p.add_argument("--no-peer", action="store_true")
   p.add_argument("--peer-max-gb", type=float, default=5.0,
                  help="do not run the peer where its predicted peak exceeds")
@@ -374,12 +385,13 @@ def main(argv=None):
                  help="part 2: also run one step where B <= this")
   p.add_argument("--record", action="store_true",
                  help="write the results file")
-  p.add_argument("--peer-child", default="", help=__import__("argparse").SUPPRESS)
+  p.add_argument("--peer-child", default="", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   if args.peer_child:
     print(json.dumps(peer_child(**json.loads(args.peer_child))))
     return
   args.losses = [s for s in args.losses.split(",") if s]
+  args.threads = [int(n) for n in str(args.threads).split(",")]
   args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
   args.dims = [int(d) for d in args.dims.split(",")]
   args.large_batches = [int(b) for b in args.large_batches.split(",") if b]
@@ -401,7 +413,8 @@ def main(argv=None):
       f"{args.per_class} per class, NT-Xent: 2 views per instance; medians of "
       f"{args.repeats} rounds (B > {args.big_batch}: {args.big_repeats}), "
       "ours and the floor interleaved; the peer in a child process per size"
-      f", after ours, torch threads {args.threads}",
+      f", after ours, its time the fastest of torch threads {args.threads}"
+      " (the count in parentheses)",
       "- ours peak: XLA memory analysis (arguments + outputs + temporaries);"
       " PML peak: the child process' peak RSS (VmHWM, reset before the "
       "first call) minus its RSS then",
