@@ -23,7 +23,8 @@ Part 1, time and memory at ``B`` x ``D`` (float32), for each size in turn
   one (their barriers wait for a descheduled thread). A size
   whose predicted peak (the last measured one scaled by ``B^2`` for SupCon,
   ``B^3`` for NT-Xent, whose ``NTXentLoss`` builds a float matrix of
-  positive x negative pairs) exceeds ``--peer-max-gb`` is not run.
+  positive x negative pairs), or whose lower bound read from the peer's
+  source (:func:`least_peak`), exceeds ``--peer-max-gb`` is not run.
   For NT-Xent the peer is also run as ``SupConLoss`` on the two-view labels
   (the same loss with two views), the form of it that scales.
 
@@ -56,6 +57,7 @@ import datetime
 import json
 import os
 import pathlib
+import shlex
 import subprocess
 import sys
 import time
@@ -166,6 +168,18 @@ def run_peer(loss, peer, batch, dim, args) -> dict:
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def least_peak(peer: str, batch: int) -> float:
+  """A lower bound of the peer's peak, read from its source (two views).
+
+  ``SupConLoss``: the float32 ``[B, B]`` similarity matrix. ``NTXentLoss``:
+  its bool and float32 ``[positive pairs, negative pairs]`` matrices, ``B``
+  x ``B (B - 2)`` with two views (it asks 68.7 GB at ``B = 4096``).
+  """
+  if peer == "nt_xent":
+    return 5.0 * batch * batch * (batch - 2)
+  return 4.0 * batch * batch
+
+
 def predicted_peak(measured: Dict[int, float], batch: int, power: int):
   """The last measured peak scaled by ``(B / B_last) ** power`` (or None)."""
   if not measured:
@@ -239,8 +253,9 @@ def part1(args) -> List[Row]:
           if mine != row.loss or args.no_peer:
             continue
           seen = peaks.setdefault((mine, peer, dim), {})
-          guess = predicted_peak(seen, batch, power)
-          if guess is not None and guess > args.peer_max_gb * _GIB:
+          guess = max(predicted_peak(seen, batch, power) or 0.0,
+                      least_peak(peer, batch))
+          if guess > args.peer_max_gb * _GIB:
             row.peers[peer] = dict(note=f"not run: predicted {guess / _GIB:.1f}"
                                         " GiB")
             continue
@@ -403,7 +418,7 @@ def main(argv=None):
   rows = part1(args)
   large = part2(args)
   cmd = "python experiments/bench_contrastive.py" + (
-      " " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
+      " " + shlex.join(argv if argv is not None else sys.argv[1:])).rstrip()
   lines = [
       "# SupCon and NT-Xent vs pytorch-metric-learning, and memory at scale "
       "(cpu)", "",

@@ -46,3 +46,9 @@ def test_the_out_of_memory_batch_solves_the_fit():
   assert b == pytest.approx(10000, rel=1e-6)
   assert bench_contrastive.predicted_peak(measured, 8192, 2) == pytest.approx(
       measured[4096] * 4)
+
+
+def test_the_peer_is_never_run_where_it_would_need_gigabytes():
+  # NTXentLoss asks 68.7 GB for its pair matrix at B = 4096 (two views).
+  assert bench_contrastive.least_peak("nt_xent", 4096) > 68e9
+  assert bench_contrastive.least_peak("supcon", 4096) == 4 * 4096**2
