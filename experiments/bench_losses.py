@@ -76,7 +76,9 @@ from experiments import timing  # noqa: E402
 _SLOW_CALL_S = 20.0
 # The peer library's implementations that allocate O(B^3) memory (OOM on the
 # 23 GB machine above these batch sizes).
-_PEER_MAX_BATCH = {"lifted_structure": 256, "triplet": 1024}
+# NTXentLoss builds a float [positive pairs, negative pairs] matrix: B^3
+# (68 GB at B = 4,096 with two views).
+_PEER_MAX_BATCH = {"lifted_structure": 256, "triplet": 1024, "nt_xent": 512}
 TARGETED = ("circle", "multi_similarity", "ranked_list", "proxy_anchor",
             "ranked_proxy_anchor")
 _MIB = 2**20
@@ -137,7 +139,7 @@ def _floor_fn(x, y):
   return 0.5 * jnp.sum(s * s)
 
 
-_FLOOR = jax.jit(jax.value_and_grad(_floor_fn, argnums=(0, 1)))
+FLOOR = jax.jit(jax.value_and_grad(_floor_fn, argnums=(0, 1)))
 
 
 # ----------------------------------------------------------------------------
@@ -145,7 +147,7 @@ _FLOOR = jax.jit(jax.value_and_grad(_floor_fn, argnums=(0, 1)))
 # ----------------------------------------------------------------------------
 
 
-def _load_torch():
+def load_torch():
   try:
     import torch  # pylint: disable=import-outside-toplevel
     import pytorch_metric_learning  # pylint: disable=import-outside-toplevel
@@ -156,7 +158,7 @@ def _load_torch():
   return (torch, pytorch_metric_learning, pml, pml_miners), ""
 
 
-def _pml_loss(mods, name, hyper, num_classes, dim):
+def pml_loss(mods, name, hyper, num_classes, dim):
   """The peer library's implementation of registry loss ``name`` (or None).
 
   Returns ``(loss_module, miner_or_None)`` with the hyperparameters mapped
@@ -184,6 +186,10 @@ def _pml_loss(mods, name, hyper, num_classes, dim):
     return pml.TripletMarginLoss(margin=h["margin"]), None
   if name == "lifted_structure":
     return pml.LiftedStructureLoss(neg_margin=h["margin"]), None
+  if name == "supcon":
+    return pml.SupConLoss(temperature=h["tau"]), None
+  if name == "nt_xent":
+    return pml.NTXentLoss(temperature=h["tau"]), None
   if name == "n_pair":
     return pml.NPairsLoss(), None
   if name == "margin":
@@ -212,7 +218,7 @@ def _pml_loss(mods, name, hyper, num_classes, dim):
 def _measure_torch(mods, name, hyper, x_np, labels_np, num_classes, dtype,
                    warmup, repeats) -> Measured:
   torch = mods[0]
-  made = _pml_loss(mods, name, hyper, num_classes, x_np.shape[1])
+  made = pml_loss(mods, name, hyper, num_classes, x_np.shape[1])
   if made is None:
     return Measured(note="no peer")
   loss_fn, miner = made
@@ -306,7 +312,7 @@ def run(args) -> List[Row]:
                [n for n in args.big_losses.split(",") if n])
   torch_mods, torch_msg = (None, "disabled (--no-torch)")
   if not args.no_torch:
-    torch_mods, torch_msg = _load_torch()
+    torch_mods, torch_msg = load_torch()
     if torch_mods is not None:
       torch_mods[0].set_num_threads(args.threads)
   if torch_mods is None:
@@ -327,8 +333,8 @@ def run(args) -> List[Row]:
       proxies = jnp.asarray(rng.normal(size=(num_classes, args.dim)),
                             jnp.float32)
       floors: Dict[str, Measured] = {
-          "BxB": _measure_jax(_FLOOR, (x, x), warmup, repeats, max_bytes),
-          "BxC": _measure_jax(_FLOOR, (x, proxies), warmup, repeats,
+          "BxB": _measure_jax(FLOOR, (x, x), warmup, repeats, max_bytes),
+          "BxC": _measure_jax(FLOOR, (x, proxies), warmup, repeats,
                               max_bytes),
       }
       f = floors["BxB"]

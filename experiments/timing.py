@@ -1,6 +1,7 @@
 """What every benchmark script shares: the timing loop and the command line.
 
-* :func:`call_times` / :func:`median_s`: wall-clock timing of compiled calls;
+* :func:`call_times` / :func:`median_s` / :func:`interleaved_medians`:
+  wall-clock timing of compiled calls;
   :func:`compiled_memory`: XLA's memory analysis of a compiled program;
 * :func:`parser`: an ``argparse`` parser with the common flags (``--repeats``,
   ``--out``, ``--no-hugepages``, ``--compilation-cache``);
@@ -53,6 +54,23 @@ def median_s(fn: Callable[[], object], warmup: int, repeats: int,
              budget_s: float = float("inf")) -> float:
   """Median seconds of :func:`call_times` (same arguments)."""
   return statistics.median(call_times(fn, warmup, repeats, budget_s))
+
+
+def interleaved_medians(fns: Dict[str, Callable[[], object]], warmup: int,
+                        repeats: int) -> Dict[str, float]:
+  """Median seconds of each of ``fns``, their calls interleaved.
+
+  ``warmup`` untimed calls of each, then ``repeats`` rounds of one timed
+  call of each in turn (as :func:`call_times`), so that a change of a shared
+  host's load hits every function alike.
+  """
+  for fn in fns.values():
+    call_times(fn, warmup, 0)
+  times = {name: [] for name in fns}
+  for _ in range(repeats):
+    for name, fn in fns.items():
+      times[name] += call_times(fn, 0, 1)
+  return {name: statistics.median(t) for name, t in times.items()}
 
 
 def compiled_memory(compiled) -> Optional[Dict[str, int]]:
