@@ -106,11 +106,10 @@ def embedding_loss(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
                                 gather_columns=not on_ring)
   n = cols.z.shape[0] * (jax.lax.axis_size(axis_name) if on_ring else 1)
   shape = (rows.z.shape[0], n)
-  run = functools.partial(
-      _per_anchor, shape=shape, axis_name=axis_name, on_ring=on_ring,
-      block_size=block_size,
-      pos_mask=_common.check_mask(pos_mask, shape, "pos_mask"),
-      neg_mask=_common.check_mask(neg_mask, shape, "neg_mask"))
+  run = _engine(rule, rows, cols, shape=shape, axis_name=axis_name,
+                on_ring=on_ring, block_size=block_size,
+                pos_mask=_common.check_mask(pos_mask, shape, "pos_mask"),
+                neg_mask=_common.check_mask(neg_mask, shape, "neg_mask"))
   first = _first_stage(rule)
   if first is not None:
     t, _ = run(first, rows, cols)
@@ -122,22 +121,24 @@ def embedding_loss(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
   return reduce_per_anchor(rule, values, valid, axis_name)
 
 
-def _per_anchor(rule, rows, cols, *, shape, axis_name, on_ring, block_size,
-                pos_mask, neg_mask):
-  """The one choice of engine: ``(per_anchor, valid)`` of ``rule``."""
+def _engine(rule, rows, cols, *, shape, axis_name, on_ring, block_size,
+            pos_mask, neg_mask):
+  """The one choice of engine: ``run(rule, rows, cols) -> (per_anchor,
+  valid)`` (the dense engine forms its block once for both stages of a
+  two-stage rule, so its gradient takes one pull-back through the geometry).
+  """
   if on_ring:
-    return ring.ring_per_anchor(
-        rule, rows, cols, axis_name=axis_name, block_size=block_size,
-        pos_mask=pos_mask, neg_mask=neg_mask)
-  if block_size is None:
-    s = rule.geometry.tile(rows.z, cols.z)
-    pos, neg = sides.checked_pair_masks(rows, cols, shape, pos_mask,
-                                        neg_mask)
-    return dense.dense_per_anchor(rule, s, pos, neg,
-                                  tiles.pair_aux(rows.aux, cols.aux))
-  return blockwise.blockwise_per_anchor(
-      rule, rows, cols, block_size=block_size, pos_mask=pos_mask,
-      neg_mask=neg_mask)
+    return functools.partial(ring.ring_per_anchor, axis_name=axis_name,
+                             block_size=block_size, pos_mask=pos_mask,
+                             neg_mask=neg_mask)
+  if block_size is not None:
+    return functools.partial(blockwise.blockwise_per_anchor,
+                             block_size=block_size, pos_mask=pos_mask,
+                             neg_mask=neg_mask)
+  s = rule.geometry.tile(rows.z, cols.z)
+  pos, neg = sides.checked_pair_masks(rows, cols, shape, pos_mask, neg_mask)
+  return lambda rule, rows, cols: dense.dense_per_anchor(
+      rule, s, pos, neg, tiles.pair_aux(rows.aux, cols.aux))
 
 
 def _first_stage(rule):
