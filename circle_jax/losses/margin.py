@@ -9,8 +9,9 @@ rule's hyperparameters are scalars and its tiles elementwise
 losses) could carry ``beta_a`` with its gradient, but not the weights: the
 sampler draws each positive pair's negatives from a distribution
 normalised over the anchor's whole row of distances, so a pair's weight is
-a real draw count, not a boolean mask the tiles could apply. It takes the rules' ``**options`` through
-:func:`circle_jax.losses.engine.dense_block` (dense engine only).
+a real draw count, not a boolean mask the tiles could apply. It takes the
+rules' ``**options`` through :func:`circle_jax.losses.engine.dense_block`
+(dense engine only).
 """
 
 from __future__ import annotations

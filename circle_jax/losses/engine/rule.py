@@ -47,9 +47,10 @@ tile the block):
   ``prepare(s, t_row, t_col)``: ``t_row`` ``[R, 1]`` the anchors' ``t`` and
   ``t_col`` ``[1, C]`` the candidates' own (where the candidates are the
   anchors and ``column_stage`` is set; else ``None``), and differentiates
-  through ``t`` (the sides' ``aux``, :class:`~circle_jax.losses.engine.tiles.PairSide`).
-  So a pair term may read a per-anchor statistic *with its gradient*
-  (N-pair, lifted structure).
+  through ``t`` (the sides' ``aux``,
+  :class:`~circle_jax.losses.engine.tiles.PairSide`). So a pair term may
+  read a per-anchor statistic *with its gradient* (N-pair, lifted
+  structure).
 """
 
 from __future__ import annotations
