@@ -1,77 +1,108 @@
-"""Smooth lifted structured embedding loss (Oh Song et al. 2016), dense.
+"""Smooth lifted structured embedding loss (Oh Song et al. 2016), a
+two-stage rule.
 
-Not a rule: each positive pair ``(i, j)`` costs ``[log(e^{L_i} + e^{L_j}) +
-D_ij]_+^2`` with ``L_i`` the logsumexp over anchor ``i``'s negatives. The
-pair's term is a function of the anchor's negative statistic *with its
-gradient*, and of the column's own (``L_j``, another anchor's), so it is not
-a function of per-anchor set statistics that the tiles update independently
-(the rule interface, :mod:`circle_jax.losses.engine.rule`): a tiled form
-needs a second pass that differentiates through the first and a per-column
-statistic. It takes the rules' ``**options`` through
-:func:`circle_jax.losses.engine.dense_block` (dense engine only).
+Each positive pair ``(i, j)`` costs ``[log(e^{L_i} + e^{L_j}) + D_ij]_+^2``
+with ``L_i = LSE_{k in N_i} (m - D_ik)`` anchor ``i``'s logsumexp over its
+negatives, read *with its gradient*, and ``L_j`` the column's own (another
+anchor's). So it is a two-stage rule (:mod:`circle_jax.losses.engine.rule`):
+the first stage, :class:`LiftedNegatives`, gives every anchor its ``L``; the
+second, :class:`LiftedStructure`, reads the row's ``L_i`` and the column's
+``L_j`` (``column_stage``: the engines gather it over the devices with the
+columns, or pass it around the ring with the column shard) and sums the
+pair terms over the positives. The engines differentiate through both, so
+it runs dense, blockwise and on the device ring. With references (``ref``)
+the columns are not anchors and there is no ``L_j`` term.
 """
 
 from __future__ import annotations
 
-from typing import Optional
-
 import jax
 import jax.numpy as jnp
 
-from circle_jax import ops
-from circle_jax.losses import _common
 from circle_jax.losses import engine
+from circle_jax.losses import forms
 
 Array = jax.Array
 
-_NOT_A_RULE = ("each positive pair reads both anchors' negative "
-               "logsumexps with their gradient")
+_NO_SET = -jnp.inf
 
 
-def _lifted_core(dist, pos, neg, *, margin, axis_name, column_term=True):
-  # log sum_{k in N_i} exp(margin - d_ik) for every row; the column sample j
-  # needs the same quantity for its own row, which lives on its device
-  # (without `column_term`, the columns are references: no such term).
-  row_lse = ops.masked_logsumexp(margin - dist, neg)  # [M]
-  m, n = dist.shape
-  if column_term:
-    col_lse = ops.gather_global(row_lse, axis_name)  # [N]
-    both = jnp.stack([jnp.broadcast_to(row_lse[:, None], (m, n)),
-                      jnp.broadcast_to(col_lse[None, :], (m, n))], axis=-1)
-    lse = ops.masked_logsumexp(both, jnp.isfinite(both), axis=-1)
-  else:
-    lse = jnp.broadcast_to(row_lse[:, None], (m, n))
-  has_neg = jnp.isfinite(lse)
-  j = jnp.where(pos & has_neg, lse, 0.0) + dist
-  loss = jnp.where(pos & has_neg, jnp.square(jax.nn.relu(j)), 0.0)
-  return 0.5 * _common.ratio_of_sums(loss, pos, axis_name)
+def _distance(rule, s):
+  return s if rule.on_distance else rule.geometry.to_distance(s)
 
 
-def lifted_structure_loss_from_distance(
-    distance: Array,
-    labels: Array,
-    *,
-    margin: float = 1.0,
-    pos_mask: Optional[Array] = None,
-    neg_mask: Optional[Array] = None,
-) -> Array:
-  """Lifted structure loss of a square ``[B, B]`` distance matrix.
+def _logaddexp(a, b):
+  """``log(e^a + e^b)`` with ``-inf`` (zero gradient) when both are ``-inf``;
+  ``b`` ``None``: ``a``."""
+  if b is None:
+    return a
+  m = jax.lax.stop_gradient(jnp.maximum(a, b))
+  some = m != _NO_SET
+  m = jnp.where(some, m, 0.0)
+  total = jnp.exp(a - m) + jnp.exp(b - m)
+  return jnp.where(some, jnp.log(jnp.where(some, total, 1.0)) + m, _NO_SET)
+
+
+@engine.rule_dataclass(meta=("on_distance",))
+class LiftedNegatives(engine.NegativeLogsumexp):
+  """First stage: ``L_i = LSE_{k in N_i} (m - D_ik)`` per anchor (the
+  fields: :class:`LiftedStructure`'s)."""
+
+  margin: float = 1.0
+  on_distance: bool = False
+
+  def prepare(self, s):
+    return _distance(self, s)
+
+  def logits(self, d):
+    return jnp.zeros_like(d), self.margin - d
+
+
+@engine.rule_dataclass(meta=("on_distance",))
+class LiftedStructure(engine.PositivePairMean):
+  """Lifted structure rule: ``[logaddexp(L_i, L_j) + D_ij]_+^2`` over the
+  positive pairs, ``1 / (2 |P|)`` times their sum; its fields are the
+  defaults of both forms.
+
+  Attributes:
+    margin: ``m`` (the paper's ``alpha``).
+    on_distance: the block holds distances (static); otherwise the
+      geometry's similarities, turned into its distance (cosine: the
+      Euclidean distance of unit vectors; Poincaré: ``-s``).
+  """
+
+  margin: float = 1.0
+  on_distance: bool = False
+
+  scale = 0.5
+  column_stage = True
+
+  def first_stage(self):
+    return LiftedNegatives(margin=self.margin, on_distance=self.on_distance,
+                           geometry=self.geometry)
+
+  def prepare(self, s, l_row=None, l_col=None):
+    # J_ij; -inf where neither anchor has a negative (the pair adds 0).
+    return _logaddexp(l_row, l_col) + _distance(self, s)
+
+  def values(self, j):
+    some = j != _NO_SET
+    return (jnp.where(some, jnp.square(jax.nn.relu(jnp.where(some, j, 0.0))),
+                      0.0),
+            jnp.zeros_like(j))
+
+
+lifted_structure_loss_from_distance = forms.matrix_form(
+    LiftedStructure, "lifted_structure_loss_from_distance",
+    """Lifted structure loss of a square ``[B, B]`` distance matrix.
 
   See :func:`lifted_structure_loss`.
-  """
-  dist, _, pos, neg = engine.square_block(distance, labels, pos_mask, neg_mask,
-                                          "distance")
-  return _lifted_core(dist, pos, neg, margin=margin, axis_name=None)
+  """, on_distance=True)
 
 
-def lifted_structure_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    margin: float = 1.0,
-    **options,
-) -> Array:
-  r"""Smooth lifted structured embedding loss (Oh Song et al. 2016, eq. 4).
+lifted_structure_loss = forms.embedding_form(
+    LiftedStructure, "lifted_structure_loss",
+    r"""Smooth lifted structured embedding loss (Oh Song et al. 2016, eq. 4).
 
   On Euclidean distances ``D`` between L2-normalised embeddings, for every
   positive pair ``(i, j)``:
@@ -111,11 +142,4 @@ def lifted_structure_loss(
   References:
     Oh Song, Xiang, Jegelka, Savarese, "Deep Metric Learning via Lifted
     Structured Feature Embedding", CVPR 2016.
-  """
-  axis_name = options.get("axis_name")
-  _, _, dist, pos, neg = engine.dense_block(
-      embeddings, labels, loss="lifted structure loss", reason=_NOT_A_RULE,
-      distance=True, **options)
-  return _lifted_core(dist, pos, neg,
-                      margin=margin, axis_name=axis_name,
-                      column_term=options.get("ref") is None)
+  """)

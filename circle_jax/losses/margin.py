@@ -4,8 +4,14 @@ Not a rule: its boundary ``beta_a`` is a learnable per-anchor (per-class)
 parameter that receives a gradient, and its pairs carry real weights (the
 sampler's draw counts) rather than the rule interface's boolean masks; a
 rule's hyperparameters are scalars and its tiles elementwise
-(:mod:`circle_jax.losses.engine.rule`). It takes the rules' ``**options``
-through :func:`circle_jax.losses.engine.dense_block` (dense engine only).
+(:mod:`circle_jax.losses.engine.rule`). A two-stage rule's per-anchor value
+(:mod:`circle_jax.losses.engine.rule`, the N-pair and lifted structure
+losses) could carry ``beta_a`` with its gradient, but not the weights: the
+sampler draws each positive pair's negatives from a distribution
+normalised over the anchor's whole row of distances, so a pair's weight is
+a real draw count, not a boolean mask the tiles could apply. It takes the
+rules' ``**options`` through :func:`circle_jax.losses.engine.dense_block`
+(dense engine only).
 """
 
 from __future__ import annotations

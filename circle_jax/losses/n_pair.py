@@ -1,59 +1,71 @@
-"""Multi-class N-pair loss (Sohn 2016), dense, on raw inner products.
+"""Multi-class N-pair loss (Sohn 2016), a two-stage rule on inner products.
 
-Not a rule: each positive pair ``(a, p)`` costs
-``softplus(LSE_{n in N_a} s_an - s_ap)``; the pair's term reads the
-anchor's negative logsumexp *with its gradient*, so the per-anchor loss
-``sum_p softplus(L_a - s_ap)`` is not a function of independent per-set
-statistics (the rule interface, :mod:`circle_jax.losses.engine.rule`): a
-tiled form needs a second pass that differentiates through the first. It
-takes the rules' ``**options`` through
-:func:`circle_jax.losses.engine.dense_block` (dense engine only), with the
-:class:`circle_jax.losses.engine.Dot` geometry (embeddings not normalised).
+Each positive pair ``(a, p)`` costs ``softplus(t_a - s_ap)`` with ``t_a =
+LSE_{n in N_a} s_an`` the anchor's logsumexp over its negatives, read *with
+its gradient*. So it is a two-stage rule (:mod:`circle_jax.losses.engine.rule`):
+the first stage, :class:`NPairNegatives`, gives every anchor its ``t_a``;
+the second, :class:`NPair`, sums ``softplus(t_a - s_ap)`` over the anchor's
+positives and averages over the pairs. The engines run both stages and
+differentiate through ``t``, so it runs dense, blockwise and on the device
+ring, on the :class:`circle_jax.losses.engine.Dot` geometry (embeddings not
+normalised). The L2 penalty on the embeddings is added outside the pair term.
 """
 
 from __future__ import annotations
 
-from typing import Optional
-
 import jax
 import jax.numpy as jnp
 
-from circle_jax import ops
 from circle_jax.losses import _common
 from circle_jax.losses import engine
+from circle_jax.losses import forms
 from circle_jax.losses import ranges
 
 Array = jax.Array
 
-_NOT_A_RULE = ("each positive pair reads the anchor's negative "
-               "logsumexp with its gradient")
+
+@engine.rule_dataclass
+class NPairNegatives(engine.NegativeLogsumexp):
+  """First stage: ``t_a = LSE_{n in N_a} s_an`` per anchor."""
+
+  geometry = engine.DOT
+
+  def logits(self, s):
+    return jnp.zeros_like(s), s
 
 
-def _n_pair_core(sim, pos, neg, *, axis_name):
-  neg_lse = ops.masked_logsumexp(sim, neg)  # [M]
-  has_neg = neg.any(axis=1)
-  valid = pos & has_neg[:, None]
-  logits = jnp.where(valid, jnp.where(has_neg, neg_lse, 0.0)[:, None] - sim,
-                     0.0)
-  loss = jnp.where(valid, jax.nn.softplus(logits), 0.0)
-  return _common.ratio_of_sums(loss, valid, axis_name)
+@engine.rule_dataclass
+class NPair(engine.PositivePairMean):
+  """N-pair rule: ``softplus(t_a - s_ap)`` over the positive pairs whose
+  anchor has a negative, averaged over them (no hyperparameters; the L2
+  penalty is :func:`n_pair_loss`'s)."""
+
+  geometry = engine.DOT
+
+  def first_stage(self):
+    return NPairNegatives(geometry=self.geometry)
+
+  def prepare(self, s, t_row=None, t_col=None):
+    del t_col
+    return t_row - s  # -inf where the anchor has no negative
+
+  def select(self, u, pos, neg, pre):
+    del pre
+    return pos & (u != -jnp.inf), neg
+
+  def values(self, u):
+    some = u != -jnp.inf
+    return (jnp.where(some, jax.nn.softplus(jnp.where(some, u, 0.0)), 0.0),
+            jnp.zeros_like(u))
 
 
-def n_pair_loss_from_similarity(
-    similarity: Array,
-    labels: Array,
-    *,
-    pos_mask: Optional[Array] = None,
-    neg_mask: Optional[Array] = None,
-) -> Array:
-  """Multi-class N-pair loss of a square ``[B, B]`` inner-product matrix.
+n_pair_loss_from_similarity = forms.matrix_form(
+    NPair, "n_pair_loss_from_similarity",
+    """Multi-class N-pair loss of a square ``[B, B]`` inner-product matrix.
 
   The tuplet term of :func:`n_pair_loss` without the L2 penalty (which
   depends on the embeddings, not on their similarities).
-  """
-  sim, _, pos, neg = engine.square_block(similarity, labels, pos_mask, neg_mask,
-                                          "similarity")
-  return _n_pair_core(sim, pos, neg, axis_name=None)
+  """)
 
 
 def n_pair_loss(
@@ -105,11 +117,8 @@ def n_pair_loss(
     Objective", NeurIPS 2016, eq. 6 and Sec. 3.2.1.
   """
   ranges.check_range(l2_reg, "l2_reg", ranges.NONNEGATIVE_RANGE)
-  axis_name = options.get("axis_name")
-  options.setdefault("geometry", engine.DOT)
-  rows, _, sim, pos, neg = engine.dense_block(
-      embeddings, labels, loss="N-pair loss", reason=_NOT_A_RULE, **options)
-  emb = rows.z
-  tuplet = _n_pair_core(sim, pos, neg, axis_name=axis_name)
-  penalty = _common.sum_over_batch(jnp.sum(emb * emb, axis=1), axis_name)
+  tuplet = engine.embedding_loss(NPair(), embeddings, labels, **options)
+  x = _common.check_embeddings(embeddings)
+  penalty = _common.sum_over_batch(jnp.sum(x * x, axis=1),
+                                   options.get("axis_name"))
   return tuplet + l2_reg * penalty

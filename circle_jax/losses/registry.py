@@ -420,12 +420,10 @@ LOSSES: Mapping[str, LossEntry] = types.MappingProxyType({e.name: e for e in [
            reduction="all: mean over non-zero triplets; batch_hard: mean "
                      "over anchors; semi_hard: mean over positive pairs"),
     _entry("lifted_structure", _lifted.lifted_structure_loss, "pair",
-           tiled=False,
            paper="Oh Song et al., \"Deep Metric Learning via Lifted "
                  "Structured Feature Embedding\", CVPR 2016 (smooth form)",
            reduction="sum over ordered positive pairs of [J]_+^2 / (2 #pairs)"),
-    _entry("n_pair", _n_pair.n_pair_loss, "pair", tiled=False,
-           geometry="dot",
+    _entry("n_pair", _n_pair.n_pair_loss, "pair", geometry="dot",
            paper="Sohn, \"Improved Deep Metric Learning with Multi-class "
                  "N-pair Loss Objective\", NeurIPS 2016",
            reduction="mean over positive pairs + l2_reg * mean squared "

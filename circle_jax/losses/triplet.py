@@ -15,10 +15,15 @@ with the negatives: ``"all"`` sums ``[d_ap - d_an + m]_+`` over every
 state it needs is the anchor's whole sorted list of negative distances
 (``O(N)``, not ``O(1)``); ``"semi_hard"`` picks, per positive, the closest
 negative farther than it, a per-pair search over the same list. Neither is a
-fixed set of per-anchor statistics, so neither tiles. They take the same
-``**options`` as the rules (:func:`circle_jax.losses.engine.embedding_loss`)
-through :func:`circle_jax.losses.engine.dense_block`, which runs the dense
-block and refuses ``block_size`` and the ring with that reason.
+fixed set of per-anchor statistics, so neither tiles. A two-stage rule (the
+N-pair and lifted structure losses) does not help either: its pair term
+reads one first-stage value per anchor (e.g. the negatives' logsumexp), but
+``[d_ap - d_an + m]_+`` summed or searched over ``n`` depends on ``d_ap``
+itself, so no single per-anchor value computed before the pairs gives it.
+They take the same ``**options`` as the rules
+(:func:`circle_jax.losses.engine.embedding_loss`) through
+:func:`circle_jax.losses.engine.dense_block`, which runs the dense block and
+refuses ``block_size`` and the ring with that reason.
 """
 
 from __future__ import annotations

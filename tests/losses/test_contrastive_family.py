@@ -5,17 +5,18 @@ check_grads, dense == blockwise == ring on 8 simulated devices, miner masks,
 reference embeddings, empty positive sets and small temperatures.
 """
 
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, PartitionSpec as P
 from jax.test_util import check_grads
 
 from circle_jax import losses
 from tests.losses import reference as ref
+from tests.losses import engine_checks
+from tests.losses.engine_checks import grad_ref
+from tests.losses.engine_checks import with_references
 
 # 16 samples, 2 per device; label 9 has no positive, label 0 has 4 views.
 LABELS = np.array([0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 4, 4, 9, 0], np.int32)
@@ -107,17 +108,6 @@ def loss_ref(name, x, y, hyper, cols=None, col_y=None, pos_mask=None,
   return supcon_ref(s, pos, neg, tau, pair_mean=name != "supcon")
 
 
-def grad_ref(f, x, eps=1e-6):
-  """Central differences of a float64 function of ``x``."""
-  x = np.asarray(x, np.float64)
-  g = np.zeros_like(x)
-  for idx in np.ndindex(*x.shape):
-    d = np.zeros_like(x)
-    d[idx] = eps
-    g[idx] = (f(x + d) - f(x - d)) / (2 * eps)
-  return g
-
-
 # ----------------------------------------------------------------------------
 # The losses and their cases.
 # ----------------------------------------------------------------------------
@@ -144,10 +134,6 @@ def _split(case):
   return name, FNS[name], CASES[case]
 
 
-def _mesh():
-  return Mesh(np.array(jax.devices()), ("d",))
-
-
 def geometry_kw(kw):
   """The test cases' ``geometry`` / ``c`` / ``r`` as the loss's ``geometry``
   option (a Poincare object, or a name)."""
@@ -160,28 +146,14 @@ def geometry_kw(kw):
 
 
 def vg(fn, x, labels, **kw):
-  kw = geometry_kw(kw)
-  return jax.jit(jax.value_and_grad(lambda x: fn(x, labels, **kw)))(x)
+  return engine_checks.vg(fn, x, labels, **geometry_kw(kw))
 
 
 def sharded_vg(fn, x, labels, *masks, **kw):
-  kw = geometry_kw(kw)
-
-  def local(x, labels, *masks):
-    mk = dict(zip(("pos_mask", "neg_mask"), masks))
-    return jax.value_and_grad(
-        lambda x: fn(x, labels, axis_name="d", **mk, **kw))(x)
-  return jax.jit(jax.shard_map(
-      local, mesh=_mesh(), in_specs=(P("d"),) * (2 + len(masks)),
-      out_specs=(P(), P("d"))))(x, labels, *masks)
+  return engine_checks.sharded_vg(fn, x, labels, *masks, **geometry_kw(kw))
 
 
-def close_to(got, want):
-  scale = float(np.max(np.abs(np.asarray(want[1])))) or 1.0
-  np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=2e-5,
-                             atol=1e-6)
-  np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]),
-                             rtol=1e-4, atol=5e-5 * scale)
+close_to = engine_checks.close
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -246,24 +218,13 @@ def test_reference_embeddings_on_every_engine(case):
   mem_labels = rng.integers(0, 6, 16).astype(np.int32)
   x, labels = _x(seed=4), jnp.asarray(LABELS)
 
-  def run(x, labels, mem, mem_labels, **kw):
-    return jax.value_and_grad(lambda x, mem: fn(
-        x, labels, ref=losses.Candidates(mem, mem_labels),
-        **geometry_kw(hyper), **kw),
-        argnums=(0, 1))(x, mem)
-
-  args = (x, labels, jnp.asarray(mem), jnp.asarray(mem_labels))
-  want = jax.jit(run)(*args)
+  want, *others = with_references(fn, x, labels, mem, mem_labels,
+                                  **geometry_kw(hyper))
   np.testing.assert_allclose(
       float(want[0]),
       loss_ref(name, x, LABELS, hyper, cols=mem, col_y=mem_labels),
       rtol=2e-5)
-  blockwise = jax.jit(functools.partial(run, block_size=3))(*args)
-  ring = jax.jit(jax.shard_map(
-      functools.partial(run, axis_name="d", collective="ring", block_size=3),
-      mesh=_mesh(), in_specs=(P("d"),) * 4,
-      out_specs=(P(), (P("d"), P("d")))))(*args)
-  for got in (blockwise, ring):
+  for got in others:
     for k in (0, 1):
       close_to((got[0], got[1][k]), (want[0], want[1][k]))
 

@@ -10,12 +10,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, PartitionSpec as P
 from jax.test_util import check_grads
 
 from circle_jax import config as config_lib
 from circle_jax import losses
 from tests.losses import reference as ref
+from tests.losses.engine_checks import close
+from tests.losses.engine_checks import sharded_vg as _sharded_vg
+from tests.losses.engine_checks import vg as _vg
 from tests.losses.test_pair_baselines import contrastive_ref, triplet_ref
 
 # 16 samples, 2 per device; label 9 has no positive.
@@ -59,33 +61,11 @@ DENSE_ONLY = {
     "triplet_all": (losses.triplet_margin_loss, dict(mining="all"), ()),
     "triplet_semi_hard": (losses.triplet_margin_loss,
                           dict(mining="semi_hard"), ()),
-    "lifted_structure": (losses.lifted_structure_loss, {}, ()),
-    "n_pair": (losses.n_pair_loss, {}, ()),
     "margin": (losses.margin_loss, {}, (jnp.float32(1.2),)),
 }
 
 
-def _mesh():
-  return Mesh(np.array(jax.devices()), ("d",))
-
-
-def _vg(fn, x, labels, **kw):
-  return jax.jit(jax.value_and_grad(lambda x: fn(x, labels, **kw)))(x)
-
-
-def _sharded_vg(fn, x, labels, **kw):
-  def local(x, labels):
-    return jax.value_and_grad(lambda x: fn(x, labels, axis_name="d", **kw))(x)
-  return jax.jit(jax.shard_map(local, mesh=_mesh(), in_specs=(P("d"),) * 2,
-                               out_specs=(P(), P("d"))))(x, labels)
-
-
-def _close(got, want):
-  scale = float(np.max(np.abs(np.asarray(want[1])))) or 1.0
-  np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=1e-5,
-                             atol=1e-6)
-  np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]),
-                             rtol=1e-4, atol=2e-5 * scale)
+_close = functools.partial(close, rtol=1e-5, grad_atol=2e-5)
 
 
 @pytest.mark.parametrize("name", sorted(RULES))

@@ -12,7 +12,7 @@ from jax.test_util import check_grads
 
 from circle_jax import losses
 from circle_jax.losses import engine
-from tests.losses.test_contrastive_family import grad_ref
+from tests.losses.engine_checks import grad_ref
 
 B, D = 12, 8
 LABELS = np.array([0, 0, 0, 1, 1, 2, 2, 2, 2, 3, 4, 4], np.int32)  # 3: alone

@@ -10,7 +10,6 @@ compiled program permutes shards and gathers nothing; other columns
 """
 
 import functools
-from typing import NamedTuple, Optional
 
 import chex
 import jax
@@ -194,15 +193,6 @@ def test_registry_forwards_collective():
 # ----------------------------------------------------------------------------
 
 
-class _Side(NamedTuple):
-  """A PairSide with a column validity mask (the reference-embedding form)."""
-
-  z: jax.Array
-  labels: jax.Array
-  ids: jax.Array
-  valid: Optional[jax.Array] = None
-
-
 def test_ring_with_other_columns_equals_dense_on_the_valid_columns():
   """Rows meet a separate column set (3 per device) with ids that mark some
   pairs as the same sample and invalid columns that take no part."""
@@ -235,8 +225,8 @@ def test_ring_with_other_columns_equals_dense_on_the_valid_columns():
   def local(zr, lr, ir, zc, lc, ic, vc):
     def total(zr, zc):
       per_anchor, ok = ring.ring_per_anchor(
-          rule, _Side(zr, lr, ir), _Side(zc, lc, ic, vc), axis_name="d",
-          block_size=2)
+          rule, engine.PairSide(zr, lr, ir),
+          engine.PairSide(zc, lc, ic, vc), axis_name="d", block_size=2)
       return ops.global_sum(jnp.sum(jnp.where(ok, per_anchor, 0.0)), "d")
     return jax.value_and_grad(total, argnums=(0, 1))(zr, zc)
 

@@ -33,7 +33,12 @@ Adding a pair loss: write its rule (a :func:`rule_dataclass` subclass of
 :func:`embedding_loss` (``**options``: the shared keywords, documented
 there once) and :func:`matrix_loss`; register it in
 :mod:`circle_jax.losses.registry` and export it from
-:mod:`circle_jax.losses`. Three files, no engine touched.
+:mod:`circle_jax.losses`. Three files, no engine touched. A pair term that
+reads a per-anchor statistic with its gradient (N-pair, lifted structure)
+is a two-stage rule: ``first_stage()`` gives the statistic (e.g. a
+:class:`NegativeLogsumexp`) and every engine hands it to the rule's pairs
+as the sides' ``aux`` and differentiates through it
+(:mod:`~circle_jax.losses.engine.rule`).
 
 Adding an engine: a new module here, a function ``(rule, rows, cols, ...)
 -> (per_anchor, valid)`` built from the tile pieces (:func:`tiles.tile`,
@@ -75,7 +80,9 @@ from circle_jax.losses.engine.geometry import register as register_geometry
 from circle_jax.losses.engine.geometry import resolve as resolve_geometry
 from circle_jax.losses.engine.ring import ring_per_anchor
 from circle_jax.losses.engine.rule import (
+    NegativeLogsumexp,
     PairRule,
+    PositivePairMean,
     both_sets_nonempty,
     rule_dataclass,
     with_geometry,

@@ -35,13 +35,14 @@ def _forward(plan, rule, rows, cols):
     pre = tiles.prepass_init(rule, like)
     if rule.prepass:
       def pre_step(j, pre):
-        s, pos, neg, _ = tiles.tile(rule.geometry, rows_b, cols, j)
-        return tiles.prepass_update(rule, pre, s, pos, neg)
+        s, pos, neg, _, aux = tiles.tile(rule.geometry, rows_b, cols, j)
+        return tiles.prepass_update(rule, pre, s, pos, neg, aux=aux)
       pre = jax.lax.fori_loop(0, nb, pre_step, pre)
 
     def step(j, stats):
-      s, pos, neg, _ = tiles.tile(rule.geometry, rows_b, cols, j)
-      return tiles.stats_update(rule, stats, s, pos, neg, tiles.expand(pre))
+      s, pos, neg, _, aux = tiles.tile(rule.geometry, rows_b, cols, j)
+      return tiles.stats_update(rule, stats, s, pos, neg, tiles.expand(pre),
+                                aux)
 
     return pre, jax.lax.fori_loop(0, nb, step, tiles.stats_init(like))
 
@@ -71,8 +72,8 @@ def _blockwise_bwd(plan, res, cts):
   rows_t, cols_t = sweep_lib.saved_rows(plan, rows, cols, pre, stats, cts[0],
                                         pos_mask, neg_mask)
   dz_rows, dz_cols = sweep_lib.sweep(plan, rule, rows_t, cols_t,
-                                     jnp.zeros_like(rows_t["z"]),
-                                     jnp.zeros_like(cols_t["z"]))
+                                     sweep_lib.zeros(rows_t),
+                                     sweep_lib.zeros(cols_t))
   # Hyperparameters, labels, ids and masks get no gradient.
   d_rule = jax.tree.map(jnp.zeros_like, rule)
   return (d_rule, sweep_lib.side_cotangent(rows, dz_rows, plan.rows),

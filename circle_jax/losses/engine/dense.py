@@ -33,8 +33,8 @@ def selected_pairs(rule, similarity: Array, pos: Array, neg: Array):
   return rule.select(rule.prepare(s), pos, neg, pre)
 
 
-def dense_per_anchor(rule, similarity: Array, pos: Array,
-                     neg: Array) -> Tuple[Array, Array]:
+def dense_per_anchor(rule, similarity: Array, pos: Array, neg: Array,
+                     aux=None) -> Tuple[Array, Array]:
   """Runs ``rule`` on a whole ``[M, N]`` block, differentiated by autodiff.
 
   Both sets of a row share one ``exp`` pass
@@ -45,12 +45,15 @@ def dense_per_anchor(rule, similarity: Array, pos: Array,
     similarity: ``[M, N]`` float32 block (for a rule on distances, whatever
       its ``prepare`` reads).
     pos, neg: ``[M, N]`` bool label (and miner) masks, disjoint.
+    aux: ``None``, or a two-stage rule's ``(t_row [M, 1], t_col [1, N] or
+      None)`` (:func:`tiles.prepare`), differentiated by autodiff too.
 
   Returns:
     ``(per_anchor [M], valid [M])``.
   """
-  x = rule.prepare(similarity)
-  pre = tiles.prepass_update(rule, None, similarity, pos, neg, keepdims=True)
+  x = tiles.prepare(rule, similarity, aux)
+  pre = tiles.prepass_update(rule, None, similarity, pos, neg, keepdims=True,
+                             aux=aux)
   pos, neg = rule.select(jax.lax.stop_gradient(x), pos, neg, pre)
   kind_p, kind_n = set_statistics(rule)
   v_p = v_n = None

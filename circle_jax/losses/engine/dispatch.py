@@ -3,15 +3,26 @@
 :func:`embedding_loss` is the embedding form of every rule-based pair loss:
 its keyword options (:data:`OPTIONS`) are the pair losses' shared keywords,
 documented here once; each loss forwards them as ``**options``.
+
+A two-stage rule (``rule.first_stage()`` not ``None``,
+:mod:`circle_jax.losses.engine.rule`) runs its first stage on the same
+engine, sides and masks, and then itself with the first stage's per-anchor
+output ``t`` as the sides' ``aux``: the rows' own, and the columns' where the
+columns are the anchors (no ``ref``) and the rule reads them
+(``column_stage``): gathered over ``axis_name`` like the columns, or, on the
+ring, travelling with the column shard. The engines differentiate through
+``t``, so the gradient is the whole loss's.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
+from circle_jax import ops
 from circle_jax.losses import _common
 from circle_jax.losses.engine import blockwise
 from circle_jax.losses.engine import dense
@@ -19,6 +30,7 @@ from circle_jax.losses.engine import geometry as geometry_lib
 from circle_jax.losses.engine import ring
 from circle_jax.losses.engine import rule as rule_lib
 from circle_jax.losses.engine import sides
+from circle_jax.losses.engine import tiles
 
 Array = jax.Array
 
@@ -104,23 +116,49 @@ def embedding_loss(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
                                 gather_columns=not on_ring)
   n = cols.z.shape[0] * (jax.lax.axis_size(axis_name) if on_ring else 1)
   shape = (rows.z.shape[0], n)
-  pos_mask = _common.check_mask(pos_mask, shape, "pos_mask")
-  neg_mask = _common.check_mask(neg_mask, shape, "neg_mask")
-  # The one choice of engine.
-  if on_ring:
-    values, valid = ring.ring_per_anchor(
-        rule, rows, cols, axis_name=axis_name, block_size=block_size,
-        pos_mask=pos_mask, neg_mask=neg_mask)
-  elif block_size is None:
-    s = rule.geometry.tile(rows.z, cols.z)
-    pos, neg = sides.checked_pair_masks(rows, cols, shape, pos_mask,
-                                        neg_mask)
-    values, valid = dense.dense_per_anchor(rule, s, pos, neg)
-  else:
-    values, valid = blockwise.blockwise_per_anchor(
-        rule, rows, cols, block_size=block_size, pos_mask=pos_mask,
-        neg_mask=neg_mask)
+  run = _engine(rule, rows, cols, shape=shape, axis_name=axis_name,
+                on_ring=on_ring, block_size=block_size,
+                pos_mask=_common.check_mask(pos_mask, shape, "pos_mask"),
+                neg_mask=_common.check_mask(neg_mask, shape, "neg_mask"))
+  first = _first_stage(rule)
+  if first is not None:
+    t, _ = run(first, rows, cols)
+    t_cols = None
+    if rule.column_stage and ref is None:  # the columns are the anchors
+      t_cols = t if on_ring else ops.gather_global(t, axis_name)
+    rows, cols = rows._replace(aux=t), cols._replace(aux=t_cols)
+  values, valid = run(rule, rows, cols)
   return reduce_per_anchor(rule, values, valid, axis_name)
+
+
+def _engine(rule, rows, cols, *, shape, axis_name, on_ring, block_size,
+            pos_mask, neg_mask):
+  """The one choice of engine: ``run(rule, rows, cols) -> (per_anchor,
+  valid)`` (the dense engine forms its block once for both stages of a
+  two-stage rule, so its gradient takes one pull-back through the geometry).
+  """
+  if on_ring:
+    return functools.partial(ring.ring_per_anchor, axis_name=axis_name,
+                             block_size=block_size, pos_mask=pos_mask,
+                             neg_mask=neg_mask)
+  if block_size is not None:
+    return functools.partial(blockwise.blockwise_per_anchor,
+                             block_size=block_size, pos_mask=pos_mask,
+                             neg_mask=neg_mask)
+  s = rule.geometry.tile(rows.z, cols.z)
+  pos, neg = sides.checked_pair_masks(rows, cols, shape, pos_mask, neg_mask)
+  return lambda rule, rows, cols: dense.dense_per_anchor(
+      rule, s, pos, neg, tiles.pair_aux(rows.aux, cols.aux))
+
+
+def _first_stage(rule):
+  """A two-stage rule's first stage (same geometry), else ``None``."""
+  first = rule.first_stage()
+  if first is not None and first.geometry != rule.geometry:
+    raise ValueError(
+        f"The first stage of {type(rule).__name__} must have its geometry "
+        f"({rule.geometry}); got {first.geometry}.")
+  return first
 
 
 def matrix_loss(rule, matrix, labels, *, pos_mask=None, neg_mask=None,
@@ -128,8 +166,12 @@ def matrix_loss(rule, matrix, labels, *, pos_mask=None, neg_mask=None,
   """A pair loss of a square ``[B, B]`` matrix (the ``*_from_*`` forms)."""
   matrix, _, pos, neg = sides.square_block(matrix, labels, pos_mask, neg_mask,
                                            name)
+  aux, first = None, _first_stage(rule)
+  if first is not None:  # the columns are the anchors
+    t, _ = dense.dense_per_anchor(first, matrix, pos, neg)
+    aux = tiles.pair_aux(t, t if rule.column_stage else None)
   return reduce_per_anchor(rule, *dense.dense_per_anchor(rule, matrix, pos,
-                                                         neg))
+                                                         neg, aux))
 
 
 def class_level_loss(rule, embeddings, labels, class_weights) -> Array:

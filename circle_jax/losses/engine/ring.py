@@ -106,14 +106,14 @@ def _with_masks(plan, axis_name, rows_t, pos_mask, neg_mask, k):
 def _fold(plan, geometry, rows_t, shard, state, tile_fn):
   """Folds every tile of the rows against ``shard`` into per-row-block state.
 
-  ``tile_fn(rows_b, state_b, s, pos, neg) -> state_b``.
+  ``tile_fn(rows_b, state_b, s, pos, neg, aux) -> state_b``.
   """
   def row_fn(args):
     rows_b, state_b = args
 
     def step(j, state_b):
-      s, pos, neg, _ = tiles.tile(geometry, rows_b, shard, j)
-      return tile_fn(rows_b, state_b, s, pos, neg)
+      s, pos, neg, _, aux = tiles.tile(geometry, rows_b, shard, j)
+      return tile_fn(rows_b, state_b, s, pos, neg, aux)
 
     return jax.lax.fori_loop(0, plan.num_col_blocks, step, state_b)
 
@@ -128,16 +128,17 @@ def _ring_impl(plan, axis_name, rule, rows, cols, pos_mask, neg_mask):
   if rule.prepass:
     def pre_visit(pre, shard, k):
       rows_k = _with_masks(plan, axis_name, rows_t, pos_mask, neg_mask, k)
-      return fold(rows_k, shard, pre, lambda rows_b, pre_b, s, pos, neg:
-                  tiles.prepass_update(rule, pre_b, s, pos, neg)), shard
+      return fold(rows_k, shard, pre, lambda rows_b, pre_b, s, pos, neg, aux:
+                  tiles.prepass_update(rule, pre_b, s, pos, neg,
+                                       aux=aux)), shard
     pre, _ = _ring_pass(axis_name, pre_visit, pre, cols_t)
 
   def visit(stats, shard, k):
     rows_k = dict(_with_masks(plan, axis_name, rows_t, pos_mask, neg_mask, k),
                   pre=pre)
-    return fold(rows_k, shard, stats, lambda rows_b, st, s, pos, neg:
+    return fold(rows_k, shard, stats, lambda rows_b, st, s, pos, neg, aux:
                 tiles.stats_update(rule, st, s, pos, neg,
-                                   tiles.expand(rows_b["pre"]))), shard
+                                   tiles.expand(rows_b["pre"]), aux)), shard
 
   stats, _ = _ring_pass(axis_name, visit, tiles.stats_init(like), cols_t)
   return tiles.finish_rows(rule, plan, stats), (pre, stats)
@@ -165,8 +166,8 @@ def _ring_bwd(plan, axis_name, res, cts):
                                        shard["dz"])
     return dz_rows, dict(shard, dz=dz_cols)
 
-  shard = dict(cols_t, dz=jnp.zeros_like(cols_t["z"]))
-  dz_rows, shard = _ring_pass(axis_name, visit, jnp.zeros_like(rows_t["z"]),
+  shard = dict(cols_t, dz=sweep_lib.zeros(cols_t))
+  dz_rows, shard = _ring_pass(axis_name, visit, sweep_lib.zeros(rows_t),
                               shard)
   # The accumulator's last move brings every shard's gradient home.
   dz_cols = _shift(shard["dz"], axis_name, jax.lax.axis_size(axis_name))

@@ -42,7 +42,18 @@ tile the block):
   when the rule is built and exposed by :func:`circle_jax.losses.hyper_ranges`;
 * ``reduction``: ``"valid_mean"`` (mean over valid anchors of the global
   batch), ``"batch_mean"`` (sum over anchors / global batch size), or the
-  rule's own ``reduce(per_anchor, valid, axis_name)``.
+  rule's own ``reduce(per_anchor, valid, axis_name)``;
+* ``first_stage()``: ``None`` (a one-stage rule), or a *two-stage* rule's
+  first stage: a rule whose per-anchor output ``t`` (e.g. the anchor's
+  logsumexp over its negatives, :class:`NegativeLogsumexp`) this rule's
+  pairs read. Every engine runs the first stage, then this rule with
+  ``prepare(s, t_row, t_col)``: ``t_row`` ``[R, 1]`` the anchors' ``t`` and
+  ``t_col`` ``[1, C]`` the candidates' own (where the candidates are the
+  anchors and ``column_stage`` is set; else ``None``), and differentiates
+  through ``t`` (the sides' ``aux``,
+  :class:`~circle_jax.losses.engine.tiles.PairSide`). So a pair term may
+  read a per-anchor statistic *with its gradient* (N-pair, lifted
+  structure).
 """
 
 from __future__ import annotations
@@ -54,6 +65,7 @@ from typing import Mapping, Tuple
 import jax
 import jax.numpy as jnp
 
+from circle_jax.losses import _common
 from circle_jax.losses import ranges as ranges_lib
 from circle_jax.losses.engine import geometry as geometry_lib
 
@@ -96,6 +108,52 @@ class PairRule:
   def shift(self, pre):
     del pre
     return None
+
+  # Two-stage rules (module docstring): the first stage, and whether the
+  # pairs read the candidates' first-stage statistic too.
+  column_stage = False
+
+  def first_stage(self):
+    return None
+
+
+class NegativeLogsumexp(PairRule):
+  """A first stage: per anchor, ``t = LSE_{n in N} logit_n`` (``-inf``, not
+  valid, when it has no negative).
+
+  A subclass (a :func:`rule_dataclass`) gives ``logits(x) -> (0,
+  logit_n)``; the positives take no part (a ``"sum"`` of zeros).
+  """
+
+  statistic = ("sum", "lse")
+
+  def values(self, x):
+    zero = jnp.zeros_like(x)
+    return zero, zero
+
+  def combine(self, sum_count_p, lse_n):
+    del sum_count_p
+    return lse_n, lse_n != NEG_INF
+
+
+class PositivePairMean(PairRule):
+  """Per anchor, the sum of ``v_p`` over its positive pairs and their count
+  (``"sum"``); the loss is ``scale`` times the global mean over the pairs
+  (the sums over every device's anchors, divided).
+
+  A subclass gives ``values(x) -> (v_p, 0)`` (and may ``select`` pairs).
+  """
+
+  statistic = "sum"
+  scale = 1.0
+
+  def combine(self, sum_count_p, sum_count_n):
+    del sum_count_n
+    return sum_count_p, sum_count_p[1] > 0
+
+  def reduce(self, terms, valid, axis_name):
+    del valid
+    return self.scale * _common.ratio_of_sums(*terms, axis_name)
 
 
 def set_statistics(rule) -> Tuple[str, str]:

@@ -7,12 +7,14 @@ set of column blocks, forms its ``dL/ds`` with
 through the geometry: ``dL/dz_rows`` and ``dL/dz_cols`` accumulate tile by
 tile. The blockwise engine sweeps once over all columns; the ring engine
 sweeps once per column shard as the shards (and their ``dL/dz`` accumulator)
-travel around the devices.
+travel around the devices. A two-stage rule's sides also carry ``aux``
+(:class:`tiles.PairSide`); its ``dL/daux`` accumulates alongside ``dL/dz``.
 """
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from circle_jax.losses.engine import tiles
 
@@ -39,6 +41,14 @@ def saved_rows(plan, rows, cols, res_pre, res_stats, ct_loss, pos_mask=None,
   return dict(rows_t, pre=res_pre, stats=res_stats, ct=ct), cols_t
 
 
+def zeros(side_t):
+  """The empty running cotangent of tiled sides: ``dict(z=, aux=)`` (``aux``
+  ``None`` where the side has none)."""
+  aux = side_t["aux"]
+  return dict(z=jnp.zeros_like(side_t["z"]),
+              aux=None if aux is None else jnp.zeros_like(aux))
+
+
 def sweep(plan, rule, rows_t, cols_t, dz_rows, dz_cols):
   """Adds every tile's pull-back of ``dL/ds`` to the embeddings' cotangents.
 
@@ -48,8 +58,9 @@ def sweep(plan, rule, rows_t, cols_t, dz_rows, dz_cols):
     rows_t: the tiled rows of :func:`saved_rows` (with their miner masks
       for the columns of ``cols_t``).
     cols_t: the tiled columns.
-    dz_rows: ``[row blocks, R, D]`` running ``dL/dz`` of the rows.
-    dz_cols: ``[col blocks, C, D]`` running ``dL/dz`` of the columns.
+    dz_rows: the rows' running cotangent (:func:`zeros`): ``dL/dz``
+      ``[row blocks, R, D]`` and ``dL/daux`` ``[row blocks, R]`` or ``None``.
+    dz_cols: the columns' (``[col blocks, C, ...]``).
 
   Returns:
     ``(dz_rows, dz_cols)`` with this sweep's contributions added.
@@ -61,11 +72,16 @@ def sweep(plan, rule, rows_t, cols_t, dz_rows, dz_cols):
 
     def step(j, carry):
       dz_row, dz_cols = carry
-      s, pos, neg, z_c = tiles.tile(geometry, rows_b, cols_t, j)
+      s, pos, neg, z_c, aux = tiles.tile(geometry, rows_b, cols_t, j)
       g = tiles.tile_cotangent(rule, s, pos, neg, tiles.expand(rows_b["pre"]),
-                               rows_b["stats"], rows_b["ct"])
+                               rows_b["stats"], rows_b["ct"], aux)
+      da_row = da_col = None
+      if aux is not None:
+        g, da_row, da_col = g
       d_row, d_col = geometry.tile_vjp(rows_b["z"], z_c, g)
-      return dz_row + d_row, dz_cols.at[j].add(d_col)
+      return (jax.tree.map(jnp.add, dz_row, dict(z=d_row, aux=da_row)),
+              jax.tree.map(lambda acc, d: acc.at[j].add(d), dz_cols,
+                           dict(z=d_col, aux=da_col)))
 
     dz_row, dz_cols = jax.lax.fori_loop(0, plan.num_col_blocks, step,
                                         (dz_row, dz_cols))
@@ -76,6 +92,8 @@ def sweep(plan, rule, rows_t, cols_t, dz_rows, dz_cols):
 
 
 def side_cotangent(side, dz_tiled, count):
-  """A :class:`tiles.PairSide` cotangent: ``dz`` for the embeddings only."""
-  dz = tiles.unblock(dz_tiled, count).astype(side.z.dtype)
-  return type(side)(dz, *([None] * (len(side) - 1)))
+  """A :class:`tiles.PairSide` cotangent: for the embeddings (and ``aux``)."""
+  dz, daux = (None if d is None else tiles.unblock(d, count)
+              for d in (dz_tiled["z"], dz_tiled["aux"]))
+  return tiles.PairSide(dz.astype(side.z.dtype), None, None, None,
+                        None if daux is None else daux.astype(side.aux.dtype))

@@ -47,12 +47,23 @@ class PairSide(NamedTuple):
       same sample (a self pair: neither positive nor negative).
     valid: optional ``[K]`` bool; a column with False takes no part in any
       pair (an empty memory slot). ``None``: all valid.
+    aux: optional ``[K]`` float32, a per-sample value the pairs of a
+      two-stage rule read (its first stage's per-anchor output,
+      :mod:`circle_jax.losses.engine.rule`); the engines differentiate
+      through it. ``None`` (every one-stage rule): nothing is read or done.
   """
 
   z: Array
   labels: Array
   ids: Array
   valid: Optional[Array] = None
+  aux: Optional[Array] = None
+
+
+def prepare(rule, s, aux=None):
+  """The rule's ``x`` of a tile; ``aux``: ``None`` or ``(t_row [R, 1], t_col
+  [1, C] or None)`` of a two-stage rule."""
+  return rule.prepare(s) if aux is None else rule.prepare(s, *aux)
 
 
 def pair_masks(row_labels, row_ids, col_labels, col_ids, ok=None,
@@ -159,7 +170,8 @@ def prepare_tiles(plan, rows, cols, pos_mask=None, neg_mask=None):
 
   Returns:
     ``(rows_t, cols_t)``: dicts of ``[blocks, size, ...]`` arrays (``z``,
-    ``labels``, ``ids``, ``ok``; the rows also the tiled miner masks).
+    ``labels``, ``ids``, ``ok``, ``aux`` or ``None``; the rows also the tiled
+    miner masks).
   """
   def side(x, count, size):
     ok = jnp.arange(count * size) < x.z.shape[0]
@@ -167,7 +179,8 @@ def prepare_tiles(plan, rows, cols, pos_mask=None, neg_mask=None):
       ok = ok & blocks(x.valid, count, size, False).reshape(-1)
     return dict(z=blocks(x.z, count, size),
                 labels=blocks(x.labels, count, size),
-                ids=blocks(x.ids, count, size), ok=ok.reshape(count, size))
+                ids=blocks(x.ids, count, size), ok=ok.reshape(count, size),
+                aux=None if x.aux is None else blocks(x.aux, count, size))
 
   r = side(rows, plan.num_row_blocks, plan.row_block)
   r.update(pos_mask=mask_blocks(plan, pos_mask),
@@ -179,7 +192,7 @@ def tile(geometry, rows_b, cols, j):
   """Similarities and masks of row block ``rows_b`` x column block ``j``.
 
   Returns:
-    ``(s, pos, neg, z_cols)``.
+    ``(s, pos, neg, z_cols, aux)``; ``aux`` as :func:`prepare` reads it.
   """
   z_c = cols["z"][j]
   s = geometry.tile(rows_b["z"], z_c)
@@ -188,7 +201,16 @@ def tile(geometry, rows_b, cols, j):
                         for k in ("pos_mask", "neg_mask"))
   pos, neg = pair_masks(rows_b["labels"], rows_b["ids"], cols["labels"][j],
                         cols["ids"][j], ok, pos_mask, neg_mask)
-  return s, pos, neg, z_c
+  return s, pos, neg, z_c, pair_aux(
+      rows_b["aux"], None if cols["aux"] is None else cols["aux"][j])
+
+
+def pair_aux(row_aux, col_aux):
+  """The ``aux`` :func:`prepare` reads from the sides' ``[R]`` / ``[C]``
+  values (``None`` without a row value: a one-stage rule)."""
+  if row_aux is None:
+    return None
+  return row_aux[:, None], None if col_aux is None else col_aux[None, :]
 
 
 def unblock(x, plan_rows):
@@ -209,9 +231,9 @@ def prepass_init(rule, like):
   return tuple(full(like, _PREPASS_OPS[op][2]) for op, _ in rule.prepass)
 
 
-def prepass_update(rule, pre, s, pos, neg, keepdims=False):
+def prepass_update(rule, pre, s, pos, neg, keepdims=False, aux=None):
   """Folds a tile into the pre-pass statistics (no gradient)."""
-  x = rule.prepare(jax.lax.stop_gradient(s))
+  x = prepare(rule, jax.lax.stop_gradient(s), jax.lax.stop_gradient(aux))
   out = []
   for k, (op, which) in enumerate(rule.prepass):
     reduce, merge, empty = _PREPASS_OPS[op]
@@ -226,9 +248,9 @@ def expand(pre):
   return tuple(p[:, None] for p in pre)
 
 
-def set_terms(rule, s, pos, neg, pre):
+def set_terms(rule, s, pos, neg, pre, aux=None):
   """``(x, pos, neg, logit_p, logit_n)`` of a tile after the rule's selection."""
-  x = rule.prepare(s)
+  x = prepare(rule, s, aux)
   pos, neg = rule.select(jax.lax.stop_gradient(x), pos, neg, pre)
   logit_p, logit_n = rule.logits(x)
   return x, pos, neg, logit_p, logit_n
@@ -260,9 +282,9 @@ def _online(state, logits, values, mask):
   return m_new, z, a
 
 
-def stats_update(rule, stats, s, pos, neg, pre):
+def stats_update(rule, stats, s, pos, neg, pre, aux=None):
   """Folds a ``[R, C]`` tile into the online set statistics."""
-  x, pos, neg, logit_p, logit_n = set_terms(rule, s, pos, neg, pre)
+  x, pos, neg, logit_p, logit_n = set_terms(rule, s, pos, neg, pre, aux)
   kind_p, kind_n = set_statistics(rule)
   v_p = v_n = None
   if (kind_p, kind_n) != ("lse", "lse"):
@@ -314,7 +336,7 @@ def _softmax_weights(logits, set_lse, mask):
                            NEG_INF))
 
 
-def tile_cotangent(rule, s, pos, neg, pre, stats, ct):
+def tile_cotangent(rule, s, pos, neg, pre, stats, ct, aux=None):
   """``dL/ds`` ``[R, C]`` of a tile, derived from the rule (module docstring).
 
   Args:
@@ -326,6 +348,11 @@ def tile_cotangent(rule, s, pos, neg, pre, stats, ct):
       all columns).
     ct: ``[R]`` cotangent of the rows' per-anchor losses (a tuple like
       ``combine``'s when it returns several terms).
+    aux: ``None``, or a two-stage rule's ``(t_row, t_col)`` (:func:`prepare`).
+
+  Returns:
+    ``dL/ds``; with ``aux``, ``(dL/ds, dL/dt_row [R], dL/dt_col [C] or
+    None)``: the same derivation, with the tangent on ``t`` instead of ``s``.
   """
   stat_p, stat_n = stats_finish(rule, stats)
   _, combine_vjp = jax.vjp(lambda a, b: rule.combine(a, b)[0], stat_p, stat_n)
@@ -334,10 +361,12 @@ def tile_cotangent(rule, s, pos, neg, pre, stats, ct):
   # The counts of a "sum" set carry no gradient.
   c_p = c_p[0] if kind_p == "sum" else c_p
   c_n = c_n[0] if kind_n == "sum" else c_n
-  _, pos, neg, logit_p, logit_n = set_terms(rule, s, pos, neg, pre)
+  _, pos, neg, logit_p, logit_n = set_terms(rule, s, pos, neg, pre, aux)
+  primals = (s,) if aux is None else (s,) + tuple(
+      t for t in aux if t is not None)
 
-  def head(s):
-    x = rule.prepare(s)
+  def head(s, *t):
+    x = prepare(rule, s, None if aux is None else (t + (None,))[:2])
     logits = rule.logits(x)
     if (kind_p, kind_n) == ("lse", "lse"):
       return logits
@@ -345,12 +374,22 @@ def tile_cotangent(rule, s, pos, neg, pre, stats, ct):
     return (logits[0] if kind_p == "lse" else values[0],
             logits[1] if kind_n == "lse" else values[1])
 
-  _, (df_p, df_n) = jax.jvp(head, (s,), (jnp.ones_like(s),))
   m_p, z_p, _, m_n, z_n, _ = stats
   # A plain sum weighs every pair by 1.
   w_p = (1.0 if kind_p == "sum"
          else _softmax_weights(logit_p, lse(m_p, z_p), pos))
   w_n = (1.0 if kind_n == "sum"
          else _softmax_weights(logit_n, lse(m_n, z_n), neg))
-  return (jnp.where(pos, c_p[:, None] * w_p * df_p, 0.0)
-          + jnp.where(neg, c_n[:, None] * w_n * df_n, 0.0))
+
+  def derivative(k):
+    """``dL/d primals[k]`` per pair of the tile (elementwise)."""
+    tangents = tuple(jnp.ones_like(p) if i == k else jnp.zeros_like(p)
+                     for i, p in enumerate(primals))
+    _, (df_p, df_n) = jax.jvp(head, primals, tangents)
+    return (jnp.where(pos, c_p[:, None] * w_p * df_p, 0.0)
+            + jnp.where(neg, c_n[:, None] * w_n * df_n, 0.0))
+
+  if aux is None:
+    return derivative(0)
+  return (derivative(0), jnp.sum(derivative(1), axis=1),
+          jnp.sum(derivative(2), axis=0) if len(primals) > 2 else None)
