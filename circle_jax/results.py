@@ -180,8 +180,12 @@ def hyperparameter_lines(configs: Mapping[str, Mapping[str, Any]]
     hyper = dict(cfg.get("loss", {}))
     hyper.pop("name", None)
     parts = []
+    geometry = entry.geometry_defaults()  # shown only where not the default
     for k, v in hyper.items():
-      if k in entry.defaults:
+      if k in geometry:
+        if v != geometry[k]:
+          parts.append(f"`{k}={_fmt_value(v)}`")
+      elif k in entry.defaults:
         text = f"`{k}={_fmt_value(v)}`"
         if v != entry.defaults[k]:
           text += f" (paper default {_fmt_value(entry.defaults[k])})"

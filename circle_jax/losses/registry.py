@@ -240,6 +240,12 @@ class LossEntry:
       return {}
     return {"geometry": self.geometry, **GEOMETRY_FIELDS}
 
+  def field_ranges(self) -> Dict[str, "HyperRange"]:
+    """The ranges of every config field of the loss: ``hyper_ranges`` and,
+    with the geometry option, the Poincaré ball's ``c`` and ``r``."""
+    extra = _hyperbolic.GEOMETRY_RANGES if self.geometry is not None else {}
+    return {**self.hyper_ranges, **extra}
+
   def apply(self, embeddings, labels, params=None, *, key=None,
             axis_name=None, ref=None, **hyper) -> Array:
     """Calls the loss uniformly.
@@ -330,7 +336,6 @@ def _entry(name, fn, kind, *, paper, reduction, param_name=None,
   if "geometry" in names:  # the option's name, the Poincaré ball's c and r
     geometry = geometry or _geometry_name(
         getattr(rule, "geometry", engine.COSINE))
-    ranges.update(_hyperbolic.GEOMETRY_RANGES)
 
   @functools.wraps(init)
   def init_params(key, num_classes, embedding_dim, **hyper):
@@ -535,14 +540,16 @@ def hyper_ranges(name: str) -> Mapping[str, HyperRange]:
 def validate_hyper(name: str, **hyper) -> None:
   """Checks hyperparameter values of loss ``name`` against their ranges.
 
-  Names without a documented range are ignored (``LossEntry.apply`` rejects
-  unknown names), and so are traced or non-numeric values.
+  The ranges are :meth:`LossEntry.field_ranges` (with the Poincaré ball's
+  ``c`` and ``r`` for a pair loss). Names without a documented range are
+  ignored (``LossEntry.apply`` rejects unknown names), and so are traced or
+  non-numeric values.
 
   Raises:
     ValueError: for an unknown loss, or naming the first parameter outside
       its range, the loss and the range.
   """
-  ranges.check_ranges(hyper, hyper_ranges(name), f"loss {name!r}")
+  ranges.check_ranges(hyper, get_loss(name).field_ranges(), f"loss {name!r}")
 
 
 def _format_default(value):

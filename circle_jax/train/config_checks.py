@@ -95,7 +95,7 @@ def _check_loss_hyper(entry, hyper: dict, embedding_dim: int,
   check of the loss becomes a ConfigError naming ``config.loss.<field>``.
   With ``references`` (a cross-batch memory) it traces the loss against
   reference embeddings too."""
-  for field, valid in entry.hyper_ranges.items():
+  for field, valid in entry.field_ranges().items():
     value = hyper.get(field, {**entry.defaults,
                               **entry.geometry_defaults()}.get(field))
     if isinstance(value, (int, float)) and not isinstance(value, bool) and (

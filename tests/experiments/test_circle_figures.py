@@ -241,7 +241,8 @@ def test_fig5_pipeline_from_a_run_workdir(tiny_digits_run, tmp_path):
     saved = json.load(f)
   assert list(saved["panels"]) == ["circle", "same"]
   panel = saved["panels"]["circle"]
-  assert panel["loss"] == {"name": "circle", "margin": 0.4, "gamma": 80.0}
+  assert panel["loss"] == {"name": "circle", "margin": 0.4, "gamma": 80.0,
+                           "geometry": "cosine", "c": 0.1, "r": 2.3}
   assert (panel["dataset"], panel["split"]) == ("digits", "test")
   assert (panel["checkpoint"], panel["step"]) == ("best", 6)
   # The embeddings are those the run was evaluated with: same recall@1.

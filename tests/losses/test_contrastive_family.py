@@ -303,7 +303,7 @@ def test_poincare_distance_equals_the_float64_mobius_form():
   assert np.all(np.abs(np.diag(got)) <= np.maximum(bound, 1e-5))
 
 
-@pytest.mark.parametrize("scale", [1.0, 1e3, 1e30])
+@pytest.mark.parametrize("scale", [1.0, 1e30])
 def test_poincare_is_safe_at_the_boundary_under_jit(scale):
   """Norms driven to the ball's edge 1/sqrt(c) (no clipping, huge inputs):
   finite points, distances, losses and gradients, and the distances of the
@@ -353,7 +353,7 @@ def test_registered_with_paper_defaults_and_ranges(name):
   entry = losses.get_loss(name)
   assert entry.fn is FNS[name] and entry.kind == "pair"
   assert entry.execution_options == ("block_size", "collective")
-  assert {"c", "r"} <= set(entry.hyper_ranges)
+  assert {"c", "r"} <= set(entry.field_ranges())
   defaults = dict(entry.defaults)
   assert entry.geometry == ("poincare" if name == "pairwise_ce"
                             else "cosine")
