@@ -60,7 +60,6 @@ _MIN_NORM = 1e-5
 _BALL_MARGIN = 1e-3
 _MIN_ARG = 1e-12
 
-GEOMETRIES = ("cosine", "dot", "poincare")
 # Hyp-ViT's defaults (hyp_metric's train.py: hyp_c = 0.1, clip_r = 2.3).
 DEFAULT_C = 0.1
 DEFAULT_R = 2.3
@@ -135,15 +134,15 @@ engine.register_geometry("poincare", Poincare())
 
 def geometry_of(geometry: str = "cosine", c: float = DEFAULT_C,
                 r: float = DEFAULT_R) -> engine.Geometry:
-  """The geometry named ``geometry`` (one of :data:`GEOMETRIES`, the
+  """The geometry named ``geometry`` (a registered name, the
   trainer's ``config.loss.geometry``), the ball's ``c`` and ``r`` given.
 
   Raises:
     ValueError: an unknown name, or ``c`` / ``r`` outside their ranges.
   """
-  if geometry not in GEOMETRIES:
-    raise ValueError(f"`geometry` must be one of {GEOMETRIES}; got "
-                     f"{geometry!r}.")
+  names = engine.geometry_names()
+  if geometry not in names:
+    raise ValueError(f"`geometry` must be one of {names}; got {geometry!r}.")
   if geometry != "poincare":
     return engine.resolve_geometry(geometry)
   return Poincare(c=float(c), r=float(r))
