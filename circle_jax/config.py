@@ -44,6 +44,11 @@ EXECUTION_OPTIONS = {
     "collective": str,   # with devices: "all_gather" (None) or "ring"
 }
 
+# The class-matrix options of the proxy and classifier losses
+# (circle_jax.losses.class_shard.Layout, whose defaults these are): the
+# matrix sharded over the devices, PartialFC's negative-class sampling.
+CLASS_LAYOUT_OPTIONS = ("shard_classes", "sample_rate")
+
 # Sections whose keys are free (constructor / preset keyword arguments).
 OPEN_SECTIONS = ("dataset.preprocess", "model.kwargs")
 
@@ -115,6 +120,16 @@ def _set_paths(config, path: str = "config"):
       _set_paths(value, f"{path}.{key}")
 
 
+def class_layout_defaults(entry) -> Dict[str, Any]:
+  """The class-matrix options of a loss's config with their defaults
+  (:data:`CLASS_LAYOUT_OPTIONS`; empty for a loss without a class
+  matrix)."""
+  layout = losses_lib.class_shard.Layout()
+  keep = {"shard_classes": entry.shards_classes,
+          "sample_rate": entry.samples_classes}
+  return {o: getattr(layout, o) for o in CLASS_LAYOUT_OPTIONS if keep[o]}
+
+
 def loss_config(name: str = "circle", **hyper) -> ml_collections.ConfigDict:
   """``config.loss`` for the registered loss ``name`` (locked).
 
@@ -132,14 +147,19 @@ def loss_config(name: str = "circle", **hyper) -> ml_collections.ConfigDict:
     ``"dot"`` for N-pair), and the Poincaré ball's curvature ``c`` and
     clipping radius ``r`` (Hyp-ViT's 0.1 and 2.3). With ``"poincare"`` the
     embedding head does not L2-normalise: the ball's exponential map takes
-    the raw features.
+    the raw features. Losses with a class matrix also have
+    ``shard_classes`` (the matrix and its optimiser state split by rows over
+    the devices, :mod:`circle_jax.train.class_rows`) and ``sample_rate``
+    (PartialFC's negative-class sampling rate in (0, 1]; 1: every class),
+    with :class:`circle_jax.losses.class_shard.Layout`'s defaults.
 
   Raises:
     ValueError: unknown loss or hyperparameter, naming the accepted ones.
   """
   entry = losses_lib.get_loss(name)
   options = [o for o in EXECUTION_OPTIONS if o in entry.execution_options]
-  fields = {**entry.defaults, **entry.geometry_defaults()}
+  fields = {**entry.defaults, **entry.geometry_defaults(),
+            **class_layout_defaults(entry)}
   unknown = sorted(set(hyper) - set(fields) - set(options))
   if unknown:
     raise ValueError(

@@ -42,14 +42,19 @@ def num_holdout_classes(config, info) -> int:
       superclasses=validation_superclasses(config, info))
 
 
+def data_classes(config, info) -> int:
+  """The classes the model trains on: the dataset's train classes minus
+  those held out for validation, times :func:`class_copies`."""
+  return (info.num_train_classes - num_holdout_classes(config, info)
+          ) * class_copies(config)
+
+
 def num_classes(config, info) -> Optional[int]:
-  """The class count for loss parameters: ``dataset.num_classes``, or the
-  dataset's train classes minus those held out for validation, times
-  :func:`class_copies`."""
+  """The class count for loss parameters: ``dataset.num_classes``, or
+  :func:`data_classes`."""
   n = config.dataset.num_classes
   if n is None and info is not None:
-    n = (info.num_train_classes - num_holdout_classes(config, info)
-         ) * class_copies(config)
+    n = data_classes(config, info)
   return n
 
 

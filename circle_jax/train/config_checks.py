@@ -15,6 +15,7 @@ from typing import Optional, Tuple
 import jax
 import jax.numpy as jnp
 
+from circle_jax import config as config_lib
 from circle_jax import config_facts as facts
 from circle_jax import data as data_lib
 from circle_jax.evaluation import fewshot as fewshot_lib
@@ -263,7 +264,8 @@ def _check_loss(config, info):
           f"{', '.join(sorted(losses_lib.LOSSES))}.")
   entry = losses_lib.get_loss(loss_name)
   hyper = facts.loss_hyper(config)
-  accepted = (sorted({**entry.defaults, **entry.geometry_defaults()})
+  accepted = (sorted({**entry.defaults, **entry.geometry_defaults(),
+                      **config_lib.class_layout_defaults(entry)})
               + list(entry.execution_options))
   unknown = sorted(set(hyper) - set(accepted))
   if unknown:
@@ -284,9 +286,43 @@ def _check_loss(config, info):
     _fail("dataset.num_classes", f"loss {loss_name!r} ({entry.kind}) learns "
           f"one {entry.param_name} row per class and needs the number of "
           f"train classes; got {n!r}.")
+  rate = config.loss.get("sample_rate", 1.0)
+  if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (
+      0 < rate <= 1):
+    _fail("loss.sample_rate", "must be a number in (0, 1] (the fraction of "
+          f"the negative classes each step keeps; 1: all); got {rate!r}.")
+  hyper.pop("shard_classes", None)  # traced whole: no device axis here
   _check_loss_hyper(entry, hyper, config.model.embedding_dim, n,
                     references=bool(config.xbm.size) and entry.supports_ref)
   return entry
+
+
+def _check_class_layout(config, placement) -> None:
+  """``loss.shard_classes`` and ``loss.sample_rate`` (the class matrix's
+  layout, :mod:`circle_jax.train.class_rows`)."""
+  shard = config.loss.get("shard_classes", False)
+  if not isinstance(shard, bool):
+    _fail("loss.shard_classes", f"must be true or false; got {shard!r}.")
+  if not shard:
+    return
+  if placement.axis_name is None:
+    _fail("loss.shard_classes", "shards the class matrix over the devices: "
+          f"use parallelism 'shard_map' or 'pmap', not "
+          f"{config.parallelism!r}.")
+  if config.optim.grad_clip_norm:
+    _fail("optim.grad_clip_norm", "clips by the norm of every gradient, "
+          "which a class matrix sharded over the devices splits; use "
+          "optim.grad_clip_value or loss.shard_classes=False.")
+
+
+def _check_num_classes(config, info) -> None:
+  """``dataset.num_classes`` is at most the classes the data has."""
+  n = config.dataset.num_classes
+  has = facts.data_classes(config, info)
+  if _is_int(n) and n > has:
+    _fail("dataset.num_classes", f"{n!r} classes, but {info.name!r} trains "
+          f"on {has} (after the validation hold-out, rotations and mirror "
+          "classes): unset it to use the data's count.")
 
 
 def _check_placement(config) -> parallel.Placement:
@@ -317,8 +353,7 @@ def _check_sampler(config, info, held_out: int, entry) -> None:
   for field, v in (("classes_per_batch", p), ("images_per_class", k)):
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
       _fail(f"batch.{field}", f"must be a positive int; got {v!r}.")
-  train_classes = (info.num_train_classes - held_out
-                   ) * facts.class_copies(config)
+  train_classes = facts.data_classes(config, info)
   if p > train_classes:
     _fail("batch.classes_per_batch", f"{p} classes per batch but {name!r} "
           f"has {train_classes} train classes"
@@ -413,9 +448,11 @@ def check_config(config, *, device_count: Optional[int] = None,
       _fail(field, "missing section.")
   _check_finite(config)
   info, held_out = _check_dataset(config)
+  _check_num_classes(config, info)
   _check_model(config, info)
   entry = _check_loss(config, info)
   placement = _check_placement(config)
+  _check_class_layout(config, placement)
   _check_sampler(config, info, held_out, entry)
   if device_count is None:
     device_count = placement.num_devices

@@ -60,6 +60,7 @@ from circle_jax import data as data_lib
 from circle_jax import parallel
 from circle_jax.errors import UserError
 from circle_jax.train import checkpoint as ckpt_lib
+from circle_jax.train import class_rows as class_rows_lib
 from circle_jax.train import config_checks
 from circle_jax.train import console as console_lib
 from circle_jax.train import evaluate as evaluate_lib
@@ -72,7 +73,6 @@ from circle_jax.train import state as state_lib
 from circle_jax.train import step as step_lib
 from circle_jax.train import workdir as workdir_lib
 from circle_jax.train import writers as writers_lib
-from circle_jax.train import xbm as xbm_lib
 
 class WorkdirWriteError(UserError):
   """A file of the run could not be written (full disk, read-only workdir)."""
@@ -131,6 +131,7 @@ class Job:
   entry: Any = None
   state: Any = None              # on the devices
   template: Any = None           # host tree of the initial state
+  rows: Any = None               # the sharded class matrix, or None
   start: int = 0
   done: int = 0
   meta: Dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -151,8 +152,9 @@ class Job:
     return "validation" if self.val_source is not None else "test"
 
   def host_tree(self):
-    return self.placement.to_host(state_lib.state_to_tree(self.state),
-                                  sharded=xbm_lib.is_sharded)
+    return class_rows_lib.unpad(self.rows, self.placement.to_host(
+        state_lib.state_to_tree(self.state),
+        sharded=class_rows_lib.sharded_leaves(self.rows)))
 
   def close(self):
     self.writer.close()
@@ -257,6 +259,8 @@ def _build(config, workdir, reporter, force_resume) -> Job:
   logging.info("Model %s: %d parameters; loss %s: %d parameters.",
                config.model.name, state_lib.count_params(state.params["model"]),
                job.entry.name, state_lib.count_params(state.params["loss"]))
+  job.rows = class_rows_lib.from_config(config, job.entry,
+                                        hyper.get("num_classes"))
   job.template = host = parallel.SingleDevice().to_host(
       state_lib.state_to_tree(state))
   if resume_step is not None:
@@ -278,8 +282,10 @@ def _build(config, workdir, reporter, force_resume) -> Job:
   job.writer = writers_lib.create_writer(os.path.join(workdir, "tensorboard"),
                                          is_primary=primary)
   job.start = job.done = int(host["step"])
-  job.state = state_lib.state_from_tree(
-      state, job.placement.replicate(host, sharded=xbm_lib.is_sharded))
+  sharded = class_rows_lib.sharded_leaves(job.rows)
+  job.state = state_lib.state_from_tree(state, job.placement.replicate(
+      class_rows_lib.pad(job.rows, host, job.placement.num_devices),
+      sharded=sharded))
   job.train_iter = data_lib.train_iterator(
       train_source, sampler=run_lib.make_sampler(config, train_source),
       preprocess=train_pre, start_step=job.start,
@@ -287,7 +293,8 @@ def _build(config, workdir, reporter, force_resume) -> Job:
       num_threads=config.dataset.num_threads)
   job.train_step = step_lib.make_train_step(
       step_lib.make_loss_fn(job.entry, hyper), placement=job.placement,
-      base_key=step_key, embed_chunk_size=config.batch.embed_chunk_size)
+      base_key=step_key, embed_chunk_size=config.batch.embed_chunk_size,
+      sharded=sharded)
   job.evaluator = evaluate_lib.Evaluator(config, job.info, model,
                                          job.placement, job.val_source)
   job.init_metrics = job.meta.get("init_metrics")

@@ -136,7 +136,10 @@ def _load_pretrained(config, variables):
 def init_state(config, model, info, sample_shape):
   """``(state, loss entry, loss hyperparameters, step key)`` at step 0.
 
-  The state is host-independent (the same on all processes).
+  The state is host-independent (the same on all processes). With
+  ``loss.shard_classes`` the state holds the whole class matrix, as one
+  device's run (:mod:`circle_jax.train.class_rows` shards it when it is
+  placed), and the hyperparameters add its ``num_classes``.
   """
   entry = losses_lib.get_loss(config.loss.name)
   hyper = config_facts.loss_hyper(config)
@@ -150,6 +153,8 @@ def init_state(config, model, info, sample_shape):
     n = config_facts.num_classes(config, info)
     loss_params = {entry.param_name: entry.init_params(
         k_loss, n, config.model.embedding_dim, **hyper)}
+    if hyper.get("shard_classes"):  # the whole matrix, sharded when placed
+      hyper["num_classes"] = n
   frozen = models_lib.frozen_module_paths(variables, config.model.kwargs)
   if config.model.freeze_bn and "batch_stats" in variables:
     frozen |= models_lib.frozen_bn_paths(variables)

@@ -88,6 +88,37 @@ def _all_finite(tree) -> jax.Array:
   return jnp.stack(leaves).all() if leaves else jnp.array(True)
 
 
+def _split(tree, sharded):
+  """``(replicated leaves, sharded leaves)`` of a tree (by key path)."""
+  pairs = jax.tree_util.tree_leaves_with_path(tree)
+  if sharded is None:
+    return [x for _, x in pairs], []
+  return ([x for p, x in pairs if not sharded(p)],
+          [x for p, x in pairs if sharded(p)])
+
+
+def _reduce_grads(grads, *, axis_name, psum_grads, sharded):
+  """``(grads, global norm, all finite)`` over the devices.
+
+  ``psum_grads`` (pmap) sums the replicated leaves' gradients; the
+  ``sharded`` leaves (a device's own rows, :mod:`circle_jax.train.class_rows`)
+  keep their device's gradient, and their squares and finiteness are
+  combined over the devices for the norm and the flag.
+  """
+  if axis_name is not None and psum_grads:
+    grads = jax.tree_util.tree_map_with_path(
+        lambda p, g: g if sharded is not None and sharded(p)
+        else jax.lax.psum(g, axis_name), grads)
+  replicated, own = _split(grads, sharded)
+  if not own or axis_name is None:
+    return grads, optax.global_norm(grads), _all_finite(grads)
+  squares = sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in own)
+  norm = jnp.sqrt(optax.global_norm(replicated) ** 2
+                  + jax.lax.psum(squares, axis_name))
+  finite = jax.lax.pmin(_all_finite(own).astype(jnp.int32), axis_name) > 0
+  return grads, norm, _all_finite(replicated) & finite
+
+
 def check_batch(batch: dict) -> None:
   """Trace-time check: ``image [b, H, W, C]`` and ``label [b]`` agree."""
   if not isinstance(batch, dict) or not {"image", "label"} <= set(batch):
@@ -139,6 +170,7 @@ def train_step(
     axis_name: Optional[str] = None,
     psum_grads: bool = False,
     embed_chunk_size: int = 0,
+    sharded=None,
 ):
   """One optimisation step on this device's slice of the global batch.
 
@@ -156,6 +188,10 @@ def train_step(
       without keeping activations and re-run each chunk's forward pass in
       the backward pass (GradCache, :mod:`circle_jax.train.gradcache`; exact
       only without BatchNorm in training mode). The loss is unchanged.
+    sharded: the placement's ``sharded(key path)`` predicate: parameters
+      split by rows over the devices (a sharded class matrix,
+      :mod:`circle_jax.train.class_rows`) keep their device's gradient,
+      never summed over devices.
 
   Returns:
     ``(new_state, metrics)`` with scalar metrics ``loss`` (global batch),
@@ -190,16 +226,16 @@ def train_step(
 
   (loss, (new_stats, memory)), grads = jax.value_and_grad(
       objective, has_aux=True)(state.params)
+  grads, grad_norm, finite = _reduce_grads(
+      grads, axis_name=axis_name, psum_grads=psum_grads, sharded=sharded)
   if axis_name is not None:
-    if psum_grads:
-      grads = jax.lax.psum(grads, axis_name)
     new_stats = jax.lax.pmean(new_stats, axis_name)
-  finite = jnp.isfinite(loss) & _all_finite(grads)
+  finite = jnp.isfinite(loss) & finite
   new_state = state.apply_gradients(grads=grads, batch_stats=new_stats,
                                     xbm=memory)
   metrics = {
       "loss": loss.astype(jnp.float32),
-      "grad_norm": optax.global_norm(grads),
+      "grad_norm": grad_norm,
       "finite": finite,
   }
   return new_state, metrics
@@ -212,21 +248,25 @@ def train_step(
 
 def make_train_step(loss_fn: LossFn, *, base_key: jax.Array,
                     placement: parallel.Placement, donate: bool = True,
-                    embed_chunk_size: int = 0):
+                    embed_chunk_size: int = 0, sharded=None):
   """:func:`train_step` compiled for a placement.
 
   Args:
     loss_fn: see :func:`make_loss_fn`.
     base_key: PRNG key of the loss (see :func:`train_step`).
     placement: a :class:`circle_jax.parallel.Placement`. The state must be
-      ``placement.replicate``'d (with ``sharded=xbm.is_sharded``), the batch
+      ``placement.replicate``'d (with the same ``sharded``), the batch
       ``placement.shard_batch``'d.
     donate: donate the input state's buffers.
     embed_chunk_size: see :func:`train_step` (0: off).
+    sharded: the state's leaves split by rows over the devices (default:
+      the cross-batch memory's, ``xbm.is_sharded``; with a sharded class
+      matrix :func:`circle_jax.train.class_rows.sharded_leaves`).
 
   Returns:
     ``step(state, batch) -> (state, metrics)``.
   """
+  sharded = xbm_lib.is_sharded if sharded is None else sharded
   fn = functools.partial(train_step, loss_fn=loss_fn, base_key=base_key,
-                         embed_chunk_size=embed_chunk_size)
-  return placement.wrap_step(fn, donate=donate, sharded=xbm_lib.is_sharded)
+                         embed_chunk_size=embed_chunk_size, sharded=sharded)
+  return placement.wrap_step(fn, donate=donate, sharded=sharded)
