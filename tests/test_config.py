@@ -89,6 +89,10 @@ def test_loss_config_lists_every_hyperparameter_and_rejects_unknown_ones():
     c = config_lib.loss_config(name)
     want = dict(entry.defaults, name=name, **entry.geometry_defaults())
     want.update(dict.fromkeys(entry.execution_options))
+    if entry.shards_classes:  # the class matrix's layout (class_shard.Layout)
+      want["shard_classes"] = False
+    if entry.samples_classes:
+      want["sample_rate"] = 1.0
     assert dict(c) == want, name
     with pytest.raises(AttributeError, match="does not have this field"):
       c.not_a_hyperparameter = 1.0
