@@ -26,7 +26,9 @@ The modes:
 
 State leaves may be *sharded* instead of replicated: split by rows over the
 devices (each holds ``rows / n``), e.g. the cross-batch memory
-(:mod:`circle_jax.train.xbm`). :meth:`~Placement.replicate`,
+(:mod:`circle_jax.train.xbm`) and a sharded class matrix with its optimiser
+state (:mod:`circle_jax.train.class_rows`, whose parameter gradients the step
+then neither sums nor expects summed). :meth:`~Placement.replicate`,
 :meth:`~Placement.to_host` and :meth:`~Placement.wrap_step` take a
 ``sharded(key_path) -> bool`` predicate naming them (None: every leaf
 replicated); the step then sees its device's rows, on one device all of them.
