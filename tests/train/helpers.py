@@ -22,6 +22,7 @@ from circle_jax import ops
 from circle_jax import config as config_lib
 from circle_jax.losses import _common
 from circle_jax.losses import engine
+from circle_jax.train import checkpoint as ckpt_lib
 from circle_jax.train import state as state_lib
 
 
@@ -165,3 +166,20 @@ def sigkill_when_exists(proc, path: str, timeout: float = 240) -> None:
     time.sleep(0.02)
   proc.send_signal(signal.SIGKILL)
   assert proc.wait() == -signal.SIGKILL
+
+
+def finish(proc, timeout: float = 300) -> None:
+  """Waits for a job started with ``subprocess.Popen(stderr=PIPE)``; fails
+  with the end of its stderr unless it exits with 0."""
+  _, err = proc.communicate(timeout=timeout)
+  assert proc.returncode == 0, err.decode()[-3000:]
+
+
+def saved_tree(workdir: str, step: int):
+  """The tree of the latest checkpoint of ``workdir``, which must be at
+  ``step``."""
+  ckpts = ckpt_lib.Checkpoints(os.path.join(workdir, "checkpoints"))
+  assert ckpts.latest_step() == step
+  tree = ckpts.restore()[0]
+  ckpts.close()
+  return tree

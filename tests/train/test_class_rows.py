@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 import chex
+from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,12 +26,12 @@ import pytest
 from circle_jax import config as config_lib
 from circle_jax import losses as losses_lib
 from circle_jax import parallel
-from circle_jax.train import checkpoint as ckpt_lib
 from circle_jax.train import class_rows as class_rows_lib
 from circle_jax.train import config_checks
 from circle_jax.train import optim
 from circle_jax.train import state as state_lib
 from circle_jax.train import step as step_lib
+from tests import test_config
 from tests.conftest import REPO_ROOT
 from tests.train import helpers
 
@@ -212,8 +213,7 @@ def test_the_class_layout_fields_default_once_from_the_loss_layout():
 
 
 def test_a_loss_without_a_class_matrix_has_no_shard_classes():
-  from tests import test_config
-  with pytest.raises(Exception, match=r"config\.loss\.shard_classes: loss "
+  with pytest.raises(flags.IllegalFlagValueError, match=r"config\.loss\.shard_classes: loss "
                      r"'circle' has no hyperparameter 'shard_classes'"):
     test_config.parse(str(REPO_ROOT / "experiments/configs/digits.py"),
                       "--config.loss.shard_classes=true")
@@ -280,23 +280,14 @@ def _main(workdir, data_dir, devices=8):
           [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])))
 
 
-def _finish(proc):
-  _, err = proc.communicate(timeout=300)
-  assert proc.returncode == 0, err.decode()[-3000:]
-
-
-def _saved(workdir, step=RUN_STEPS):
-  ckpts = ckpt_lib.Checkpoints(os.path.join(workdir, "checkpoints"))
-  assert ckpts.latest_step() == step
-  tree = ckpts.restore()[0]
-  ckpts.close()
-  return tree
+def _saved(workdir):
+  return helpers.saved_tree(workdir, RUN_STEPS)
 
 
 def test_sigkill_resumes_bitwise_and_8_devices_resume_on_2(tmp_path):
   data_dir = str(tmp_path / "tfds")
   reference = str(tmp_path / "reference")
-  _finish(_main(reference, data_dir))
+  helpers.finish(_main(reference, data_dir))
   want = _saved(reference)
   assert want["params"]["loss"]["proxies"].shape == (5, 4)  # whole, unpadded
   killed = str(tmp_path / "killed")
@@ -307,12 +298,12 @@ def test_sigkill_resumes_bitwise_and_8_devices_resume_on_2(tmp_path):
   assert str(RUN_STEPS) not in latest, "killed too late to test anything"
   moved = str(tmp_path / "moved")
   shutil.copytree(killed, moved)
-  _finish(_main(killed, data_dir))
+  helpers.finish(_main(killed, data_dir))
   chex.assert_trees_all_equal(_saved(killed), want)
   # The step-4 checkpoint of 8 devices, re-sharded over 2 (ceil(5 / 2) = 3
   # rows each, one padding row): the class rows and their Adam moments
   # continue as on 8 devices, to float rounding.
-  _finish(_main(moved, data_dir, devices=2))
+  helpers.finish(_main(moved, data_dir, devices=2))
   got = _saved(moved)
   for path in (("params",), ("opt_state",)):
     a = [x for p, x in jax.tree_util.tree_leaves_with_path(got[path[0]])

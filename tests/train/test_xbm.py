@@ -22,7 +22,6 @@ from circle_jax import losses as losses_lib
 from circle_jax import ops
 from circle_jax import parallel
 from circle_jax.losses import _common
-from circle_jax.train import checkpoint as ckpt_lib
 from circle_jax.train import config_checks
 from circle_jax.train import loop
 from circle_jax.train import optim
@@ -355,23 +354,14 @@ def _main(workdir, data_dir):
           [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])))
 
 
-def _finish(proc):
-  _, err = proc.communicate(timeout=300)
-  assert proc.returncode == 0, err.decode()[-3000:]
-
-
 def _saved(workdir, step=RUN_STEPS):
-  ckpts = ckpt_lib.Checkpoints(os.path.join(workdir, "checkpoints"))
-  assert ckpts.latest_step() == step
-  tree = ckpts.restore()[0]
-  ckpts.close()
-  return tree
+  return helpers.saved_tree(workdir, step)
 
 
 def test_sigkill_then_rerun_with_a_memory_is_bitwise_identical(data_dir,
                                                                 tmp_path):
   reference = str(tmp_path / "reference")
-  _finish(_main(reference, data_dir))
+  helpers.finish(_main(reference, data_dir))
   want = _saved(reference)
   assert int(want["xbm"]["filled"]) == 80 and (want["xbm"]["labels"] >= 0).all()
   killed = str(tmp_path / "killed")
@@ -383,7 +373,7 @@ def test_sigkill_then_rerun_with_a_memory_is_bitwise_identical(data_dir,
   assert str(RUN_STEPS) not in latest, "killed too late to test anything"
   at_kill = _saved(killed, 4)["xbm"]
   assert int(at_kill["filled"]) == 80  # the memory was saved mid-run
-  _finish(_main(killed, data_dir))
+  helpers.finish(_main(killed, data_dir))
   chex.assert_trees_all_equal(_saved(killed), want)
 
 

@@ -1,0 +1,72 @@
+"""Compares the metrics of two runs' ``metrics.json``, metric by metric.
+
+Usage::
+
+  python -m experiments.metrics_diff RUN_A/metrics.json RUN_B/metrics.json
+
+Prints a markdown table of every metric of the parts ``init``, ``final``,
+``best.test`` and ``result.test`` (value in A, value in B, B - A), then the
+largest absolute difference and the parts that differ in their step or
+selection. Used for experiments/results/sharded_classes_omniglot_small.md
+(one device against the class matrix sharded over 8 devices).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Dict, Iterator, Tuple
+
+PARTS = ("init", "final", "best.test", "result.test")
+
+
+def _part(metrics: dict, path: str):
+  node = metrics
+  for key in path.split("."):
+    node = node.get(key) if isinstance(node, dict) else None
+  return node
+
+
+def rows(a: dict, b: dict) -> Iterator[Tuple[str, str, float, float]]:
+  """``(part, metric, value in a, value in b)`` of every numeric metric
+  both runs have."""
+  for part in PARTS:
+    x, y = _part(a, part) or {}, _part(b, part) or {}
+    for name in sorted(set(x) & set(y)):
+      if isinstance(x[name], (int, float)) and isinstance(y[name],
+                                                          (int, float)):
+        yield part, name, float(x[name]), float(y[name])
+
+
+def report(a: dict, b: dict) -> str:
+  lines = ["| part | metric | A | B | B - A |", "| --- | --- | ---: | ---: | ---: |"]
+  largest: Dict[str, float] = {"diff": 0.0}
+  for part, name, x, y in rows(a, b):
+    lines.append(f"| {part} | {name} | {x!r} | {y!r} | {y - x:.3g} |")
+    if abs(y - x) > largest["diff"]:
+      largest = {"diff": abs(y - x), "where": f"{part} {name}"}
+  lines.append("")
+  lines.append(f"Largest absolute difference: {largest['diff']!r}"
+               + (f" ({largest['where']})." if "where" in largest else "."))
+  for key in ("step",):
+    if a.get(key) != b.get(key):
+      lines.append(f"{key}: A {a.get(key)} != B {b.get(key)}")
+  sa, sb = _part(a, "result.step"), _part(b, "result.step")
+  lines.append(f"Reported (result) step: A {sa}, B {sb}.")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("a", help="the first run's metrics.json")
+  parser.add_argument("b", help="the second run's metrics.json")
+  args = parser.parse_args(argv)
+  with open(args.a) as f:
+    a = json.load(f)
+  with open(args.b) as f:
+    b = json.load(f)
+  print(report(a, b))
+
+
+if __name__ == "__main__":
+  main()
