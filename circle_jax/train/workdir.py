@@ -34,6 +34,9 @@ RESUMABLE_FIELDS = (
     "async_checkpoints", "parallelism", "dataset.data_dir",
     "dataset.manual_dir", "dataset.num_workers", "dataset.num_threads",
     "batch.eval_batch_size", "fewshot", "eval_shift", "compilation_cache_dir",
+    # Where the class matrix lives: the loss and the checkpoint are the same
+    # sharded or whole (circle_jax.train.class_rows).
+    "loss.shard_classes",
 )
 
 # The resumable fields that only change how a run is evaluated. A finished

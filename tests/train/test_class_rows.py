@@ -31,6 +31,7 @@ from circle_jax.train import config_checks
 from circle_jax.train import optim
 from circle_jax.train import state as state_lib
 from circle_jax.train import step as step_lib
+from circle_jax.train import workdir as workdir_lib
 from tests import test_config
 from tests.conftest import REPO_ROOT
 from tests.train import helpers
@@ -313,3 +314,20 @@ def test_sigkill_resumes_bitwise_and_8_devices_resume_on_2(tmp_path):
     assert a and len(a) == len(b)
     for x, y in zip(a, b):
       np.testing.assert_allclose(x, y, atol=1e-5, rtol=1e-4)
+
+
+def test_a_run_resumes_with_the_class_matrix_sharded_or_whole(tmp_path):
+  """The checkpoint holds the whole matrix either way and the loss is the
+  same, so loss.shard_classes may change on resume; loss.sample_rate (another
+  loss) may not."""
+  saved = workdir_lib.config_to_dict(_config("arcface"))
+  workdir_lib.record(str(tmp_path), saved, step=4, changes=[])
+  new = workdir_lib.config_to_dict(
+      _config("arcface", loss_fields={"shard_classes": True}))
+  assert workdir_lib.check_resume(str(tmp_path), new, resume_step=4) == [
+      ("loss.shard_classes", False, True)]
+  new = workdir_lib.config_to_dict(
+      _config("arcface", loss_fields={"sample_rate": 0.5}))
+  with pytest.raises(workdir_lib.WorkdirConfigError,
+                     match=r"loss\.sample_rate: 1\.0 -> 0\.5"):
+    workdir_lib.check_resume(str(tmp_path), new, resume_step=4)
