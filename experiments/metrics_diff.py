@@ -3,11 +3,15 @@
 Usage::
 
   python -m experiments.metrics_diff RUN_A/metrics.json RUN_B/metrics.json
+  python -m experiments.metrics_diff --checkpoints RUN_A RUN_B
 
 Prints a markdown table of every metric of the parts ``init``, ``final``,
 ``best.test`` and ``result.test`` (value in A, value in B, B - A), then the
 largest absolute difference and the parts that differ in their step or
-selection. Used for experiments/results/sharded_classes_omniglot_small.md
+selection. With ``--checkpoints`` it compares the two workdirs' latest
+checkpoints instead: the largest absolute difference of each parameter group
+(the model's, the loss's), the BatchNorm statistics and the optimiser state.
+Used for experiments/results/sharded_classes_omniglot_small.md
 (one device against the class matrix sharded over 8 devices).
 """
 
@@ -15,7 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Dict, Iterator, Tuple
+
+import jax
+import numpy as np
+
+from circle_jax.train import checkpoint as ckpt_lib
 
 PARTS = ("init", "final", "best.test", "result.test")
 
@@ -56,11 +66,47 @@ def report(a: dict, b: dict) -> str:
   return "\n".join(lines)
 
 
+def _latest(workdir: str):
+  ckpts = ckpt_lib.Checkpoints(os.path.join(workdir, "checkpoints"))
+  tree, step = ckpts.restore()[0], ckpts.latest_step()
+  ckpts.close()
+  return tree, step
+
+
+def checkpoint_report(a_dir: str, b_dir: str) -> str:
+  """The largest absolute difference of each part of the latest states."""
+  (a, sa), (b, sb) = _latest(a_dir), _latest(b_dir)
+  lines = [f"Latest checkpoints: A step {sa}, B step {sb}.", "",
+           "| part | largest abs difference | largest abs value in A |",
+           "| --- | ---: | ---: |"]
+  parts = {"params.model": a["params"]["model"], "params.loss":
+           a["params"]["loss"], "batch_stats": a["batch_stats"],
+           "opt_state": a["opt_state"]}
+  other = {"params.model": b["params"]["model"], "params.loss":
+           b["params"]["loss"], "batch_stats": b["batch_stats"],
+           "opt_state": b["opt_state"]}
+  for name, x in parts.items():
+    xs, ys = jax.tree.leaves(x), jax.tree.leaves(other[name])
+    diff = max((float(np.max(np.abs(np.asarray(u, np.float64)
+                                     - np.asarray(v, np.float64))))
+                for u, v in zip(xs, ys) if np.size(u)), default=0.0)
+    top = max((float(np.max(np.abs(np.asarray(u, np.float64))))
+               for u in xs if np.size(u)), default=0.0)
+    lines.append(f"| {name} | {diff:.3g} | {top:.3g} |")
+  return "\n".join(lines)
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("a", help="the first run's metrics.json")
-  parser.add_argument("b", help="the second run's metrics.json")
+  parser.add_argument("a", help="the first run's metrics.json (workdir "
+                      "with --checkpoints)")
+  parser.add_argument("b", help="the second run's")
+  parser.add_argument("--checkpoints", action="store_true",
+                      help="compare the workdirs' latest checkpoints")
   args = parser.parse_args(argv)
+  if args.checkpoints:
+    print(checkpoint_report(args.a, args.b))
+    return
   with open(args.a) as f:
     a = json.load(f)
   with open(args.b) as f:
