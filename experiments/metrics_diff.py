@@ -4,6 +4,7 @@ Usage::
 
   python -m experiments.metrics_diff RUN_A/metrics.json RUN_B/metrics.json
   python -m experiments.metrics_diff --checkpoints RUN_A RUN_B
+  python experiments/metrics_diff.py ...   # the same, run as a file
 
 Prints a markdown table of every metric of the parts ``init``, ``final``,
 ``best.test`` and ``result.test`` (value in A, value in B, B - A), then the
@@ -20,12 +21,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
+import sys
 from typing import Dict, Iterator, Tuple
 
-import jax
-import numpy as np
+_REPO = pathlib.Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):  # run as a file
+  sys.path.insert(0, str(_REPO))
 
-from circle_jax.train import checkpoint as ckpt_lib
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from circle_jax.train import checkpoint as ckpt_lib  # noqa: E402
 
 PARTS = ("init", "final", "best.test", "result.test")
 
