@@ -222,7 +222,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss = loss_config("circle")   # name + every hyperparameter (see above)
 
   c.batch = Config()
-  c.batch.sampler = "pk"           # "pk": P classes x K images; "random"
+  c.batch.sampler = "pk"           # "pk": P classes x K images; "random";
+  # "views": P images x K augmented views, each image its own label
   c.batch.classes_per_batch = 8    # P (the global batch is P x K) ...
   c.batch.images_per_class = 4     # ... K
   c.batch.size = 0                 # global batch of the random sampler

@@ -222,6 +222,9 @@ def describe_batch(cfg: Mapping[str, Any]) -> str:
   if b.get("sampler", "pk") == "random":
     return f"{b['size']} random images"
   p, k = b["classes_per_batch"], b["images_per_class"]
+  if b.get("sampler") == "views":
+    return (f"{p} images x {k} augmented views = {p * k} (each image its "
+            f"own label)")
   return f"P x K = {p} classes x {k} images = {p * k}"
 
 

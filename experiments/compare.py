@@ -65,7 +65,10 @@ Ablations and few-shot accuracy::
 
 An ablation ``NAME:OVERRIDES`` trains ``--ablation-loss`` (default: the first
 loss) for every seed with those overrides after the common ones, in
-``WORKDIR/ablation_NAME/``; when the runs report few-shot accuracy
+``WORKDIR/ablation_NAME/``; ``NAME@LOSS:OVERRIDES`` trains ``LOSS`` instead
+(a variant of a loss that is not in ``--losses``, e.g. NT-Xent on two views
+of each image: ``--ablation "two_views@nt_xent:--config.batch.sampler=views
+--config.batch.classes_per_batch=32 --config.batch.images_per_class=2"``); when the runs report few-shot accuracy
 (``config.fewshot``), the report adds a few-shot table with a row per loss
 and per ablation. ``--notes FILE`` follows the report's results tables. ``--jobs N``
 trains N runs at once (their timings then include the contention).
@@ -87,7 +90,7 @@ import re
 import shlex
 import sys
 import time
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):  # run as a file: python experiments/X.py
@@ -127,21 +130,37 @@ def parse_seeds(text: str) -> List[int]:
   return seeds
 
 
+def ablation_losses(texts: Sequence[str]) -> Dict[str, str]:
+  """``{NAME: LOSS}`` of the ``--ablation 'NAME@LOSS:...'`` texts that name
+  their own loss."""
+  out = {}
+  for text in texts:
+    name, _, loss = text.partition(":")[0].strip().partition("@")
+    if loss:
+      out[name] = loss
+  return out
+
+
 def parse_ablations(texts: Sequence[str], losses: Sequence[str]
                     ) -> List[Tuple[str, List[str]]]:
-  """``--ablation 'NAME:--config.A=1 --config.B=2'`` -> ``(NAME, overrides)``.
+  """``--ablation 'NAME[@LOSS]:--config.A=1 --config.B=2'`` -> ``(NAME,
+  overrides)`` (:func:`ablation_losses` gives the LOSS).
 
   Raises:
-    ValueError: a malformed, repeated or loss-named NAME, or bad overrides.
+    ValueError: a malformed, repeated or loss-named NAME, an unknown LOSS, or
+      bad overrides.
   """
   out = []
   for text in texts:
     name, sep, rest = text.partition(":")
     name = name.strip()
-    if not sep or not re.fullmatch(r"[a-z0-9_]+", name):
+    if not sep or not re.fullmatch(r"[a-z0-9_]+(@[a-z0-9_]+)?", name):
       raise ValueError(
-          f"--ablation {text!r}: expected 'NAME:--config.FIELD=VALUE ...' "
-          "with NAME in lower-case letters, digits and _.")
+          f"--ablation {text!r}: expected 'NAME[@LOSS]:--config.FIELD=VALUE "
+          "...' with NAME in lower-case letters, digits and _.")
+    name, _, own_loss = name.partition("@")
+    if own_loss and own_loss not in losses_lib.LOSSES:
+      raise ValueError(f"--ablation {text!r}: unknown loss {own_loss!r}.")
     if name in losses or name in (n for n, _ in out):
       raise ValueError(f"--ablation {text!r}: the name {name!r} is taken.")
     overrides = shlex.split(rest)
@@ -214,17 +233,27 @@ def _label(run: Run) -> str:
 
 
 def build_runs(args, overrides: Sequence[str],
-               ablations: Sequence[Tuple[str, List[str]]] = ()) -> List[Run]:
+               ablations: Sequence[Tuple[str, List[str]]] = (),
+               own_losses: Optional[Dict[str, str]] = None) -> List[Run]:
   """Every (loss, seed) run with its command and resolved config; right
   after the runs of ``args.ablation_loss``, the ablations' runs: that loss x
   seeds with each ablation's overrides after the common ones (in
-  ``WORKDIR/ablation_NAME/``)."""
+  ``WORKDIR/ablation_NAME/``); last, the ablations that train their own
+  loss (``own_losses``, :func:`ablation_losses`)."""
+  own_losses = own_losses or {}
+
+  def cell(name, loss, more):
+    return (name, loss, os.path.join(args.workdir, f"ablation_{name}"),
+            [*overrides, *more])
+
   cells = []
   for loss in parse_losses(args.losses):
     cells.append(("", loss, args.workdir, list(overrides)))
     if loss == args.ablation_loss:
-      cells += [(name, loss, os.path.join(args.workdir, f"ablation_{name}"),
-                 [*overrides, *more]) for name, more in ablations]
+      cells += [cell(name, loss, more) for name, more in ablations
+                if name not in own_losses]
+  cells += [cell(name, own_losses[name], more) for name, more in ablations
+            if name in own_losses]
   runs = []
   for variant, loss, root, flags_ in cells:
     for seed in parse_seeds(args.seeds):
@@ -284,7 +313,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     check_overrides(overrides)
     losses, seeds = parse_losses(args.losses), parse_seeds(args.seeds)
     args.ablation_loss = args.ablation_loss or losses[0]
-    if args.ablation and args.ablation_loss not in losses:
+    if (any("@" not in a.partition(":")[0] for a in args.ablation)
+        and args.ablation_loss not in losses):
       raise ValueError(f"--ablation-loss {args.ablation_loss!r} must be one "
                        "of --losses.")
     ablations = parse_ablations(args.ablation, losses)
@@ -292,7 +322,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       raise ValueError(f"--jobs must be >= 1; got {args.jobs}.")
     if args.notes and not os.path.isfile(args.notes):
       raise ValueError(f"--notes {args.notes}: no such file.")
-    runs = build_runs(args, overrides, ablations)
+    runs = build_runs(args, overrides, ablations,
+                      ablation_losses(args.ablation))
   except ValueError as e:
     p.error(str(e))
   for run in runs:

@@ -170,6 +170,9 @@ def test_describe_model_batch_and_optimiser():
       "P x K = 32 classes x 4 images = 128")
   assert results.describe_batch({"batch": {"sampler": "random", "size": 60}}
                                 ) == "60 random images"
+  assert results.describe_batch({"batch": {
+      "sampler": "views", "classes_per_batch": 32, "images_per_class": 2}}
+      ) == "32 images x 2 augmented views = 64 (each image its own label)"
   assert results.describe_optim(cfg) == (
       "sgd, lr 0.1, weight decay 0.0005, momentum 0.9, step schedule (x0.1 "
       "every 1000 steps), lr x 10 (loss)")

@@ -3,8 +3,9 @@
 * :func:`get_dataset_info` / :func:`load_split`: tfds builders of CUB-200,
   Cars-196, SOP, In-Shop, Omniglot and digits with class-disjoint splits,
   stored as ArrayRecord and read with random access.
-* :class:`PKSampler`, :class:`RandomSampler`: batches as deterministic
-  functions of ``(seed, step)``.
+* :class:`PKSampler`, :class:`RandomSampler`, :class:`ViewSampler` (V
+  augmented views of each image, labelled by the image): batches as
+  deterministic functions of ``(seed, step)``.
 * :func:`split_classes`: a class-disjoint validation split of the train
   classes, for model selection.
 * :class:`RotatedClasses`: each train class and its rotations by 90, 180,
@@ -41,6 +42,7 @@ from circle_jax.data.rotations import ROTATIONS
 from circle_jax.data.rotations import RotatedClasses
 from circle_jax.data.samplers import PKSampler
 from circle_jax.data.samplers import RandomSampler
+from circle_jax.data.samplers import ViewSampler
 from circle_jax.data.splits import ClassSubset
 from circle_jax.data.splits import holdout_classes
 from circle_jax.data.splits import holdout_superclasses

@@ -83,7 +83,7 @@ class _TrainBatch:
     for k, (rec, idx, pos) in enumerate(zip(records, indices, positions)):
       rng = np.random.default_rng([self.sampler.seed, 1, step, int(pos)])
       images[k] = self.preprocess(rec["image"], rng, _path(rec, idx))
-      labels[k] = rec["label"]
+      labels[k] = self.sampler.label(rec["label"], idx)
     return {"image": images, "label": labels,
             "index": np.asarray(indices, np.int64)}
 

@@ -40,6 +40,12 @@ class _Sampler:
   def indices(self, step: int) -> np.ndarray:
     raise NotImplementedError
 
+  def label(self, record_label: int, index: int) -> int:
+    """The train label of record ``index`` (whose label is
+    ``record_label``): its class, except for :class:`ViewSampler`."""
+    del index
+    return int(record_label)
+
   def local_indices(self, step: int, process_index: int = 0,
                     process_count: int = 1) -> Tuple[np.ndarray, np.ndarray]:
     """This process's contiguous share of the global batch of `step`.
@@ -186,3 +192,52 @@ class RandomSampler(_Sampler):
       sel = epochs == e
       out[sel] = self.permutation(int(e))[offsets[sel]]
     return out
+
+
+class ViewSampler(_Sampler):
+  """Instance discrimination: V augmented views of each of N images.
+
+  Step ``s`` draws N distinct records uniformly from
+  ``numpy.random.default_rng([seed, s])`` and puts each V times in the
+  batch (instance-major: positions ``[i*V, (i+1)*V)`` hold the views of the
+  i-th image). Every position gets its own augmentation (the pipeline's
+  per-position generator), so the copies are different views, and
+  :meth:`label` gives each image its record index as the label: an image's
+  other views are its only positives, every other image (of its class or
+  not) a negative, as in SimCLR's NT-Xent (Chen, Kornblith, Norouzi, Hinton,
+  "A Simple Framework for Contrastive Learning of Visual Representations",
+  ICML 2020), where the batch holds two views of each of N images.
+
+  Args:
+    num_examples: the number of records of the split.
+    images_per_batch: N (``config.batch.classes_per_batch``).
+    views: V >= 2 (``config.batch.images_per_class``).
+    seed: non-negative int.
+  """
+
+  def __init__(self, num_examples: int, *, images_per_batch: int,
+               views: int = 2, seed: int = 0):
+    if views < 2:
+      raise ValueError(f"`views` must be >= 2 (an image's views are its "
+                       f"positives); got {views}.")
+    if images_per_batch < 1 or images_per_batch > num_examples:
+      raise ValueError(
+          f"`images_per_batch` must be in [1, {num_examples}] (the split's "
+          f"records); got {images_per_batch}.")
+    if seed < 0:
+      raise ValueError(f"`seed` must be >= 0; got {seed}.")
+    self.num_examples = int(num_examples)
+    self.N, self.V = int(images_per_batch), int(views)
+    self.batch_size = self.N * self.V
+    self.seed = int(seed)
+
+  def indices(self, step: int) -> np.ndarray:
+    """Record indices ``[N * V]`` (int64): each image V times in a row."""
+    rng = np.random.default_rng([self.seed, _check_step(step)])
+    chosen = rng.choice(self.num_examples, self.N, replace=False)
+    return np.repeat(chosen.astype(np.int64), self.V)
+
+  def label(self, record_label: int, index: int) -> int:
+    """The record index: the views of one image share it."""
+    del record_label
+    return int(index)

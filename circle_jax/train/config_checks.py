@@ -335,13 +335,19 @@ def _check_placement(config) -> parallel.Placement:
 
 
 def _check_sampler(config, info, held_out: int, entry) -> None:
-  """``config.batch``'s sampler: a random batch of at least 2, or ``P``
+  """``config.batch``'s sampler: a random batch of at least 2, ``P``
   classes the train split has times ``K`` images (2 or more for a pair
-  loss)."""
+  loss), or ``P`` images times ``K >= 2`` views for a pair loss."""
   name = config.dataset.name
   sampler = config.batch.sampler
-  if sampler not in ("pk", "random"):
-    _fail("batch.sampler", f"must be 'pk' or 'random'; got {sampler!r}.")
+  if sampler not in ("pk", "random", "views"):
+    _fail("batch.sampler", f"must be 'pk', 'random' or 'views'; got "
+          f"{sampler!r}.")
+  if sampler == "views" and (entry.kind != "pair"
+                             or entry.param_name is not None):
+    _fail("batch.sampler", f"'views' labels each image by its own index "
+          f"(its views are its only positives), which only a pair loss can "
+          f"train; {entry.name!r} is a {entry.kind} loss: use sampler 'pk'.")
   if sampler == "random":
     size = config.batch.size
     if isinstance(size, bool) or not isinstance(size, int) or size < 2:
@@ -353,6 +359,11 @@ def _check_sampler(config, info, held_out: int, entry) -> None:
   for field, v in (("classes_per_batch", p), ("images_per_class", k)):
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
       _fail(f"batch.{field}", f"must be a positive int; got {v!r}.")
+  if sampler == "views":
+    if k < 2:
+      _fail("batch.images_per_class", f"the 'views' sampler needs at least 2 "
+            f"views per image (its positives); got {k}.")
+    return
   train_classes = facts.data_classes(config, info)
   if p > train_classes:
     _fail("batch.classes_per_batch", f"{p} classes per batch but {name!r} "

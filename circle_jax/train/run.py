@@ -82,7 +82,12 @@ def load_sources(config, info, reporter=None):
 
 
 def make_sampler(config, train_source):
-  """The train batches' sampler: P x K classes (``pk``) or ``random``."""
+  """The train batches' sampler: P x K classes (``pk``), ``random``, or
+  P images x K views (``views``)."""
+  if config.batch.sampler == "views":
+    return data_lib.ViewSampler(
+        len(train_source), images_per_batch=config.batch.classes_per_batch,
+        views=config.batch.images_per_class, seed=config.seed)
   if config.batch.sampler == "random":
     return data_lib.RandomSampler(len(train_source),
                                   batch_size=config.batch.size,

@@ -166,3 +166,32 @@ def test_bad_arguments(source):
   with pytest.raises(ValueError, match="get_state"):
     data.train_iterator(source, sampler=pk(), preprocess=TRAIN,
                         process_index=0, process_count=1).set_state({"s": 1})
+
+
+def test_views_sampler_batches_two_augmented_views_labelled_by_image(source):
+  """Each image twice in a row, labelled by its record index (not its
+  class), and the two copies augmented differently."""
+  s = data.ViewSampler(N, images_per_batch=4, views=2, seed=3)
+  batches = take(data.train_iterator(source, sampler=s, preprocess=TRAIN,
+                                     process_index=0, process_count=1), 3)
+  for step, b in enumerate(batches):
+    idx = b["index"].reshape(4, 2)
+    np.testing.assert_array_equal(idx[:, 0], idx[:, 1])
+    assert len(set(idx[:, 0])) == 4  # distinct images
+    np.testing.assert_array_equal(b["label"], b["index"])
+    np.testing.assert_array_equal(b["index"], s.indices(step))
+    img = b["image"].reshape((4, 2) + b["image"].shape[1:])
+    for i in range(4):  # random crops/flips: the views differ
+      assert not np.array_equal(img[i, 0], img[i, 1])
+  np.testing.assert_array_equal(s.indices(7), s.indices(7))
+  assert not np.array_equal(s.indices(7), s.indices(8))
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(images_per_batch=4, views=1), "views"),
+    (dict(images_per_batch=0, views=2), "images_per_batch"),
+    (dict(images_per_batch=N + 1, views=2), "images_per_batch"),
+    (dict(images_per_batch=4, views=2, seed=-1), "seed")])
+def test_views_sampler_bad_arguments(kw, match):
+  with pytest.raises(ValueError, match=match):
+    data.ViewSampler(N, **kw)

@@ -130,8 +130,8 @@ def test_ablation_runs_and_arguments(tmp_path):
       ("norot", ["--config.dataset.rotations=1"]),
       ("noaug", ["--config.dataset.preprocess.preset=grayscale",
                  "--config.num_train_steps=5"])]
-  for bad, match in (("norot", "expected 'NAME:"),
-                     ("Bad:--config.seed=1", "expected 'NAME:"),
+  for bad, match in (("norot", "expected 'NAME\\[@LOSS\\]:"),
+                     ("Bad:--config.seed=1", "expected 'NAME\\[@LOSS\\]:"),
                      ("circle:--config.num_train_steps=5", "is taken"),
                      ("x:", "no --config"),
                      ("x:--config.seed=3", "sets config.seed"),
@@ -151,3 +151,26 @@ def test_ablation_runs_and_arguments(tmp_path):
                                          "seed_0")
   assert [r.config["num_train_steps"] for r in runs] == [7, 7, 3, 3, 7, 7]
 
+
+
+def test_ablation_with_its_own_loss(tmp_path):
+  """``NAME@LOSS`` trains LOSS (not in --losses) after the losses' runs,
+  and an unknown LOSS is refused."""
+  texts = ["views@nt_xent:--config.batch.sampler=views",
+           "fast:--config.num_train_steps=3"]
+  ablations = compare.parse_ablations(texts, ["circle"])
+  assert [name for name, _ in ablations] == ["views", "fast"]
+  assert compare.ablation_losses(texts) == {"views": "nt_xent"}
+  with pytest.raises(ValueError, match="unknown loss 'nt_xnet'"):
+    compare.parse_ablations(["v@nt_xnet:--config.num_train_steps=3"],
+                            ["circle"])
+  args = type("Args", (), dict(losses="circle", seeds="1",
+                               config=base.DIGITS, workdir=str(tmp_path),
+                               ablation_loss="circle"))
+  runs = compare.build_runs(args, [], ablations, compare.ablation_losses(texts))
+  assert [(r.variant, r.loss) for r in runs] == [
+      ("", "circle"), ("fast", "circle"), ("views", "nt_xent")]
+  assert runs[2].config["loss"]["name"] == "nt_xent"
+  assert runs[2].config["batch"]["sampler"] == "views"
+  assert runs[2].workdir == os.path.join(tmp_path, "ablation_views",
+                                         "nt_xent", "seed_0")

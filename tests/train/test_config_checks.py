@@ -94,6 +94,24 @@ def test_random_sampler_batch_checks():
   config_checks.check_config(c, device_count=8, process_count=1)
 
 
+def test_views_sampler_checks():
+  """P images x K views: K >= 2 and a pair loss without a class matrix."""
+  c = _config(**{"batch.sampler": "views"})
+  config_checks.check_config(c, device_count=8, process_count=1)
+  c.batch.images_per_class = 1
+  c.batch.classes_per_batch = 8
+  with pytest.raises(config_checks.ConfigError,
+                     match="config.batch.images_per_class: the 'views' "
+                     "sampler needs at least 2 views"):
+    config_checks.check_config(c, device_count=8, process_count=1)
+  c = _config(**{"batch.sampler": "views"})
+  c.loss = config_lib.loss_config("proxy_anchor")
+  with pytest.raises(config_checks.ConfigError,
+                     match="config.batch.sampler: 'views' .*'proxy_anchor' "
+                     "is a proxy loss: use sampler 'pk'"):
+    config_checks.check_config(c, device_count=8, process_count=1)
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"loss.gamma": float("nan")},
      "config.loss.gamma: must be a finite number; got nan."),
