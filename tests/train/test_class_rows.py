@@ -70,7 +70,9 @@ def _steps(mode, name, *, num_classes=C, shard=True, hyper=None,
   hyper = dict(hyper or {})
   rows = None
   if shard:
-    rows = class_rows_lib.ClassRows(entry.param_name, num_classes)
+    rows = class_rows_lib.ClassRows(
+        entry.param_name, num_classes,
+        entry.defaults.get("centers_per_class", 1))
     hyper.update(shard_classes=True, num_classes=num_classes)
   placement = parallel.get_placement(mode)
   sharded = class_rows_lib.sharded_leaves(rows)
@@ -110,6 +112,18 @@ def test_sharded_rows_reach_the_one_device_parameters(runs, mode):
   chex.assert_trees_all_close(got["opt_state"], ref["opt_state"], atol=2e-5,
                               rtol=1e-4)
   assert got["params"]["loss"]["proxies"].shape == (C, MODEL.embedding_dim)
+
+
+def test_several_rows_per_class_are_sharded_by_class():
+  """SoftTriple's K = 10 centres a class: 50 rows, 10 a device (+ 30
+  padding), the same parameters as one device."""
+  ref, _ = _steps("none", "soft_triple", shard=False,
+                  batches=_batches(steps=2))
+  got, _ = _steps("pmap", "soft_triple", batches=_batches(steps=2))
+  assert got["params"]["loss"]["centers"].shape == (5 * 10,
+                                                    MODEL.embedding_dim)
+  chex.assert_trees_all_close(got["params"], ref["params"], atol=2e-5,
+                              rtol=1e-4)
 
 
 def test_summing_the_rows_gradients_over_devices_is_caught(runs):
