@@ -148,8 +148,13 @@ def check_grid(entry, grid: Grid, fixed_hyper: Mapping[str, Any], *,
   Raises:
     ValueError: an unknown or non-float hyperparameter (integers such as
       SoftTriple's ``centers_per_class`` change shapes and cannot be vmapped),
-      or a point the loss rejects.
+      a point the loss rejects, or a class matrix sharded over devices.
   """
+  if fixed_hyper.get("shard_classes"):
+    raise ValueError(
+        "loss.shard_classes: the sweep trains every grid point on one device "
+        "(no device axis to shard the class matrix over); unset "
+        "--config.loss.shard_classes.")
   for name in grid.names:
     if name not in entry.defaults:
       raise ValueError(

@@ -7,16 +7,34 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("KERAS_BACKEND", "jax")
-# JAX's persistent compilation cache stays off in the tests (and in the jobs
-# they start) unless a test is about it (tests/test_hostenv.py).
-os.environ["CIRCLE_JAX_COMPILATION_CACHE"] = "off"
+# The jobs the tests start (python -m experiments.main ...) share one JAX
+# persistent compilation cache, new for each test session (a fresh folder
+# under the system's temporary directory, made by the first pytest process
+# and inherited by its xdist workers): the fault tests start the same job
+# dozens of times, and every start after the first loads its programs
+# instead of compiling them. It never touches the user's cache folder;
+# tests/test_hostenv.py sets its own.
+_MADE_CACHE = not os.environ.get("CIRCLE_JAX_TEST_CACHE")
+if _MADE_CACHE:
+  import tempfile  # noqa: E402
+  os.environ["CIRCLE_JAX_TEST_CACHE"] = tempfile.mkdtemp(
+      prefix="circle_jax_test_cache_")
+os.environ["CIRCLE_JAX_COMPILATION_CACHE"] = os.environ["CIRCLE_JAX_TEST_CACHE"]
 
 import pathlib  # noqa: E402
+import shutil  # noqa: E402
 
 import pytest  # noqa: E402
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 OMNIGLOT_DIR = REPO_ROOT / "circle_jax" / "data" / "archives" / "omniglot_small"
+
+
+def pytest_sessionfinish(session, exitstatus):
+  """The process that made the session's compilation cache removes it."""
+  del session, exitstatus
+  if _MADE_CACHE and "PYTEST_XDIST_WORKER" not in os.environ:
+    shutil.rmtree(os.environ["CIRCLE_JAX_TEST_CACHE"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -75,6 +75,15 @@ def test_check_grid_rejects_what_the_loss_rejects(name, spec, match):
                      embedding_dim=8, num_classes=3)
 
 
+
+def test_check_grid_refuses_a_sharded_class_matrix():
+  entry = losses_lib.get_loss("proxy_anchor")
+  with pytest.raises(ValueError, match="loss.shard_classes: the sweep trains "
+                     "every grid point on one device"):
+    grid_lib.check_grid(entry, grid_lib.parse_grid(["alpha=16,32"]),
+                        {**entry.defaults, "shard_classes": True},
+                        embedding_dim=8, num_classes=3)
+
 # ----------------------------------------------------------------------------
 # The losses with traced hyperparameters.
 # ----------------------------------------------------------------------------
