@@ -172,6 +172,7 @@ def hyperparameter_lines(configs: Mapping[str, Mapping[str, Any]]
       in row order.
   """
   # pylint: disable=g-import-not-at-top  (the codec needs no JAX)
+  from circle_jax import config as config_lib
   from circle_jax import losses as losses_lib
   lines = ["| loss | hyperparameters | learnable | source |",
            "| --- | --- | --- | --- |"]
@@ -180,7 +181,9 @@ def hyperparameter_lines(configs: Mapping[str, Mapping[str, Any]]
     hyper = dict(cfg.get("loss", {}))
     hyper.pop("name", None)
     parts = []
-    geometry = entry.geometry_defaults()  # shown only where not the default
+    # The geometry and the class matrix's layout: shown where not the default.
+    geometry = {**entry.geometry_defaults(),
+                **config_lib.class_layout_defaults(entry)}
     for k, v in hyper.items():
       if k in geometry:
         if v != geometry[k]:

@@ -83,8 +83,10 @@ def test_the_cache_folder_is_the_users_unless_told(monkeypatch, tmp_path):
   assert hostenv.default_compilation_cache_dir() == "off"
 
 
-def test_off_leaves_jax_alone():
-  # The tests run with the cache off (conftest sets CIRCLE_JAX_...=off).
+def test_off_leaves_jax_alone(monkeypatch):
+  # None reads the variable (the tests' jobs otherwise share a cache folder,
+  # tests/conftest.py).
+  monkeypatch.setenv(hostenv.CACHE_ENV, "off")
   import jax  # pylint: disable=g-import-not-at-top
   before = jax.config.jax_compilation_cache_dir
   for off in (None, "", "off", "OFF"):

@@ -68,8 +68,10 @@ EXPECTED_FILES = {
 }
 
 # Recipe values per config file (the loss section is compared whole; the
-# pair losses' geometry fields at their cosine default).
+# pair losses' geometry fields at their cosine default, the proxy losses'
+# class matrix whole).
 _SPHERE = {"geometry": "cosine", "c": 0.1, "r": 2.3}
+_WHOLE = {"shard_classes": False}  # no sample_rate: they do not sample
 LOSSES = {
     "circle_loss.py": {"name": "circle", "gamma": 80.0, "margin": 0.4,
                        "block_size": None, "collective": None, **_SPHERE},
@@ -77,13 +79,14 @@ LOSSES = {
                             "beta": 40.0, "base": 0.5, "epsilon": 0.1,
                             "mining": True, "block_size": None,
                             "collective": None, **_SPHERE},
-    "proxy_anchor.py": {"name": "proxy_anchor", "alpha": 32.0, "margin": 0.1},
+    "proxy_anchor.py": {"name": "proxy_anchor", "alpha": 32.0, "margin": 0.1,
+                        **_WHOLE},
     "ranked_list.py": {"name": "ranked_list", "alpha": 1.2, "margin": 0.4,
                        "t_neg": 10.0, "t_pos": 0.0, "imbalance": 0.5,
                        "block_size": None, "collective": None, **_SPHERE},
     "ranked_proxy_anchor.py": {"name": "ranked_proxy_anchor", "alpha": 1.4,
                                "margin": 0.4, "t_neg": 20.0,
-                               "distance": "euclidean"},
+                               "distance": "euclidean", **_WHOLE},
 }
 RECIPE = {
     "circle_loss.py": "ms", "multi_similarity.py": "ms",
