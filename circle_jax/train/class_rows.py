@@ -38,10 +38,6 @@ from circle_jax.train import xbm as xbm_lib
 PyTree = Any
 
 
-def _names(path) -> list:
-  return [getattr(k, "key", getattr(k, "name", None)) for k in path]
-
-
 @dataclasses.dataclass(frozen=True)
 class ClassRows:
   """The sharded class matrix of a run.
@@ -59,7 +55,7 @@ class ClassRows:
   def is_rows(self, path) -> bool:
     """Whether a leaf is the class matrix or its optimiser state (its key
     path ends in ``('loss', param_name)``)."""
-    return _names(path)[-2:] == ["loss", self.param_name]
+    return xbm_lib.key_names(path)[-2:] == ["loss", self.param_name]
 
   def sharded(self, path) -> bool:
     """The placements' ``sharded`` predicate: the class rows and the

@@ -110,6 +110,12 @@ def from_config(config) -> Optional[Memory]:
                      weight=config.xbm.weight)
 
 
+def key_names(path) -> list:
+  """The dict keys / attribute names of a leaf's key path (None for a
+  sequence index)."""
+  return [getattr(k, "key", getattr(k, "name", None)) for k in path]
+
+
 def is_sharded(path) -> bool:
   """Whether a state leaf (by its key path) is split over the devices.
 
@@ -117,7 +123,7 @@ def is_sharded(path) -> bool:
   a :class:`TrainState` or in its tree (:func:`state_to_tree`): the
   ``sharded`` argument of :mod:`circle_jax.parallel`'s placements.
   """
-  names = [getattr(k, "key", getattr(k, "name", None)) for k in path]
+  names = key_names(path)
   return len(names) >= 2 and names[-2] == "xbm" and names[-1] in ROW_FIELDS
 
 
