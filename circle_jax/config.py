@@ -237,26 +237,7 @@ def base_config() -> ml_collections.ConfigDict:
   # statistics and averages the chunks' running-statistics updates.
   c.batch.embed_chunk_bn = "exact"
 
-  c.optim = Config()  # see circle_jax.train.optim
-  c.optim.name = "adam"            # adam, adamw, sgd, rmsprop
-  c.optim.learning_rate = 1e-3     # base learning rate
-  c.optim.weight_decay = 0.0       # L2 (sgd/adam/rmsprop) or decoupled (adamw)
-  c.optim.lr_multipliers = Config(  # per parameter group
-      {"backbone": 1.0, "head": 1.0, "loss": 1.0})
-  c.optim.freeze_backbone_steps = 0  # train only head and loss this long
-  c.optim.schedule = "constant"    # constant, step, cosine
-  c.optim.lr_warmup_steps = 0      # linear warm-up
-  c.optim.decay_every_steps = 0    # step schedule: period ...
-  c.optim.decay_factor = 0.1       # ... and factor
-  c.optim.cosine_final_fraction = 0.0  # cosine: final lr / base lr
-  c.optim.grad_clip_norm = 0.0     # clip the global gradient norm (0: off)
-  c.optim.grad_clip_value = 0.0    # clip each gradient value (0: off)
-  c.optim.b1 = 0.9                 # Adam beta1
-  c.optim.b2 = 0.999               # Adam beta2
-  c.optim.eps = 1e-8               # Adam / RMSprop epsilon
-  c.optim.momentum = 0.0           # SGD / RMSprop momentum
-  c.optim.nesterov = False         # SGD Nesterov momentum
-  c.optim.rms_decay = 0.99         # RMSprop decay
+  c.optim = optim_config()         # the optimiser (its defaults below)
 
   # Cross-batch memory (XBM; Wang et al., CVPR 2020; circle_jax.train.xbm):
   # a FIFO of the last `size` train embeddings that every anchor also meets,
@@ -297,6 +278,34 @@ def base_config() -> ml_collections.ConfigDict:
   # (circle_jax.hostenv.enable_compilation_cache); "" or "off": off.
   c.compilation_cache_dir = placeholder(str)
   return lock(c)
+
+
+def optim_config() -> ml_collections.ConfigDict:
+  """``config.optim``: the keyword arguments of
+  :func:`circle_jax.train.optim.make_optimizer` (but ``num_train_steps``,
+  from ``config.num_train_steps``), whose signature defaults are read from
+  here."""
+  c = Config()
+  c.name = "adam"            # adam, adamw, sgd, rmsprop
+  c.learning_rate = 1e-3     # base learning rate
+  c.weight_decay = 0.0       # L2 (sgd/adam/rmsprop) or decoupled (adamw)
+  c.lr_multipliers = Config(    # per parameter group
+      {"backbone": 1.0, "head": 1.0, "loss": 1.0})
+  c.freeze_backbone_steps = 0  # train only head and loss this long
+  c.schedule = "constant"    # constant, step, cosine
+  c.lr_warmup_steps = 0      # linear warm-up
+  c.decay_every_steps = 0    # step schedule: period ...
+  c.decay_factor = 0.1       # ... and factor
+  c.cosine_final_fraction = 0.0  # cosine: final lr / base lr
+  c.grad_clip_norm = 0.0     # clip the global gradient norm (0: off)
+  c.grad_clip_value = 0.0    # clip each gradient value (0: off)
+  c.b1 = 0.9                 # Adam beta1
+  c.b2 = 0.999               # Adam beta2
+  c.eps = 1e-8               # Adam / RMSprop epsilon
+  c.momentum = 0.0           # SGD / RMSprop momentum
+  c.nesterov = False         # SGD Nesterov momentum
+  c.rms_decay = 0.99         # RMSprop decay
+  return c
 
 
 def lock(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
