@@ -22,9 +22,12 @@ them, in whatever order the flags come (:func:`switch_loss`). Likewise
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import inspect
 import re
 import sys
+import typing
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from absl import flags
@@ -37,17 +40,11 @@ from circle_jax import models as models_lib
 from circle_jax import parallel
 from circle_jax.errors import UserError
 
-# Execution options a loss may accept besides its hyperparameters: they change
-# how the loss is computed (memory), not its value. None = the loss's default.
-EXECUTION_OPTIONS = {
-    "block_size": int,   # tiles of the blockwise engine; None: dense
-    "collective": str,   # with devices: "all_gather" (None) or "ring"
-}
-
-# The class-matrix options of the proxy and classifier losses
-# (circle_jax.losses.class_shard.Layout, whose defaults these are): the
-# matrix sharded over the devices, PartialFC's negative-class sampling.
-CLASS_LAYOUT_OPTIONS = ("shard_classes", "sample_rate")
+# The class-matrix layout of the proxy and classifier losses is
+# circle_jax.losses.class_shard.Layout; a loss's config holds the fields of it
+# that the loss takes (loss_config), but these, which the trainer sets itself:
+# the class count (dataset.num_classes, or the dataset's) and the step's key.
+LAYOUT_SET_BY_TRAINER = ("num_classes", "key")
 
 # Sections whose keys are free (constructor / preset keyword arguments).
 OPEN_SECTIONS = ("dataset.preprocess", "model.kwargs")
@@ -121,13 +118,28 @@ def _set_paths(config, path: str = "config"):
 
 
 def class_layout_defaults(entry) -> Dict[str, Any]:
-  """The class-matrix options of a loss's config with their defaults
-  (:data:`CLASS_LAYOUT_OPTIONS`; empty for a loss without a class
+  """The class-matrix options of a loss's config with their defaults: the
+  fields of :class:`circle_jax.losses.class_shard.Layout` that the loss
+  takes, but :data:`LAYOUT_SET_BY_TRAINER` (empty for a loss without a class
   matrix)."""
-  layout = losses_lib.class_shard.Layout()
-  keep = {"shard_classes": entry.shards_classes,
-          "sample_rate": entry.samples_classes}
-  return {o: getattr(layout, o) for o in CLASS_LAYOUT_OPTIONS if keep[o]}
+  takes = inspect.signature(entry.fn).parameters
+  return {f.name: f.default
+          for f in dataclasses.fields(losses_lib.class_shard.Layout)
+          if f.name in takes and f.name not in LAYOUT_SET_BY_TRAINER}
+
+
+def execution_option_types(entry) -> Dict[str, type]:
+  """The execution options of a loss (``entry.execution_options``: they
+  change how the loss is computed, not its value) with the type of each,
+  read from the engine's signature
+  (:func:`circle_jax.losses.engine.embedding_loss`)."""
+  hints = typing.get_type_hints(losses_lib.engine.embedding_loss)
+  out = {}
+  for name in entry.execution_options:
+    hint = hints[name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    out[name] = args[0] if args else hint
+  return out
 
 
 def loss_config(name: str = "circle", **hyper) -> ml_collections.ConfigDict:
@@ -157,20 +169,20 @@ def loss_config(name: str = "circle", **hyper) -> ml_collections.ConfigDict:
     ValueError: unknown loss or hyperparameter, naming the accepted ones.
   """
   entry = losses_lib.get_loss(name)
-  options = [o for o in EXECUTION_OPTIONS if o in entry.execution_options]
+  options = execution_option_types(entry)
   fields = {**entry.defaults, **entry.geometry_defaults(),
             **class_layout_defaults(entry)}
   unknown = sorted(set(hyper) - set(fields) - set(options))
   if unknown:
     raise ValueError(
         f"loss {name!r} has no hyperparameter(s) {unknown}; it accepts "
-        f"{sorted(fields) + options}.")
+        f"{sorted(fields) + list(options)}.")
   c = Config()
   c.name = name
   for k, v in fields.items():
     c[k] = hyper.get(k, v)
-  for o in options:
-    c[o] = hyper.get(o, placeholder(EXECUTION_OPTIONS[o]))
+  for o, kind in options.items():
+    c[o] = hyper.get(o, placeholder(kind))
   _set_paths(c, "config.loss")
   return c.lock()
 

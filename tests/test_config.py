@@ -8,6 +8,7 @@ import ml_collections
 import pytest
 
 from circle_jax import config as config_lib
+from circle_jax import config_facts
 from circle_jax import losses
 from circle_jax.train import workdir as workdir_lib
 from tests.train import helpers
@@ -244,3 +245,42 @@ def test_contrastive_losses_and_the_poincare_geometry_by_flag(config_file):
                                                       0.5)
   assert config_lib.loss_config("n_pair").geometry == "dot"
   assert config_lib.loss_config("arcface").get("geometry") is None
+
+
+def test_the_loss_options_are_read_from_the_engine_and_the_layout():
+  """The config writes no list of execution or class-layout options: each
+  loss's come from the registry entry, their types from the engine's
+  signature, the layout's defaults from class_shard.Layout."""
+  layout = losses.class_shard.Layout()
+  for name, entry in losses.LOSSES.items():
+    c = config_lib.loss_config(name)
+    for option in entry.execution_options:
+      assert c[option] is None, (name, option)
+    types = config_lib.execution_option_types(entry)
+    assert types == {k: {"block_size": int, "collective": str}[k]
+                     for k in entry.execution_options}, name
+    own = config_lib.class_layout_defaults(entry)
+    assert own == {k: getattr(layout, k) for k in own}, name
+    assert not set(own) & set(config_lib.LAYOUT_SET_BY_TRAINER)
+    assert ("shard_classes" in own) == entry.shards_classes, name
+    assert ("sample_rate" in own) == entry.samples_classes, name
+  assert config_lib.loss_config("circle").get_type("block_size") is int
+  assert config_lib.loss_config("circle").get_type("collective") is str
+
+
+def test_the_geometry_says_whether_the_head_normalises():
+  def config(**loss):
+    c = config_lib.base_config()
+    with c.unlocked():
+      c.loss = config_lib.loss_config(**loss)
+    return c
+  engine = losses.engine
+  assert engine.resolve_geometry("cosine").head_normalizes
+  assert engine.resolve_geometry("dot").head_normalizes
+  assert not losses.hyperbolic.Poincare(c=0.5).head_normalizes
+  for name in engine.geometry_names():
+    want = engine.resolve_geometry(name).head_normalizes
+    assert config_facts.head_normalizes(
+        config(name="supcon", geometry=name)) is want, name
+  assert not config_facts.head_normalizes(config(name="pairwise_ce"))
+  assert config_facts.head_normalizes(config(name="arcface"))  # no geometry
