@@ -7,7 +7,7 @@ not exist (``config.optim.learing_rate = 1e-3`` in a config file, or
 ``--config.optim.learing_rate=1e-3``) is an error naming the field and the
 close matches. The free-form sections ``dataset.preprocess`` (preset
 overrides) and ``model.kwargs`` (model constructor arguments) accept new
-keys in config files.
+keys, in config files and on the command line.
 
 ``config.loss`` is :func:`loss_config`: the loss ``name`` and *every*
 hyperparameter of that loss, at its paper default unless the config sets it
@@ -24,16 +24,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import inspect
-import re
-import sys
 import typing
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 from absl import flags
 import ml_collections
 from ml_collections.config_dict import placeholder
-from ml_collections.config_flags import config_flags
+from ml_collections import config_flags
 
 from circle_jax import losses as losses_lib
 from circle_jax import models as models_lib
@@ -52,8 +51,15 @@ OPEN_SECTIONS = ("dataset.preprocess", "model.kwargs")
 PARALLELISM = parallel.MODES
 
 
-class ConfigFieldError(UserError, ValueError):
-  """A config file or override names a field the schema does not have."""
+class ConfigFieldError(UserError, flags.IllegalFlagValueError,
+                       AttributeError):
+  """A config file or override names a field the schema does not have (on
+  the command line, an absl flag error)."""
+
+
+class ConfigValueError(UserError, flags.IllegalFlagValueError, ValueError):
+  """A ``--config`` override names a loss or model that does not exist, or a
+  hyperparameter the selected loss does not have."""
 
 
 class SavedConfigError(UserError):
@@ -70,20 +76,16 @@ class Config(ml_collections.ConfigDict):
     except AttributeError:
       if name.startswith("__"):
         raise
-      raise AttributeError(self._unknown(name)) from None
+      raise ConfigFieldError(self._unknown(name)) from None
 
   def __setattr__(self, name, value):
-    value = self._as_section(name, value)
-    try:
-      super().__setattr__(name, value)
-    except AttributeError:
-      if not self.is_locked or name in self._fields:
-        raise
-      raise AttributeError(self._unknown(name)) from None
+    if self.is_locked and name not in self._fields:
+      raise ConfigFieldError(self._unknown(name))
+    super().__setattr__(name, self._as_section(name, value))
 
   def __setitem__(self, key, value):
     if self.is_locked and key not in self._fields:
-      raise KeyError(self._unknown(key))
+      raise ConfigFieldError(self._unknown(key))
     super().__setitem__(key, self._as_section(key, value))
 
   def _as_section(self, name, value):
@@ -106,6 +108,37 @@ class Config(ml_collections.ConfigDict):
     hint = (f"did you mean {' or '.join(f'{path}.{c}' for c in close)}?"
             if close else f"the fields are {', '.join(fields)}.")
     return f"{path}.{name}: the config does not have this field; {hint}"
+
+
+class LossSection(Config):
+  """``config.loss`` (:func:`loss_config`): the fields of one loss.
+
+  An item assignment ``section[k] = v`` (what ml_collections does with a
+  ``--config.loss.k=v`` override) of a field that this loss lacks but
+  another registered loss has is held, not made a field, so that the
+  command line may name the loss after its hyperparameters;
+  :func:`switch_loss` then applies it to the selected loss, or refuses it
+  (:attr:`held`). Attribute assignment (a config file's
+  ``c.loss.beta = 40``) of a field the loss lacks is an error at once.
+  """
+
+  def __setitem__(self, key, value):
+    if (self.is_locked and key not in self._fields
+        and key in _fields_of_every_loss()):
+      object.__setattr__(self, "_held", {**self.held, key: value})
+      return
+    super().__setitem__(key, value)
+
+  @property
+  def held(self) -> Dict[str, Any]:
+    """The assigned fields of other losses, in order (field -> value)."""
+    return dict(self.__dict__.get("_held", {}))
+
+
+@functools.lru_cache(maxsize=None)
+def _fields_of_every_loss() -> frozenset:
+  return frozenset(k for name in losses_lib.LOSSES
+                   for k in loss_config(name).keys())
 
 
 def _set_paths(config, path: str = "config"):
@@ -177,7 +210,7 @@ def loss_config(name: str = "circle", **hyper) -> ml_collections.ConfigDict:
     raise ValueError(
         f"loss {name!r} has no hyperparameter(s) {unknown}; it accepts "
         f"{sorted(fields) + list(options)}.")
-  c = Config()
+  c = LossSection()
   c.name = name
   for k, v in fields.items():
     c[k] = hyper.get(k, v)
@@ -361,91 +394,82 @@ def from_dict(saved: Dict[str, Any], *, source: str = "the saved config"
 
 
 # ----------------------------------------------------------------------------
-# The --config flag, with loss switching.
+# The --config flag, with loss and model switching.
 # ----------------------------------------------------------------------------
 
 
-def _flag_values(argv: Sequence[str], name: str) -> List[str]:
-  """Values of ``--name=v`` / ``--name v`` in ``argv``, in order."""
-  out = []
-  for i, arg in enumerate(argv):
-    m = re.fullmatch(rf"--?{re.escape(name)}(=(.*))?", arg)
-    if not m:
-      continue
-    if m.group(1) is not None:
-      out.append(m.group(2))
-    elif i + 1 < len(argv):
-      out.append(argv[i + 1])
-  return out
+def _set_path(config, path: str, value) -> None:
+  """``config.<path> = value`` for a dotted ``path``."""
+  *parents, field = path.split(".")
+  node = config
+  for part in parents:
+    node = node[part]
+  node[field] = value
 
 
-def _overridden_fields(argv: Sequence[str], prefix: str) -> List[str]:
-  """Field names ``f`` of ``--prefix.f[=...]`` flags in ``argv``."""
-  out = []
-  for arg in argv:
-    m = re.match(rf"--?(?:no)?{re.escape(prefix)}\.([^=.]+)(=|$)", arg)
-    if m and m.group(1) not in out:
-      out.append(m.group(1))
-  return out
-
-
-def _switched_name(config, argv: Sequence[str], flag_name: str, section: str,
-                   registry) -> Optional[str]:
-  """The ``--<flag>.<section>.name`` of ``argv`` if it names another entry
-  of ``registry`` than the config file (else None).
+def _switched(config, section: str, overrides: Mapping[str, Any],
+              file_name: Optional[str], registry) -> Optional[str]:
+  """The name that ``overrides`` give ``config.<section>`` if it is another
+  entry of ``registry`` than the config file's ``file_name`` (else None).
 
   Raises:
-    ValueError: the name is not in ``registry`` (the message lists it).
+    ConfigValueError: the name is not in ``registry`` (the message lists it).
   """
-  plural = {"loss": "losses"}.get(section, section + "s")
-  names = _flag_values(argv, f"{flag_name}.{section}.name")
-  if not names or names[-1] == config[section].get("name"):
+  name = overrides.get(f"{section}.name")
+  if name is None or name == file_name:
     return None
-  if names[-1] not in registry:
-    raise ValueError(
-        f"config.{section}.name: unknown {section} {names[-1]!r}; known "
+  if name not in registry:
+    plural = {"loss": "losses"}.get(section, section + "s")
+    raise ConfigValueError(
+        f"config.{section}.name: unknown {section} {name!r}; known "
         f"{plural}: {', '.join(sorted(registry))}.")
-  return names[-1]
+  return name
 
 
-def switch_loss(config: ml_collections.ConfigDict, argv: Sequence[str],
-                flag_name: str = "config") -> ml_collections.ConfigDict:
-  """Applies ``--<flag>.loss.name`` of ``argv`` to ``config`` (in place).
+def switch_loss(config: ml_collections.ConfigDict,
+                overrides: Mapping[str, Any],
+                file_loss: Optional[str] = None) -> ml_collections.ConfigDict:
+  """Applies the command line's ``--config.loss.name`` to ``config`` (in
+  place), whatever the order of the flags.
 
-  When the command line names another loss, the whole ``config.loss``
-  section is replaced by that loss's own (:func:`loss_config`, its paper
-  defaults) *before* the overrides are applied, so
-  ``--config.loss.name=multi_similarity --config.loss.beta=40`` trains
-  Multi-Similarity with ``alpha=2, beta=40, base=0.5, epsilon=0.1`` in
-  either flag order. Without ``--config.loss.name`` (or with the file's own
-  loss name) the file's loss values are kept.
+  When the command line names another loss than the config file, the whole
+  ``config.loss`` section is replaced by that loss's own (:func:`loss_config`,
+  its paper defaults) and the command line's ``--config.loss.*`` overrides
+  are applied again, in their order: ``--config.loss.beta=40
+  --config.loss.name=multi_similarity`` trains Multi-Similarity with
+  ``alpha=2, beta=40, base=0.5, epsilon=0.1``. Without ``--config.loss.name``
+  (or with the file's own loss name) the file's loss values are kept.
 
   Args:
-    config: the config returned by the config file's ``get_config``.
-    argv: the command line.
-    flag_name: the config flag's name.
+    config: the config after the command line's overrides.
+    overrides: the ``{path: value}`` of the ``--config.*`` overrides, in
+      command-line order (``config_flags.get_override_values``).
+    file_loss: the config file's loss name (before the overrides).
 
   Returns:
     ``config``.
 
   Raises:
-    ValueError: an unknown loss name, or a ``--<flag>.loss.<field>``
+    ConfigValueError: an unknown loss name, or a ``--config.loss.<field>``
       override that the selected loss does not have (the message lists the
       ones it has).
   """
   if not isinstance(config, ml_collections.ConfigDict) or "loss" not in config:
     return config
-  name = _switched_name(config, argv, flag_name, "loss", losses_lib.LOSSES)
+  name = _switched(config, "loss", overrides, file_loss, losses_lib.LOSSES)
   if name is not None:
-    with config.unlocked():
-      config.loss = loss_config(name)
-  fields = [f for f in config.loss.keys() if f != "name"]
-  for field in _overridden_fields(argv, f"{flag_name}.loss"):
-    if field != "name" and field not in config.loss:
-      raise ValueError(
-          f"config.loss.{field}: loss {config.loss.get('name')!r} has no "
-          f"hyperparameter {field!r}; it accepts {sorted(fields)} "
-          f"(--{flag_name}.loss.name=NAME selects another loss).")
+    config.loss = loss_config(name)
+    for path, value in overrides.items():
+      if path.startswith("loss.") and path != "loss.name":
+        _set_path(config, path, value)
+  held = getattr(config.loss, "held", {})
+  if held:
+    field = next(iter(held))
+    fields = [f for f in config.loss.keys() if f != "name"]
+    raise ConfigValueError(
+        f"config.loss.{field}: loss {config.loss.get('name')!r} has no "
+        f"hyperparameter {field!r}; it accepts {sorted(fields)} "
+        "(--config.loss.name=NAME selects another loss).")
   return config
 
 
@@ -454,92 +478,57 @@ def switch_loss(config: ml_collections.ConfigDict, argv: Sequence[str],
 MODEL_OWN_FIELDS = ("kwargs", "pretrained")
 
 
-def switch_model(config: ml_collections.ConfigDict, argv: Sequence[str],
-                 flag_name: str = "config") -> ml_collections.ConfigDict:
-  """Applies ``--<flag>.model.name`` of ``argv`` to ``config`` (in place).
+def switch_model(config: ml_collections.ConfigDict,
+                 overrides: Mapping[str, Any],
+                 file_model: Optional[str] = None
+                 ) -> ml_collections.ConfigDict:
+  """Applies the command line's ``--config.model.name`` to ``config`` (in
+  place).
 
   As for the loss (:func:`switch_loss`): when the command line names another
   model than the config file, the file's options of its own model
-  (``model.kwargs``, e.g. conv4's ``width``, and ``model.pretrained``) are
-  replaced by the new model's (its backbone's options at their defaults,
-  :func:`circle_jax.models.backbone_defaults`; no weights file) before the
-  overrides are applied, and ``--config.model.kwargs.<option>=v`` or
-  ``--config.model.pretrained=FILE`` then set them, in any flag order. The
-  fields every model has (``embedding_dim``, ``pooling``, ``dtype``, ...)
-  are kept.
+  (:data:`MODEL_OWN_FIELDS`: ``model.kwargs``, e.g. conv4's ``width``, and
+  ``model.pretrained``) are replaced by the new model's (its backbone's
+  options at their defaults, :func:`circle_jax.models.backbone_defaults`; no
+  weights file), and the command line's ``--config.model.kwargs.<option>=v``
+  or ``--config.model.pretrained=FILE`` are applied again, in any flag
+  order. The fields every model has (``embedding_dim``, ``pooling``,
+  ``dtype``, ...) are kept.
 
   Returns:
     ``config``.
   """
   if not isinstance(config, ml_collections.ConfigDict) or "model" not in config:
     return config
-  name = _switched_name(config, argv, flag_name, "model", models_lib.MODELS)
-  if name is not None:
-    with config.unlocked():
-      config.model.kwargs = Config(models_lib.backbone_defaults(name))
-      config.model.pretrained = ""
-    lock(config)
+  name = _switched(config, "model", overrides, file_model, models_lib.MODELS)
+  if name is None:
+    return config
+  config.model.kwargs = Config(models_lib.backbone_defaults(name))
+  config.model.pretrained = ""
+  lock(config)  # (the new kwargs open, with their path)
+  own = tuple(f"model.{f}" for f in MODEL_OWN_FIELDS)
+  for path, value in overrides.items():
+    if path in own or path.startswith(tuple(o + "." for o in own)):
+      _set_path(config, path, value)
   return config
-
-
-# pylint: disable=protected-access
-class _Flag(config_flags._ConfigFlag):
-  """Reports an unknown field (in the file or an override) in one line.
-
-  On the command line it is a flag error; in the default config file, parsed
-  when the flag is defined, it is raised as a :class:`ConfigFieldError` when
-  the value is read (a tool's main prints it as one line).
-  """
-
-  _error = None
-
-  def _parse(self, argument):
-    try:
-      return super()._parse(argument)
-    except AttributeError as e:
-      raise flags.IllegalFlagValueError(str(e).splitlines()[0]) from None
-
-  def _set_default(self, value):
-    try:
-      super()._set_default(value)
-    except flags.IllegalFlagValueError as e:
-      self._error = ConfigFieldError(str(e).splitlines()[0])
-      self.default = None
-      self.default_as_str = repr(value)
-
-  @property
-  def value(self):
-    if self._value is None and self._error is not None:
-      raise self._error
-    return self._value
-
-  @value.setter
-  def value(self, value):
-    self._value = value
-# pylint: enable=protected-access
-
-
-class _Parser(config_flags.ConfigFileFlagParser):
-  """Loads the config file, then switches the loss section."""
-
-  def __init__(self, name: str, argv: Callable[[], Sequence[str]]):
-    super().__init__(name=name, lock_config=True)
-    self._argv = argv
-
-  def parse(self, path):
-    config = super().parse(path)
-    config = switch_loss(config, self._argv(), self.name)
-    return switch_model(config, self._argv(), self.name)
 
 
 def DEFINE_config_file(  # pylint: disable=invalid-name
     name: str, default: Optional[str] = None, help_string: str = "",
     flag_values: flags.FlagValues = flags.FLAGS,
     sys_argv: Optional[Sequence[str]] = None) -> flags.FlagHolder:
-  """``config_flags.DEFINE_config_file`` with :func:`switch_loss` and
+  """``config_flags.DEFINE_config_file``, then :func:`switch_loss` and
   :func:`switch_model`.
 
-  ``--config=FILE`` or ``FILE:ARG``, then ``--config.a.b=value`` overrides.
+  ``--config=FILE`` or ``FILE:ARG``, then ``--config.a.b=value`` overrides,
+  parsed by ml_collections. An override of a field the config file's
+  section lacks (``--config.loss.beta=40`` on a Circle config, before or
+  after ``--config.loss.name=multi_similarity``) is held by the section
+  (:class:`LossSection`) or refused (:class:`ConfigFieldError`). Once absl
+  has parsed the command line it runs the flag's validator, which reads the
+  overrides (``config_flags.get_override_values``) and the file's loss and
+  model names (the defaults of the ``--config.loss.name`` and
+  ``--config.model.name`` flags) and switches the two sections.
 
   Args:
     name: the flag's name (``config``).
@@ -552,13 +541,21 @@ def DEFINE_config_file(  # pylint: disable=invalid-name
   Returns:
     The flag holder; ``.value`` is the locked ConfigDict.
   """
-  def argv():
-    args = sys.argv if sys_argv is None else sys_argv
-    return flags.FLAGS.read_flags_from_files(list(args), force_gnu=False)
+  holder = config_flags.DEFINE_config_file(
+      name, default,
+      help_string or "Training config file (FILE or FILE:ARG).",
+      flag_values=flag_values, lock_config=False, accept_new_attributes=True,
+      sys_argv=None if sys_argv is None else list(sys_argv))
 
-  flag = _Flag(
-      parser=_Parser(name, argv), serializer=flags.ArgumentSerializer(),
-      name=name, default=default,
-      help_string=help_string or "Training config file (FILE or FILE:ARG).",
-      flag_values=flag_values, sys_argv=sys_argv)
-  return flags.DEFINE_flag(flag, flag_values)
+  def file_value(field: str) -> Optional[str]:
+    key = f"{name}.{field}"
+    return flag_values[key].default if key in flag_values else None
+
+  def switch(config) -> bool:
+    overrides = config_flags.get_override_values(flag_values[name])
+    switch_loss(config, overrides, file_value("loss.name"))
+    switch_model(config, overrides, file_value("model.name"))
+    return True
+
+  flags.register_validator(name, switch, flag_values=flag_values)
+  return holder

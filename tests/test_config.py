@@ -9,6 +9,7 @@ import pytest
 
 from circle_jax import config as config_lib
 from circle_jax import config_facts
+from circle_jax import errors
 from circle_jax import losses
 from circle_jax.train import workdir as workdir_lib
 from tests.train import helpers
@@ -284,3 +285,42 @@ def test_the_geometry_says_whether_the_head_normalises():
         config(name="supcon", geometry=name)) is want, name
   assert not config_facts.head_normalizes(config(name="pairwise_ce"))
   assert config_facts.head_normalizes(config(name="arcface"))  # no geometry
+
+
+def test_a_loss_section_holds_another_losses_field_until_the_switch():
+  c = config_lib.loss_config("circle")
+  c["beta"] = 40                    # what --config.loss.beta=40 does
+  assert c.held == {"beta": 40} and "beta" not in c
+  with pytest.raises(config_lib.ConfigFieldError, match="config.loss.beta"):
+    c.beta = 40                     # a config file's typo-safe assignment
+  with pytest.raises(AttributeError, match="did you mean config.loss.gamma"):
+    c["gama"] = 1.0                 # no loss has it: refused at once
+  config = config_lib.base_config()
+  config.loss = c
+  with pytest.raises(config_lib.ConfigValueError,
+                     match=r"config\.loss\.beta: loss 'circle' has no "
+                           r"hyperparameter 'beta'"):
+    config_lib.switch_loss(config, {"loss.beta": 40}, "circle")
+  overrides = {"loss.beta": 40, "loss.name": "multi_similarity"}
+  config_lib.switch_loss(config, overrides, "circle")
+  assert (config.loss.name, config.loss.beta, config.loss.alpha) == (
+      "multi_similarity", 40.0, 2.0)
+  assert config.loss.held == {} and config.loss.is_locked
+
+
+def test_config_errors_are_flag_errors_and_user_errors(config_file):
+  """On the command line a refused field is an absl flag error (absl prints
+  its one line); in Python an AttributeError; for the tools a UserError."""
+  with pytest.raises(config_lib.ConfigFieldError) as err:
+    parse(config_file, "--config.optim.learing_rate=1e-3")
+  assert all(isinstance(err.value, kind) for kind in (
+      flags.IllegalFlagValueError, AttributeError, errors.UserError))
+  with pytest.raises(config_lib.ConfigValueError) as err:
+    parse(config_file, "--config.model.name=vgg")
+  assert all(isinstance(err.value, kind) for kind in (
+      flags.IllegalFlagValueError, ValueError, errors.UserError))
+  # ml_collections' FlagOrderError: an override of a field, then of its
+  # section, is refused as before.
+  with pytest.raises(flags.Error):
+    parse(config_file, "--config.model.kwargs.width=3",
+          "--config.model.kwargs={}")
