@@ -161,6 +161,15 @@ def class_layout_defaults(entry) -> Dict[str, Any]:
           if f.name in takes and f.name not in LAYOUT_SET_BY_TRAINER}
 
 
+def loss_fields(entry) -> Dict[str, Any]:
+  """The fields of a loss's config section with their defaults, but
+  ``name`` and the execution options: its hyperparameters (the registry's
+  defaults), its geometry option's (``LossEntry.geometry_defaults``)
+  and its class matrix's (:func:`class_layout_defaults`)."""
+  return {**entry.defaults, **entry.geometry_defaults(),
+          **class_layout_defaults(entry)}
+
+
 def execution_option_types(entry) -> Dict[str, type]:
   """The execution options of a loss (``entry.execution_options``: they
   change how the loss is computed, not its value) with the type of each,
@@ -203,8 +212,7 @@ def loss_config(name: str = "circle", **hyper) -> ml_collections.ConfigDict:
   """
   entry = losses_lib.get_loss(name)
   options = execution_option_types(entry)
-  fields = {**entry.defaults, **entry.geometry_defaults(),
-            **class_layout_defaults(entry)}
+  fields = loss_fields(entry)
   unknown = sorted(set(hyper) - set(fields) - set(options))
   if unknown:
     raise ValueError(
