@@ -92,9 +92,9 @@ class Config(ml_collections.ConfigDict):
     """A plain ConfigDict given for one of our sections (the command line's
     ``--config.model.kwargs='{}'``) becomes a section of the same kind."""
     current = self._fields.get(name) if "_fields" in self.__dict__ else None
-    if (isinstance(current, Config) and not isinstance(value, Config)
+    if (isinstance(current, Config) and not isinstance(value, type(current))
         and isinstance(value, (dict, ml_collections.ConfigDict))):
-      section = Config(dict(value))
+      section = type(current)(dict(value))
       object.__setattr__(section, "_path", current.__dict__.get("_path"))
       if current.is_locked:
         section.lock()

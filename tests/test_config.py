@@ -11,6 +11,7 @@ from circle_jax import config as config_lib
 from circle_jax import config_facts
 from circle_jax import errors
 from circle_jax import losses
+from circle_jax.train import config_checks
 from circle_jax.train import workdir as workdir_lib
 from tests.train import helpers
 
@@ -306,6 +307,12 @@ def test_a_loss_section_holds_another_losses_field_until_the_switch():
   assert (config.loss.name, config.loss.beta, config.loss.alpha) == (
       "multi_similarity", 40.0, 2.0)
   assert config.loss.held == {} and config.loss.is_locked
+  # A config still holding one does not train: the checker refuses it.
+  config = helpers.digits_config()
+  config.loss["beta"] = 40
+  with pytest.raises(config_checks.ConfigError,
+                     match=r"config\.loss\.beta: loss 'circle' has no "):
+    config_checks.check_config(config, device_count=1, process_count=1)
 
 
 def test_config_errors_are_flag_errors_and_user_errors(config_file):

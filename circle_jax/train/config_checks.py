@@ -269,7 +269,9 @@ def _check_loss(config, info):
   hyper = facts.loss_hyper(config)
   accepted = (sorted(config_lib.loss_fields(entry))
               + list(entry.execution_options))
-  unknown = sorted(set(hyper) - set(accepted))
+  # (and a field of another loss that the section holds: LossSection)
+  unknown = sorted(set(hyper) - set(accepted)) or sorted(
+      getattr(config.loss, "held", {}))
   if unknown:
     _fail(f"loss.{unknown[0]}", f"loss {loss_name!r} has no hyperparameter(s) "
           f"{unknown}; it accepts {accepted}.")
