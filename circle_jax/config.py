@@ -415,7 +415,7 @@ def _set_path(config, path: str, value) -> None:
   node[field] = value
 
 
-def _switched(config, section: str, overrides: Mapping[str, Any],
+def _switched(section: str, overrides: Mapping[str, Any],
               file_name: Optional[str], registry) -> Optional[str]:
   """The name that ``overrides`` give ``config.<section>`` if it is another
   entry of ``registry`` than the config file's ``file_name`` (else None).
@@ -464,7 +464,7 @@ def switch_loss(config: ml_collections.ConfigDict,
   """
   if not isinstance(config, ml_collections.ConfigDict) or "loss" not in config:
     return config
-  name = _switched(config, "loss", overrides, file_loss, losses_lib.LOSSES)
+  name = _switched("loss", overrides, file_loss, losses_lib.LOSSES)
   if name is not None:
     config.loss = loss_config(name)
     for path, value in overrides.items():
@@ -508,7 +508,7 @@ def switch_model(config: ml_collections.ConfigDict,
   """
   if not isinstance(config, ml_collections.ConfigDict) or "model" not in config:
     return config
-  name = _switched(config, "model", overrides, file_model, models_lib.MODELS)
+  name = _switched("model", overrides, file_model, models_lib.MODELS)
   if name is None:
     return config
   config.model.kwargs = Config(models_lib.backbone_defaults(name))
@@ -529,14 +529,19 @@ def DEFINE_config_file(  # pylint: disable=invalid-name
   :func:`switch_model`.
 
   ``--config=FILE`` or ``FILE:ARG``, then ``--config.a.b=value`` overrides,
-  parsed by ml_collections. An override of a field the config file's
-  section lacks (``--config.loss.beta=40`` on a Circle config, before or
-  after ``--config.loss.name=multi_similarity``) is held by the section
-  (:class:`LossSection`) or refused (:class:`ConfigFieldError`). Once absl
-  has parsed the command line it runs the flag's validator, which reads the
-  overrides (``config_flags.get_override_values``) and the file's loss and
-  model names (the defaults of the ``--config.loss.name`` and
-  ``--config.model.name`` flags) and switches the two sections.
+  parsed by ml_collections in command-line order. Its
+  ``accept_new_attributes`` lets an override name a field that the file's
+  loss section lacks (``--config.loss.beta=40`` on a Circle config, before
+  or after ``--config.loss.name=multi_similarity``): the section holds it
+  (:class:`LossSection`), and the schema refuses any other unknown field
+  (:class:`ConfigFieldError`). (``lock_config=False``: the schema's configs
+  come locked, and ml_collections' own lock would close the open sections.)
+  Once absl has parsed the command line it runs the flag's validator, which
+  reads the overrides (``config_flags.get_override_values``) and the file's
+  loss and model names (the defaults of the ``--config.loss.name`` and
+  ``--config.model.name`` flags, i.e. the file's values) and switches the
+  two sections (:func:`switch_loss`, :func:`switch_model`). Errors are
+  absl flag errors, one line each.
 
   Args:
     name: the flag's name (``config``).
