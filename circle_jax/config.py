@@ -7,7 +7,7 @@ not exist (``config.optim.learing_rate = 1e-3`` in a config file, or
 ``--config.optim.learing_rate=1e-3``) is an error naming the field and the
 close matches. The free-form sections ``dataset.preprocess`` (preset
 overrides) and ``model.kwargs`` (model constructor arguments) accept new
-keys in config files.
+keys, in config files and on the command line.
 
 ``config.loss`` is :func:`loss_config`: the loss ``name`` and *every*
 hyperparameter of that loss, at its paper default unless the config sets it
@@ -22,32 +22,28 @@ them, in whatever order the flags come (:func:`switch_loss`). Likewise
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
-import re
-import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence
+import functools
+import inspect
+import typing
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 from absl import flags
 import ml_collections
 from ml_collections.config_dict import placeholder
-from ml_collections.config_flags import config_flags
+from ml_collections import config_flags
 
 from circle_jax import losses as losses_lib
 from circle_jax import models as models_lib
 from circle_jax import parallel
 from circle_jax.errors import UserError
 
-# Execution options a loss may accept besides its hyperparameters: they change
-# how the loss is computed (memory), not its value. None = the loss's default.
-EXECUTION_OPTIONS = {
-    "block_size": int,   # tiles of the blockwise engine; None: dense
-    "collective": str,   # with devices: "all_gather" (None) or "ring"
-}
-
-# The class-matrix options of the proxy and classifier losses
-# (circle_jax.losses.class_shard.Layout, whose defaults these are): the
-# matrix sharded over the devices, PartialFC's negative-class sampling.
-CLASS_LAYOUT_OPTIONS = ("shard_classes", "sample_rate")
+# The class-matrix layout of the proxy and classifier losses is
+# circle_jax.losses.class_shard.Layout; a loss's config holds the fields of it
+# that the loss takes (loss_config), but these, which the trainer sets itself:
+# the class count (dataset.num_classes, or the dataset's) and the step's key.
+LAYOUT_SET_BY_TRAINER = ("num_classes", "key")
 
 # Sections whose keys are free (constructor / preset keyword arguments).
 OPEN_SECTIONS = ("dataset.preprocess", "model.kwargs")
@@ -55,8 +51,15 @@ OPEN_SECTIONS = ("dataset.preprocess", "model.kwargs")
 PARALLELISM = parallel.MODES
 
 
-class ConfigFieldError(UserError, ValueError):
-  """A config file or override names a field the schema does not have."""
+class ConfigFieldError(UserError, flags.IllegalFlagValueError,
+                       AttributeError):
+  """A config file or override names a field the schema does not have (on
+  the command line, an absl flag error)."""
+
+
+class ConfigValueError(UserError, flags.IllegalFlagValueError, ValueError):
+  """A ``--config`` override names a loss or model that does not exist, or a
+  hyperparameter the selected loss does not have."""
 
 
 class SavedConfigError(UserError):
@@ -73,29 +76,25 @@ class Config(ml_collections.ConfigDict):
     except AttributeError:
       if name.startswith("__"):
         raise
-      raise AttributeError(self._unknown(name)) from None
+      raise ConfigFieldError(self._unknown(name)) from None
 
   def __setattr__(self, name, value):
-    value = self._as_section(name, value)
-    try:
-      super().__setattr__(name, value)
-    except AttributeError:
-      if not self.is_locked or name in self._fields:
-        raise
-      raise AttributeError(self._unknown(name)) from None
+    if self.is_locked and name not in self._fields:
+      raise ConfigFieldError(self._unknown(name))
+    super().__setattr__(name, self._as_section(name, value))
 
   def __setitem__(self, key, value):
     if self.is_locked and key not in self._fields:
-      raise KeyError(self._unknown(key))
+      raise ConfigFieldError(self._unknown(key))
     super().__setitem__(key, self._as_section(key, value))
 
   def _as_section(self, name, value):
     """A plain ConfigDict given for one of our sections (the command line's
     ``--config.model.kwargs='{}'``) becomes a section of the same kind."""
     current = self._fields.get(name) if "_fields" in self.__dict__ else None
-    if (isinstance(current, Config) and not isinstance(value, Config)
+    if (isinstance(current, Config) and not isinstance(value, type(current))
         and isinstance(value, (dict, ml_collections.ConfigDict))):
-      section = Config(dict(value))
+      section = type(current)(dict(value))
       object.__setattr__(section, "_path", current.__dict__.get("_path"))
       if current.is_locked:
         section.lock()
@@ -111,6 +110,37 @@ class Config(ml_collections.ConfigDict):
     return f"{path}.{name}: the config does not have this field; {hint}"
 
 
+class LossSection(Config):
+  """``config.loss`` (:func:`loss_config`): the fields of one loss.
+
+  An item assignment ``section[k] = v`` (what ml_collections does with a
+  ``--config.loss.k=v`` override) of a field that this loss lacks but
+  another registered loss has is held, not made a field, so that the
+  command line may name the loss after its hyperparameters;
+  :func:`switch_loss` then applies it to the selected loss, or refuses it
+  (:attr:`held`). Attribute assignment (a config file's
+  ``c.loss.beta = 40``) of a field the loss lacks is an error at once.
+  """
+
+  def __setitem__(self, key, value):
+    if (self.is_locked and key not in self._fields
+        and key in _fields_of_every_loss()):
+      object.__setattr__(self, "_held", {**self.held, key: value})
+      return
+    super().__setitem__(key, value)
+
+  @property
+  def held(self) -> Dict[str, Any]:
+    """The assigned fields of other losses, in order (field -> value)."""
+    return dict(self.__dict__.get("_held", {}))
+
+
+@functools.lru_cache(maxsize=None)
+def _fields_of_every_loss() -> frozenset:
+  return frozenset(k for name in losses_lib.LOSSES
+                   for k in loss_config(name).keys())
+
+
 def _set_paths(config, path: str = "config"):
   """Records each section's path for :class:`Config`'s error messages."""
   object.__setattr__(config, "_path", path)
@@ -121,13 +151,37 @@ def _set_paths(config, path: str = "config"):
 
 
 def class_layout_defaults(entry) -> Dict[str, Any]:
-  """The class-matrix options of a loss's config with their defaults
-  (:data:`CLASS_LAYOUT_OPTIONS`; empty for a loss without a class
+  """The class-matrix options of a loss's config with their defaults: the
+  fields of :class:`circle_jax.losses.class_shard.Layout` that the loss
+  takes, but :data:`LAYOUT_SET_BY_TRAINER` (empty for a loss without a class
   matrix)."""
-  layout = losses_lib.class_shard.Layout()
-  keep = {"shard_classes": entry.shards_classes,
-          "sample_rate": entry.samples_classes}
-  return {o: getattr(layout, o) for o in CLASS_LAYOUT_OPTIONS if keep[o]}
+  takes = inspect.signature(entry.fn).parameters
+  return {f.name: f.default
+          for f in dataclasses.fields(losses_lib.class_shard.Layout)
+          if f.name in takes and f.name not in LAYOUT_SET_BY_TRAINER}
+
+
+def loss_fields(entry) -> Dict[str, Any]:
+  """The fields of a loss's config section with their defaults, but
+  ``name`` and the execution options: its hyperparameters (the registry's
+  defaults), its geometry option's (``LossEntry.geometry_defaults``)
+  and its class matrix's (:func:`class_layout_defaults`)."""
+  return {**entry.defaults, **entry.geometry_defaults(),
+          **class_layout_defaults(entry)}
+
+
+def execution_option_types(entry) -> Dict[str, type]:
+  """The execution options of a loss (``entry.execution_options``: they
+  change how the loss is computed, not its value) with the type of each,
+  read from the engine's signature
+  (:func:`circle_jax.losses.engine.embedding_loss`)."""
+  hints = typing.get_type_hints(losses_lib.engine.embedding_loss)
+  out = {}
+  for name in entry.execution_options:
+    hint = hints[name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    out[name] = args[0] if args else hint
+  return out
 
 
 def loss_config(name: str = "circle", **hyper) -> ml_collections.ConfigDict:
@@ -157,20 +211,19 @@ def loss_config(name: str = "circle", **hyper) -> ml_collections.ConfigDict:
     ValueError: unknown loss or hyperparameter, naming the accepted ones.
   """
   entry = losses_lib.get_loss(name)
-  options = [o for o in EXECUTION_OPTIONS if o in entry.execution_options]
-  fields = {**entry.defaults, **entry.geometry_defaults(),
-            **class_layout_defaults(entry)}
+  options = execution_option_types(entry)
+  fields = loss_fields(entry)
   unknown = sorted(set(hyper) - set(fields) - set(options))
   if unknown:
     raise ValueError(
         f"loss {name!r} has no hyperparameter(s) {unknown}; it accepts "
-        f"{sorted(fields) + options}.")
-  c = Config()
+        f"{sorted(fields) + list(options)}.")
+  c = LossSection()
   c.name = name
   for k, v in fields.items():
     c[k] = hyper.get(k, v)
-  for o in options:
-    c[o] = hyper.get(o, placeholder(EXECUTION_OPTIONS[o]))
+  for o, kind in options.items():
+    c[o] = hyper.get(o, placeholder(kind))
   _set_paths(c, "config.loss")
   return c.lock()
 
@@ -237,26 +290,7 @@ def base_config() -> ml_collections.ConfigDict:
   # statistics and averages the chunks' running-statistics updates.
   c.batch.embed_chunk_bn = "exact"
 
-  c.optim = Config()  # see circle_jax.train.optim
-  c.optim.name = "adam"            # adam, adamw, sgd, rmsprop
-  c.optim.learning_rate = 1e-3     # base learning rate
-  c.optim.weight_decay = 0.0       # L2 (sgd/adam/rmsprop) or decoupled (adamw)
-  c.optim.lr_multipliers = Config(  # per parameter group
-      {"backbone": 1.0, "head": 1.0, "loss": 1.0})
-  c.optim.freeze_backbone_steps = 0  # train only head and loss this long
-  c.optim.schedule = "constant"    # constant, step, cosine
-  c.optim.lr_warmup_steps = 0      # linear warm-up
-  c.optim.decay_every_steps = 0    # step schedule: period ...
-  c.optim.decay_factor = 0.1       # ... and factor
-  c.optim.cosine_final_fraction = 0.0  # cosine: final lr / base lr
-  c.optim.grad_clip_norm = 0.0     # clip the global gradient norm (0: off)
-  c.optim.grad_clip_value = 0.0    # clip each gradient value (0: off)
-  c.optim.b1 = 0.9                 # Adam beta1
-  c.optim.b2 = 0.999               # Adam beta2
-  c.optim.eps = 1e-8               # Adam / RMSprop epsilon
-  c.optim.momentum = 0.0           # SGD / RMSprop momentum
-  c.optim.nesterov = False         # SGD Nesterov momentum
-  c.optim.rms_decay = 0.99         # RMSprop decay
+  c.optim = optim_config()         # the optimiser (its defaults below)
 
   # Cross-batch memory (XBM; Wang et al., CVPR 2020; circle_jax.train.xbm):
   # a FIFO of the last `size` train embeddings that every anchor also meets,
@@ -297,6 +331,34 @@ def base_config() -> ml_collections.ConfigDict:
   # (circle_jax.hostenv.enable_compilation_cache); "" or "off": off.
   c.compilation_cache_dir = placeholder(str)
   return lock(c)
+
+
+def optim_config() -> ml_collections.ConfigDict:
+  """``config.optim``: the keyword arguments of
+  :func:`circle_jax.train.optim.make_optimizer` (but ``num_train_steps``,
+  from ``config.num_train_steps``), whose signature defaults are read from
+  here."""
+  c = Config()
+  c.name = "adam"            # adam, adamw, sgd, rmsprop
+  c.learning_rate = 1e-3     # base learning rate
+  c.weight_decay = 0.0       # L2 (sgd/adam/rmsprop) or decoupled (adamw)
+  c.lr_multipliers = Config(    # per parameter group
+      {"backbone": 1.0, "head": 1.0, "loss": 1.0})
+  c.freeze_backbone_steps = 0  # train only head and loss this long
+  c.schedule = "constant"    # constant, step, cosine
+  c.lr_warmup_steps = 0      # linear warm-up
+  c.decay_every_steps = 0    # step schedule: period ...
+  c.decay_factor = 0.1       # ... and factor
+  c.cosine_final_fraction = 0.0  # cosine: final lr / base lr
+  c.grad_clip_norm = 0.0     # clip the global gradient norm (0: off)
+  c.grad_clip_value = 0.0    # clip each gradient value (0: off)
+  c.b1 = 0.9                 # Adam beta1
+  c.b2 = 0.999               # Adam beta2
+  c.eps = 1e-8               # Adam / RMSprop epsilon
+  c.momentum = 0.0           # SGD / RMSprop momentum
+  c.nesterov = False         # SGD Nesterov momentum
+  c.rms_decay = 0.99         # RMSprop decay
+  return c
 
 
 def lock(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -340,91 +402,82 @@ def from_dict(saved: Dict[str, Any], *, source: str = "the saved config"
 
 
 # ----------------------------------------------------------------------------
-# The --config flag, with loss switching.
+# The --config flag, with loss and model switching.
 # ----------------------------------------------------------------------------
 
 
-def _flag_values(argv: Sequence[str], name: str) -> List[str]:
-  """Values of ``--name=v`` / ``--name v`` in ``argv``, in order."""
-  out = []
-  for i, arg in enumerate(argv):
-    m = re.fullmatch(rf"--?{re.escape(name)}(=(.*))?", arg)
-    if not m:
-      continue
-    if m.group(1) is not None:
-      out.append(m.group(2))
-    elif i + 1 < len(argv):
-      out.append(argv[i + 1])
-  return out
+def _set_path(config, path: str, value) -> None:
+  """``config.<path> = value`` for a dotted ``path``."""
+  *parents, field = path.split(".")
+  node = config
+  for part in parents:
+    node = node[part]
+  node[field] = value
 
 
-def _overridden_fields(argv: Sequence[str], prefix: str) -> List[str]:
-  """Field names ``f`` of ``--prefix.f[=...]`` flags in ``argv``."""
-  out = []
-  for arg in argv:
-    m = re.match(rf"--?(?:no)?{re.escape(prefix)}\.([^=.]+)(=|$)", arg)
-    if m and m.group(1) not in out:
-      out.append(m.group(1))
-  return out
-
-
-def _switched_name(config, argv: Sequence[str], flag_name: str, section: str,
-                   registry) -> Optional[str]:
-  """The ``--<flag>.<section>.name`` of ``argv`` if it names another entry
-  of ``registry`` than the config file (else None).
+def _switched(section: str, overrides: Mapping[str, Any],
+              file_name: Optional[str], registry) -> Optional[str]:
+  """The name that ``overrides`` give ``config.<section>`` if it is another
+  entry of ``registry`` than the config file's ``file_name`` (else None).
 
   Raises:
-    ValueError: the name is not in ``registry`` (the message lists it).
+    ConfigValueError: the name is not in ``registry`` (the message lists it).
   """
-  plural = {"loss": "losses"}.get(section, section + "s")
-  names = _flag_values(argv, f"{flag_name}.{section}.name")
-  if not names or names[-1] == config[section].get("name"):
+  name = overrides.get(f"{section}.name")
+  if name is None or name == file_name:
     return None
-  if names[-1] not in registry:
-    raise ValueError(
-        f"config.{section}.name: unknown {section} {names[-1]!r}; known "
+  if name not in registry:
+    plural = {"loss": "losses"}.get(section, section + "s")
+    raise ConfigValueError(
+        f"config.{section}.name: unknown {section} {name!r}; known "
         f"{plural}: {', '.join(sorted(registry))}.")
-  return names[-1]
+  return name
 
 
-def switch_loss(config: ml_collections.ConfigDict, argv: Sequence[str],
-                flag_name: str = "config") -> ml_collections.ConfigDict:
-  """Applies ``--<flag>.loss.name`` of ``argv`` to ``config`` (in place).
+def switch_loss(config: ml_collections.ConfigDict,
+                overrides: Mapping[str, Any],
+                file_loss: Optional[str] = None) -> ml_collections.ConfigDict:
+  """Applies the command line's ``--config.loss.name`` to ``config`` (in
+  place), whatever the order of the flags.
 
-  When the command line names another loss, the whole ``config.loss``
-  section is replaced by that loss's own (:func:`loss_config`, its paper
-  defaults) *before* the overrides are applied, so
-  ``--config.loss.name=multi_similarity --config.loss.beta=40`` trains
-  Multi-Similarity with ``alpha=2, beta=40, base=0.5, epsilon=0.1`` in
-  either flag order. Without ``--config.loss.name`` (or with the file's own
-  loss name) the file's loss values are kept.
+  When the command line names another loss than the config file, the whole
+  ``config.loss`` section is replaced by that loss's own (:func:`loss_config`,
+  its paper defaults) and the command line's ``--config.loss.*`` overrides
+  are applied again, in their order: ``--config.loss.beta=40
+  --config.loss.name=multi_similarity`` trains Multi-Similarity with
+  ``alpha=2, beta=40, base=0.5, epsilon=0.1``. Without ``--config.loss.name``
+  (or with the file's own loss name) the file's loss values are kept.
 
   Args:
-    config: the config returned by the config file's ``get_config``.
-    argv: the command line.
-    flag_name: the config flag's name.
+    config: the config after the command line's overrides.
+    overrides: the ``{path: value}`` of the ``--config.*`` overrides, in
+      command-line order (``config_flags.get_override_values``).
+    file_loss: the config file's loss name (before the overrides).
 
   Returns:
     ``config``.
 
   Raises:
-    ValueError: an unknown loss name, or a ``--<flag>.loss.<field>``
+    ConfigValueError: an unknown loss name, or a ``--config.loss.<field>``
       override that the selected loss does not have (the message lists the
       ones it has).
   """
   if not isinstance(config, ml_collections.ConfigDict) or "loss" not in config:
     return config
-  name = _switched_name(config, argv, flag_name, "loss", losses_lib.LOSSES)
+  name = _switched("loss", overrides, file_loss, losses_lib.LOSSES)
   if name is not None:
-    with config.unlocked():
-      config.loss = loss_config(name)
-  fields = [f for f in config.loss.keys() if f != "name"]
-  for field in _overridden_fields(argv, f"{flag_name}.loss"):
-    if field != "name" and field not in config.loss:
-      raise ValueError(
-          f"config.loss.{field}: loss {config.loss.get('name')!r} has no "
-          f"hyperparameter {field!r}; it accepts {sorted(fields)} "
-          f"(--{flag_name}.loss.name=NAME selects another loss).")
+    config.loss = loss_config(name)
+    for path, value in overrides.items():
+      if path.startswith("loss.") and path != "loss.name":
+        _set_path(config, path, value)
+  held = getattr(config.loss, "held", {})
+  if held:
+    field = next(iter(held))
+    fields = [f for f in config.loss.keys() if f != "name"]
+    raise ConfigValueError(
+        f"config.loss.{field}: loss {config.loss.get('name')!r} has no "
+        f"hyperparameter {field!r}; it accepts {sorted(fields)} "
+        "(--config.loss.name=NAME selects another loss).")
   return config
 
 
@@ -433,92 +486,62 @@ def switch_loss(config: ml_collections.ConfigDict, argv: Sequence[str],
 MODEL_OWN_FIELDS = ("kwargs", "pretrained")
 
 
-def switch_model(config: ml_collections.ConfigDict, argv: Sequence[str],
-                 flag_name: str = "config") -> ml_collections.ConfigDict:
-  """Applies ``--<flag>.model.name`` of ``argv`` to ``config`` (in place).
+def switch_model(config: ml_collections.ConfigDict,
+                 overrides: Mapping[str, Any],
+                 file_model: Optional[str] = None
+                 ) -> ml_collections.ConfigDict:
+  """Applies the command line's ``--config.model.name`` to ``config`` (in
+  place).
 
   As for the loss (:func:`switch_loss`): when the command line names another
   model than the config file, the file's options of its own model
-  (``model.kwargs``, e.g. conv4's ``width``, and ``model.pretrained``) are
-  replaced by the new model's (its backbone's options at their defaults,
-  :func:`circle_jax.models.backbone_defaults`; no weights file) before the
-  overrides are applied, and ``--config.model.kwargs.<option>=v`` or
-  ``--config.model.pretrained=FILE`` then set them, in any flag order. The
-  fields every model has (``embedding_dim``, ``pooling``, ``dtype``, ...)
-  are kept.
+  (:data:`MODEL_OWN_FIELDS`: ``model.kwargs``, e.g. conv4's ``width``, and
+  ``model.pretrained``) are replaced by the new model's (its backbone's
+  options at their defaults, :func:`circle_jax.models.backbone_defaults`; no
+  weights file), and the command line's ``--config.model.kwargs.<option>=v``
+  or ``--config.model.pretrained=FILE`` are applied again, in any flag
+  order. The fields every model has (``embedding_dim``, ``pooling``,
+  ``dtype``, ...) are kept.
 
   Returns:
     ``config``.
   """
   if not isinstance(config, ml_collections.ConfigDict) or "model" not in config:
     return config
-  name = _switched_name(config, argv, flag_name, "model", models_lib.MODELS)
-  if name is not None:
-    with config.unlocked():
-      config.model.kwargs = Config(models_lib.backbone_defaults(name))
-      config.model.pretrained = ""
-    lock(config)
+  name = _switched("model", overrides, file_model, models_lib.MODELS)
+  if name is None:
+    return config
+  config.model.kwargs = Config(models_lib.backbone_defaults(name))
+  config.model.pretrained = ""
+  lock(config)  # (the new kwargs open, with their path)
+  own = tuple(f"model.{f}" for f in MODEL_OWN_FIELDS)
+  for path, value in overrides.items():
+    if path in own or path.startswith(tuple(o + "." for o in own)):
+      _set_path(config, path, value)
   return config
-
-
-# pylint: disable=protected-access
-class _Flag(config_flags._ConfigFlag):
-  """Reports an unknown field (in the file or an override) in one line.
-
-  On the command line it is a flag error; in the default config file, parsed
-  when the flag is defined, it is raised as a :class:`ConfigFieldError` when
-  the value is read (a tool's main prints it as one line).
-  """
-
-  _error = None
-
-  def _parse(self, argument):
-    try:
-      return super()._parse(argument)
-    except AttributeError as e:
-      raise flags.IllegalFlagValueError(str(e).splitlines()[0]) from None
-
-  def _set_default(self, value):
-    try:
-      super()._set_default(value)
-    except flags.IllegalFlagValueError as e:
-      self._error = ConfigFieldError(str(e).splitlines()[0])
-      self.default = None
-      self.default_as_str = repr(value)
-
-  @property
-  def value(self):
-    if self._value is None and self._error is not None:
-      raise self._error
-    return self._value
-
-  @value.setter
-  def value(self, value):
-    self._value = value
-# pylint: enable=protected-access
-
-
-class _Parser(config_flags.ConfigFileFlagParser):
-  """Loads the config file, then switches the loss section."""
-
-  def __init__(self, name: str, argv: Callable[[], Sequence[str]]):
-    super().__init__(name=name, lock_config=True)
-    self._argv = argv
-
-  def parse(self, path):
-    config = super().parse(path)
-    config = switch_loss(config, self._argv(), self.name)
-    return switch_model(config, self._argv(), self.name)
 
 
 def DEFINE_config_file(  # pylint: disable=invalid-name
     name: str, default: Optional[str] = None, help_string: str = "",
     flag_values: flags.FlagValues = flags.FLAGS,
     sys_argv: Optional[Sequence[str]] = None) -> flags.FlagHolder:
-  """``config_flags.DEFINE_config_file`` with :func:`switch_loss` and
+  """``config_flags.DEFINE_config_file``, then :func:`switch_loss` and
   :func:`switch_model`.
 
-  ``--config=FILE`` or ``FILE:ARG``, then ``--config.a.b=value`` overrides.
+  ``--config=FILE`` or ``FILE:ARG``, then ``--config.a.b=value`` overrides,
+  parsed by ml_collections in command-line order. Its
+  ``accept_new_attributes`` lets an override name a field that the file's
+  loss section lacks (``--config.loss.beta=40`` on a Circle config, before
+  or after ``--config.loss.name=multi_similarity``): the section holds it
+  (:class:`LossSection`), and the schema refuses any other unknown field
+  (:class:`ConfigFieldError`). (``lock_config=False``: the schema's configs
+  come locked, and ml_collections' own lock would close the open sections.)
+  Once absl has parsed the command line it runs the flag's validator, which
+  reads the overrides (``config_flags.get_override_values``) and the file's
+  loss and model names (the defaults of the ``--config.loss.name`` and
+  ``--config.model.name`` flags, i.e. the file's values) and switches the
+  two sections (:func:`switch_loss`, :func:`switch_model`). Errors are
+  absl flag errors, one line each.
 
   Args:
     name: the flag's name (``config``).
@@ -531,13 +554,21 @@ def DEFINE_config_file(  # pylint: disable=invalid-name
   Returns:
     The flag holder; ``.value`` is the locked ConfigDict.
   """
-  def argv():
-    args = sys.argv if sys_argv is None else sys_argv
-    return flags.FLAGS.read_flags_from_files(list(args), force_gnu=False)
+  holder = config_flags.DEFINE_config_file(
+      name, default,
+      help_string or "Training config file (FILE or FILE:ARG).",
+      flag_values=flag_values, lock_config=False, accept_new_attributes=True,
+      sys_argv=None if sys_argv is None else list(sys_argv))
 
-  flag = _Flag(
-      parser=_Parser(name, argv), serializer=flags.ArgumentSerializer(),
-      name=name, default=default,
-      help_string=help_string or "Training config file (FILE or FILE:ARG).",
-      flag_values=flag_values, sys_argv=sys_argv)
-  return flags.DEFINE_flag(flag, flag_values)
+  def file_value(field: str) -> Optional[str]:
+    key = f"{name}.{field}"
+    return flag_values[key].default if key in flag_values else None
+
+  def switch(config) -> bool:
+    overrides = config_flags.get_override_values(flag_values[name])
+    switch_loss(config, overrides, file_value("loss.name"))
+    switch_model(config, overrides, file_value("model.name"))
+    return True
+
+  flags.register_validator(name, switch, flag_values=flag_values)
+  return holder

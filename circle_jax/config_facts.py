@@ -13,6 +13,7 @@ from typing import Optional, Tuple
 
 from circle_jax import data as data_lib
 from circle_jax.evaluation import fewshot as fewshot_lib
+from circle_jax import losses as losses_lib
 
 RETRIEVAL_METRICS = ("precision@1", "r_precision", "map@r")
 CLUSTERING_METRICS = ("nmi", "ami")
@@ -69,9 +70,13 @@ def loss_hyper(config) -> dict:
 
 
 def head_normalizes(config) -> bool:
-  """Whether the embedding head L2-normalises: unless the loss's geometry
-  maps raw features (``config.loss.geometry == "poincare"``)."""
-  return config.loss.get("geometry", None) != "poincare"
+  """Whether the embedding head L2-normalises: as the loss's geometry says
+  (``Geometry.head_normalizes``; the Poincaré ball's exponential map takes
+  the raw features); yes for a loss without the geometry option."""
+  name = config.loss.get("geometry", None)
+  if name is None:
+    return True
+  return losses_lib.engine.resolve_geometry(name).head_normalizes
 
 
 def global_batch_size(config) -> int:

@@ -8,7 +8,10 @@ import ml_collections
 import pytest
 
 from circle_jax import config as config_lib
+from circle_jax import config_facts
+from circle_jax import errors
 from circle_jax import losses
+from circle_jax.train import config_checks
 from circle_jax.train import workdir as workdir_lib
 from tests.train import helpers
 
@@ -244,3 +247,87 @@ def test_contrastive_losses_and_the_poincare_geometry_by_flag(config_file):
                                                       0.5)
   assert config_lib.loss_config("n_pair").geometry == "dot"
   assert config_lib.loss_config("arcface").get("geometry") is None
+
+
+def test_the_loss_options_are_read_from_the_engine_and_the_layout():
+  """The config writes no list of execution or class-layout options: each
+  loss's come from the registry entry, their types from the engine's
+  signature, the layout's defaults from class_shard.Layout."""
+  layout = losses.class_shard.Layout()
+  for name, entry in losses.LOSSES.items():
+    c = config_lib.loss_config(name)
+    for option in entry.execution_options:
+      assert c[option] is None, (name, option)
+    types = config_lib.execution_option_types(entry)
+    assert types == {k: {"block_size": int, "collective": str}[k]
+                     for k in entry.execution_options}, name
+    own = config_lib.class_layout_defaults(entry)
+    assert own == {k: getattr(layout, k) for k in own}, name
+    assert not set(own) & set(config_lib.LAYOUT_SET_BY_TRAINER)
+    assert ("shard_classes" in own) == entry.shards_classes, name
+    assert ("sample_rate" in own) == entry.samples_classes, name
+  assert config_lib.loss_config("circle").get_type("block_size") is int
+  assert config_lib.loss_config("circle").get_type("collective") is str
+
+
+def test_the_geometry_says_whether_the_head_normalises():
+  def config(**loss):
+    c = config_lib.base_config()
+    with c.unlocked():
+      c.loss = config_lib.loss_config(**loss)
+    return c
+  engine = losses.engine
+  assert engine.resolve_geometry("cosine").head_normalizes
+  assert engine.resolve_geometry("dot").head_normalizes
+  assert not losses.hyperbolic.Poincare(c=0.5).head_normalizes
+  for name in engine.geometry_names():
+    want = engine.resolve_geometry(name).head_normalizes
+    assert config_facts.head_normalizes(
+        config(name="supcon", geometry=name)) is want, name
+  assert not config_facts.head_normalizes(config(name="pairwise_ce"))
+  assert config_facts.head_normalizes(config(name="arcface"))  # no geometry
+
+
+def test_a_loss_section_holds_another_losses_field_until_the_switch():
+  c = config_lib.loss_config("circle")
+  c["beta"] = 40                    # what --config.loss.beta=40 does
+  assert c.held == {"beta": 40} and "beta" not in c
+  with pytest.raises(config_lib.ConfigFieldError, match="config.loss.beta"):
+    c.beta = 40                     # a config file's typo-safe assignment
+  with pytest.raises(AttributeError, match="did you mean config.loss.gamma"):
+    c["gama"] = 1.0                 # no loss has it: refused at once
+  config = config_lib.base_config()
+  config.loss = c
+  with pytest.raises(config_lib.ConfigValueError,
+                     match=r"config\.loss\.beta: loss 'circle' has no "
+                           r"hyperparameter 'beta'"):
+    config_lib.switch_loss(config, {"loss.beta": 40}, "circle")
+  overrides = {"loss.beta": 40, "loss.name": "multi_similarity"}
+  config_lib.switch_loss(config, overrides, "circle")
+  assert (config.loss.name, config.loss.beta, config.loss.alpha) == (
+      "multi_similarity", 40.0, 2.0)
+  assert config.loss.held == {} and config.loss.is_locked
+  # A config still holding one does not train: the checker refuses it.
+  config = helpers.digits_config()
+  config.loss["beta"] = 40
+  with pytest.raises(config_checks.ConfigError,
+                     match=r"config\.loss\.beta: loss 'circle' has no "):
+    config_checks.check_config(config, device_count=1, process_count=1)
+
+
+def test_config_errors_are_flag_errors_and_user_errors(config_file):
+  """On the command line a refused field is an absl flag error (absl prints
+  its one line); in Python an AttributeError; for the tools a UserError."""
+  with pytest.raises(config_lib.ConfigFieldError) as err:
+    parse(config_file, "--config.optim.learing_rate=1e-3")
+  assert all(isinstance(err.value, kind) for kind in (
+      flags.IllegalFlagValueError, AttributeError, errors.UserError))
+  with pytest.raises(config_lib.ConfigValueError) as err:
+    parse(config_file, "--config.model.name=vgg")
+  assert all(isinstance(err.value, kind) for kind in (
+      flags.IllegalFlagValueError, ValueError, errors.UserError))
+  # ml_collections' FlagOrderError: an override of a field, then of its
+  # section, is refused as before.
+  with pytest.raises(flags.Error):
+    parse(config_file, "--config.model.kwargs.width=3",
+          "--config.model.kwargs={}")

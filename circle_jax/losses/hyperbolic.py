@@ -87,6 +87,7 @@ class Poincare(engine.Geometry):
     r: the feature clipping radius (``inf``: no clipping).
   """
 
+  head_normalizes = False  # the exponential map takes the raw features
   c: float = DEFAULT_C
   r: float = DEFAULT_R
 

@@ -26,6 +26,9 @@ from circle_jax import models as models_lib
 from circle_jax.train import optim as optim_lib
 from circle_jax import parallel
 
+# A loss without a class matrix: the layout's defaults (whole, no sampling).
+_NO_LAYOUT = losses_lib.class_shard.Layout()
+
 
 class ConfigError(UserError, ValueError):
   """A config value is invalid; the message starts with the field's name."""
@@ -264,10 +267,11 @@ def _check_loss(config, info):
           f"{', '.join(sorted(losses_lib.LOSSES))}.")
   entry = losses_lib.get_loss(loss_name)
   hyper = facts.loss_hyper(config)
-  accepted = (sorted({**entry.defaults, **entry.geometry_defaults(),
-                      **config_lib.class_layout_defaults(entry)})
+  accepted = (sorted(config_lib.loss_fields(entry))
               + list(entry.execution_options))
-  unknown = sorted(set(hyper) - set(accepted))
+  # (and a field of another loss that the section holds: LossSection)
+  unknown = sorted(set(hyper) - set(accepted)) or sorted(
+      getattr(config.loss, "held", {}))
   if unknown:
     _fail(f"loss.{unknown[0]}", f"loss {loss_name!r} has no hyperparameter(s) "
           f"{unknown}; it accepts {accepted}.")
@@ -286,7 +290,7 @@ def _check_loss(config, info):
     _fail("dataset.num_classes", f"loss {loss_name!r} ({entry.kind}) learns "
           f"one {entry.param_name} row per class and needs the number of "
           f"train classes; got {n!r}.")
-  rate = config.loss.get("sample_rate", 1.0)
+  rate = config.loss.get("sample_rate", _NO_LAYOUT.sample_rate)
   if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (
       0 < rate <= 1):
     _fail("loss.sample_rate", "must be a number in (0, 1] (the fraction of "
@@ -300,7 +304,7 @@ def _check_loss(config, info):
 def _check_class_layout(config, placement) -> None:
   """``loss.shard_classes`` and ``loss.sample_rate`` (the class matrix's
   layout, :mod:`circle_jax.train.class_rows`)."""
-  shard = config.loss.get("shard_classes", False)
+  shard = config.loss.get("shard_classes", _NO_LAYOUT.shard_classes)
   if not isinstance(shard, bool):
     _fail("loss.shard_classes", f"must be true or false; got {shard!r}.")
   if not shard:

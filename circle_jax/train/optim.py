@@ -25,16 +25,22 @@ learning-rate schedule runs on the global step, like PyTorch's ``LRScheduler``.
 
 from __future__ import annotations
 
+import types
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from circle_jax import config as config_lib
+
 PyTree = Any
 GROUPS = ("backbone", "head", "loss")
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
 SCHEDULES = ("constant", "step", "cosine")
+# The defaults of every keyword below are the training config's
+# (circle_jax.config.optim_config), written there once.
+DEFAULTS = config_lib.optim_config()
 
 
 def param_group(path: tuple, frozen: frozenset = frozenset()) -> str:
@@ -98,12 +104,12 @@ def freeze_for_steps(
 def make_schedule(
     learning_rate: float,
     *,
-    schedule: str = "constant",
+    schedule: str = DEFAULTS.schedule,
     num_train_steps: int = 1,
-    lr_warmup_steps: int = 0,
-    decay_every_steps: int = 0,
-    decay_factor: float = 0.1,
-    cosine_final_fraction: float = 0.0,
+    lr_warmup_steps: int = DEFAULTS.lr_warmup_steps,
+    decay_every_steps: int = DEFAULTS.decay_every_steps,
+    decay_factor: float = DEFAULTS.decay_factor,
+    cosine_final_fraction: float = DEFAULTS.cosine_final_fraction,
 ) -> optax.Schedule:
   """Learning rate as a function of the global step.
 
@@ -164,35 +170,39 @@ def _scale_transform(name: str, *, b1, b2, eps, momentum, nesterov, rms_decay):
 
 def make_optimizer(
     *,
-    name: str = "adam",
-    learning_rate: float = 1e-4,
-    weight_decay: float = 0.0,
-    lr_multipliers: Optional[Mapping[str, float]] = None,
-    freeze_backbone_steps: int = 0,
+    name: str = DEFAULTS.name,
+    learning_rate: float = DEFAULTS.learning_rate,
+    weight_decay: float = DEFAULTS.weight_decay,
+    lr_multipliers: Optional[Mapping[str, float]] = types.MappingProxyType(
+        DEFAULTS.lr_multipliers.to_dict()),
+    freeze_backbone_steps: int = DEFAULTS.freeze_backbone_steps,
     frozen_paths=(),
-    schedule: str = "constant",
+    schedule: str = DEFAULTS.schedule,
     num_train_steps: int = 1,
-    lr_warmup_steps: int = 0,
-    decay_every_steps: int = 0,
-    decay_factor: float = 0.1,
-    cosine_final_fraction: float = 0.0,
-    grad_clip_norm: float = 0.0,
-    grad_clip_value: float = 0.0,
-    b1: float = 0.9,
-    b2: float = 0.999,
-    eps: float = 1e-8,
-    momentum: float = 0.0,
-    nesterov: bool = False,
-    rms_decay: float = 0.99,
+    lr_warmup_steps: int = DEFAULTS.lr_warmup_steps,
+    decay_every_steps: int = DEFAULTS.decay_every_steps,
+    decay_factor: float = DEFAULTS.decay_factor,
+    cosine_final_fraction: float = DEFAULTS.cosine_final_fraction,
+    grad_clip_norm: float = DEFAULTS.grad_clip_norm,
+    grad_clip_value: float = DEFAULTS.grad_clip_value,
+    b1: float = DEFAULTS.b1,
+    b2: float = DEFAULTS.b2,
+    eps: float = DEFAULTS.eps,
+    momentum: float = DEFAULTS.momentum,
+    nesterov: bool = DEFAULTS.nesterov,
+    rms_decay: float = DEFAULTS.rms_decay,
 ) -> optax.GradientTransformation:
   """Builds the optimiser for a ``{'model', 'loss'}`` parameter tree.
+
+  The defaults are the training config's (:data:`DEFAULTS`, i.e.
+  :func:`circle_jax.config.optim_config`: adam at ``1e-3``, ...).
 
   Args:
     name: ``adam``, ``adamw``, ``sgd`` or ``rmsprop`` (PyTorch semantics).
     learning_rate: base learning rate (of the backbone group).
     weight_decay: L2 (coupled) for adam/sgd/rmsprop, decoupled for adamw.
     lr_multipliers: per-group multipliers, keys among ``backbone``, ``head``,
-      ``loss`` (missing groups get 1).
+      ``loss`` (missing groups get 1; default: 1 for every group).
     freeze_backbone_steps: warm-up steps during which only ``head`` and
       ``loss`` are trained (see the module docstring).
     frozen_paths: key tuples under ``params['model']`` that are never updated

@@ -1,11 +1,14 @@
 """Optimisers: PyTorch semantics, parameter groups, warm-up freeze, schedules."""
 
+import inspect
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
+from circle_jax import config as config_lib
 from circle_jax.train import optim
 
 
@@ -141,3 +144,19 @@ def test_schedules():
 def test_bad_settings_name_the_field(kwargs, match):
   with pytest.raises(ValueError, match=match):
     optim.make_optimizer(**kwargs)
+
+
+def test_one_set_of_defaults_the_configs():
+  """make_optimizer's and make_schedule's defaults are config.optim's (read
+  from circle_jax.config.optim_config, the one place they are written)."""
+  fields = config_lib.base_config().optim.to_dict()
+  assert fields == config_lib.optim_config().to_dict()
+  assert (fields["name"], fields["learning_rate"]) == ("adam", 1e-3)
+  for fn, own in [(optim.make_optimizer, ("num_train_steps", "frozen_paths")),
+                  (optim.make_schedule, ("learning_rate", "num_train_steps"))]:
+    params = inspect.signature(fn).parameters
+    defaults = {k: p.default for k, p in params.items() if k not in own}
+    if fn is optim.make_optimizer:
+      assert set(defaults) == set(fields)  # every field is a keyword
+      defaults["lr_multipliers"] = dict(defaults["lr_multipliers"])
+    assert defaults == {k: fields[k] for k in defaults}, fn.__name__

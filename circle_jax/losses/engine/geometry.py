@@ -40,7 +40,14 @@ _HIGHEST = jax.lax.Precision.HIGHEST
 
 @dataclasses.dataclass(frozen=True)
 class Geometry:
-  """Defaults of the geometry interface (module docstring)."""
+  """Defaults of the geometry interface (module docstring).
+
+  ``head_normalizes``: whether the model's embedding head L2-normalises the
+  features it hands this geometry's ``embed`` (False: ``embed`` takes the
+  raw features, as the Poincaré ball's exponential map does).
+  """
+
+  head_normalizes = True  # a class attribute, not a field
 
   def embed(self, x):
     return x
