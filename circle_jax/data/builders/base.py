@@ -73,14 +73,23 @@ class ExpectedFile:
     return f"  - {alts}\n      from: {self.source}"
 
 
+Layouts = Sequence[Tuple[str, Sequence[ExpectedFile]]]
+
+
 def missing_files_error(dataset: str, manual_dir, expected: Sequence[ExpectedFile],
-                        missing: Sequence[ExpectedFile], hint: str = ""):
+                        missing: Sequence[ExpectedFile], hint: str = "",
+                        layouts: Optional[Layouts] = None):
   """Builds a :class:`MissingDatasetFilesError` naming every expected file.
 
   The first line names what is missing, where it was looked for and the fix;
-  the next lines list every expected file with its source.
+  the next lines list every expected file with its source. A dataset read
+  from any of several layouts (``layouts``: ``(name, files)`` pairs, any one
+  complete layout will do) lists each of them; ``expected`` and ``missing``
+  are then those of the layout closest to what was found.
   """
   what = " and ".join(repr(m.alternatives[0]) for m in missing)
+  if layouts:
+    what += f" (or another of the {len(layouts)} accepted layouts below)"
   if manual_dir is None:
     first = (f"Dataset '{dataset}': no manual_dir given, and {what} cannot be "
              "downloaded; put the official files in a folder and pass it as "
@@ -89,13 +98,14 @@ def missing_files_error(dataset: str, manual_dir, expected: Sequence[ExpectedFil
     first = (f"Dataset '{dataset}': {what} not found in manual_dir "
              f"'{manual_dir}'; put the official files there or point "
              "manual_dir at the folder that holds them.")
-  lines = [
-      first,
-      "Missing:",
-      *[m.describe() for m in missing],
-      "Expected layout (all of):",
-      *[e.describe() for e in expected],
-  ]
+  lines = [first, "Missing:", *[m.describe() for m in missing]]
+  if layouts:
+    lines.append("Accepted layouts (any one, complete):")
+    for name, files in layouts:
+      lines.append(f"  {name} (all of):")
+      lines += ["  " + line for f in files for line in f.describe().split("\n")]
+  else:
+    lines += ["Expected layout (all of):", *[e.describe() for e in expected]]
   if hint:
     lines.append(hint)
   return MissingDatasetFilesError("\n".join(lines))
@@ -146,48 +156,78 @@ class SourceTree(abc.ABC):
 
 
 class DirTree(SourceTree):
-  """An extracted folder."""
+  """An extracted folder.
 
-  def __init__(self, root):
+  ``prefix``: the tree addresses ``root/x`` as ``'<prefix>/x'``, for an
+  extracted folder renamed by its user (``manual_dir`` = ``.../cub/`` holding
+  what the archive has under ``CUB_200_2011/``).
+  """
+
+  def __init__(self, root, prefix: str = ""):
     self.root = pathlib.Path(root)
+    self.prefix = prefix.strip("/") + "/" if prefix else ""
     self.description = f"folder {str(self.root)!r}"
 
+  def _path(self, rel) -> Optional[pathlib.Path]:
+    if not rel.startswith(self.prefix):
+      return None
+    return self.root / rel[len(self.prefix):]
+
   def names(self):
-    return [p.relative_to(self.root).as_posix()
+    return [self.prefix + p.relative_to(self.root).as_posix()
             for p in self.root.rglob("*") if p.is_file()]
 
   def exists(self, rel):
-    return (self.root / rel).is_file()
+    path = self._path(rel)
+    return path is not None and path.is_file()
 
   def read_bytes(self, rel):
-    path = self.root / rel
-    if not path.is_file():
+    if not self.exists(rel):
       raise KeyError(rel)
-    return path.read_bytes()
+    return self._path(rel).read_bytes()
 
   def iter_files(self, rels):
     rels = list(rels)
-    missing = [r for r in rels if not (self.root / r).is_file()]
+    missing = [r for r in rels if not self.exists(r)]
     if missing:
       self._names_cache = set(rels) - set(missing)
       self._missing(rels)
     for rel in rels:
-      yield rel, (self.root / rel).read_bytes()
+      yield rel, self._path(rel).read_bytes()
+
+
+class EncryptedArchiveError(UserError, ValueError):
+  """A zip archive is password-protected; says where to extract it."""
+
+
+def encrypted_members(path) -> List[str]:
+  """The members of a zip archive that are encrypted (general-purpose flag
+  bit 0 set: Python's zipfile cannot read them without the password)."""
+  with zipfile.ZipFile(path) as zf:
+    return [i.filename for i in zf.infolist() if i.flag_bits & 0x1]
 
 
 class ZipTree(SourceTree):
-  """A zip archive (random access)."""
+  """A zip archive (random access).
 
-  def __init__(self, path):
+  ``extract_to``: the folder that the builder reads when it holds the
+  archive's files, named by the error for a password-protected archive.
+  """
+
+  def __init__(self, path, extract_to=None):
     self.path = pathlib.Path(path)
     self.description = f"archive {str(self.path)!r}"
     try:
       with zipfile.ZipFile(self.path) as zf:
-        self._names = [i.filename for i in zf.infolist() if not i.is_dir()]
+        infos = [i for i in zf.infolist() if not i.is_dir()]
     except (zipfile.BadZipFile, OSError) as e:
       raise CorruptImageError(
           f"Cannot read the zip archive {str(self.path)!r} ({e}); it is "
           "truncated or corrupt. Download it again.") from e
+    self._names = [i.filename for i in infos]
+    encrypted = [i.filename for i in infos if i.flag_bits & 0x1]
+    if encrypted:
+      raise encrypted_archive_error(self.path, encrypted, extract_to)
 
   def names(self):
     return list(self._names)
@@ -269,13 +309,30 @@ class TarTree(SourceTree):
         yield member.name, tf.extractfile(member).read()
 
 
-def open_tree(path) -> SourceTree:
+def encrypted_archive_error(path, encrypted: Sequence[str], extract_to=None
+                            ) -> EncryptedArchiveError:
+  """One line: the archive is password-protected; extract it with its
+  password into the folder the builder reads (``extract_to``; default: the
+  archive's own folder, which then holds the archive's top-level folder)."""
+  path = pathlib.Path(path)
+  dest = path.parent
+  target = (pathlib.Path(extract_to) if extract_to is not None
+            else dest / encrypted[0].split("/")[0])
+  return EncryptedArchiveError(
+      f"The archive '{path}' is password-protected ({len(encrypted)} "
+      f"encrypted file(s), e.g. '{encrypted[0]}'): extract it with its "
+      f"password (`unzip -P PASSWORD '{path}' -d '{dest}'`, or 7-Zip) so "
+      f"that its files are in '{target}/', which the builder then reads; "
+      "the dataset's authors give the password on request.")
+
+
+def open_tree(path, extract_to=None) -> SourceTree:
   """A folder, a ``.zip`` or a tar archive as a :class:`SourceTree`."""
   path = pathlib.Path(path)
   if path.is_dir():
     return DirTree(path)
   if zipfile.is_zipfile(path):
-    return ZipTree(path)
+    return ZipTree(path, extract_to=extract_to)
   return TarTree(path)
 
 
@@ -286,6 +343,11 @@ def find_source(manual_dir, *, folder: str, archives: Sequence[str],
   The returned tree addresses files as ``'<folder>/...'`` in both cases (the
   official archives contain the folder at their top level). `manual_dir` may
   also be the extracted folder itself.
+
+  An extracted folder is preferred to an archive beside it (a
+  password-protected archive is read once extracted). With a ``marker``,
+  `manual_dir` may be the extracted folder under any name (it holds the
+  marker).
 
   Args:
     manual_dir: directory to search (or None).
@@ -306,9 +368,11 @@ def find_source(manual_dir, *, folder: str, archives: Sequence[str],
     return DirTree(root)
   if root.name == folder and ok(root):
     return DirTree(root.parent)
+  if marker is not None and ok(root):  # the extracted folder, renamed
+    return DirTree(root, prefix=folder)
   for name in archives:
     if (root / name).is_file():
-      return open_tree(root / name)
+      return open_tree(root / name, extract_to=(root / name).parent / folder)
   return None
 
 
