@@ -69,6 +69,11 @@ def load_sources(config, info, reporter=None):
     reporter.note(f"Preparing dataset '{info.name}' in {data_dir} (first use "
                   "only) ...")
   source = load_split(config, info, info.train_split)
+  num_classes = int(data_lib.split_labels(source).max()) + 1
+  if num_classes != info.num_train_classes:  # a partial copy of the dataset
+    where = (f" (as read from manual_dir '{config.dataset.manual_dir}')"
+             if config.dataset.manual_dir else " (as prepared)")
+    config_checks.check_train_classes(config, info, num_classes, where)
   validation = None
   if config.dataset.validation_fraction:
     source, validation = data_lib.split_classes(

@@ -38,3 +38,30 @@ def test_rgb_vit_weights_start_a_grayscale_run(tmp_path):
       rtol=1e-6)
   np.testing.assert_array_equal(
       state.params["model"]["backbone"]["pos_embed"], rgb["pos_embed"])
+
+
+def test_a_partial_copy_too_small_for_the_hold_out_is_one_line(tmp_path):
+  """A two-class copy of CUB with the paper configs' 20 % hold-out: the
+  classes the copy really has are checked once it is read (the spec's 100
+  passed the config check), in one line naming the numbers and fields."""
+  import pytest  # pylint: disable=g-import-not-at-top
+  from circle_jax.train import config_checks  # pylint: disable=g-import-not-at-top
+  from tests.data import fixtures  # pylint: disable=g-import-not-at-top
+  from tests.train import helpers  # pylint: disable=g-import-not-at-top
+  m = tmp_path / "m"
+  fixtures.write_tree(fixtures.cub_files({1: 2, 2: 2, 101: 2, 102: 2}), m)
+  c = helpers.digits_config(**{
+      "dataset.name": "cub200", "dataset.manual_dir": str(m),
+      "dataset.data_dir": str(tmp_path / "d"),
+      "dataset.validation_fraction": 0.2, "batch.classes_per_batch": 2})
+  config_checks.check_config(c, device_count=1, process_count=1)
+  with pytest.raises(config_checks.ConfigError) as e:
+    run_lib.load_sources(c, data.get_dataset_info("cub200"))
+  assert str(e.value) == (
+      "config.dataset.validation_fraction: 0.2 holds out 2 of the 2 train "
+      f"classes of 'cub200' (as read from manual_dir '{m}') and leaves 0 to "
+      "train on; both sides need at least 2 classes: set "
+      "dataset.validation_fraction=0 (no hold-out).")
+  c.dataset.validation_fraction = 0.0
+  train, validation = run_lib.load_sources(c, data.get_dataset_info("cub200"))
+  assert len(train) == 4 and validation is None
