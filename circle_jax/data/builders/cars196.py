@@ -36,6 +36,7 @@ import numpy as np
 import scipy.io
 
 from circle_jax.data.builders import base
+from circle_jax.data.builders import sources as source_trees
 
 _SOURCE = ("the Stanford Cars page (https://ai.stanford.edu/~jkrause/cars/"
            "car_dataset.html, now offline; mirrors: search 'car_ims.tgz "
@@ -85,46 +86,46 @@ def _search_dirs(manual_dir) -> List[pathlib.Path]:
   return dirs
 
 
-def _first_file(dirs, names) -> Optional[Tuple[base.SourceTree, str]]:
+def _first_file(dirs, names) -> Optional[Tuple[source_trees.SourceTree, str]]:
   """``(tree, member)`` of the first of ``dir/name`` that is a file."""
   for d in dirs:
     for name in names:
       path = d / name
       if path.is_file():
-        return base.DirTree(path.parent), path.name
+        return source_trees.DirTree(path.parent), path.name
   return None
 
 
-def _first_source(dirs, folder, archives) -> Optional[base.SourceTree]:
+def _first_source(dirs, folder, archives) -> Optional[source_trees.SourceTree]:
   for d in dirs:
-    tree = base.find_source(d, folder=folder, archives=archives)
+    tree = source_trees.find_source(d, folder=folder, archives=archives)
     if tree is not None:
       return tree
   return None
 
 
-def _devkit_annos(dirs) -> Optional[Tuple[base.SourceTree, str]]:
+def _devkit_annos(dirs) -> Optional[Tuple[source_trees.SourceTree, str]]:
   found = _first_file(dirs, ("devkit/cars_train_annos.mat",
                              "cars_train_annos.mat"))
   if found is not None:
     return found
   for d in dirs:
     if (d / "car_devkit.tgz").is_file():
-      tree = base.open_tree(d / "car_devkit.tgz")
+      tree = source_trees.open_tree(d / "car_devkit.tgz")
       if tree.exists("devkit/cars_train_annos.mat"):
         return tree, "devkit/cars_train_annos.mat"
   return None
 
 
-def _pml_tree(dirs) -> Optional[Tuple[base.SourceTree, str]]:
+def _pml_tree(dirs) -> Optional[Tuple[source_trees.SourceTree, str]]:
   """The mirror's folder or zip, and the prefix of its files in it."""
   for d in dirs:
     if all((d / name).is_file() for name in _PML_CSVS):
-      return base.DirTree(d), ""
+      return source_trees.DirTree(d), ""
   for d in dirs:
     for name in _PML_ZIPS:
       if (d / name).is_file() and zipfile.is_zipfile(d / name):
-        tree = base.ZipTree(d / name, extract_to=d)
+        tree = source_trees.ZipTree(d / name, extract_to=d)
         for prefix in ["", *sorted({n.split("/")[0] + "/"
                                     for n in tree.names() if "/" in n})]:
           if all(tree.exists(prefix + c) for c in _PML_CSVS):
@@ -219,7 +220,7 @@ class Cars196(base.EncodedImageBuilder, skip_registration=True):
     raise base.missing_files_error(self.name, manual_dir, files, missing,
                                    layouts=LAYOUTS)
 
-  def _sources(self, layout, parts) -> Dict[str, base.SourceTree]:
+  def _sources(self, layout, parts) -> Dict[str, source_trees.SourceTree]:
     if layout == "official":
       images, (annos, self._annos_name) = parts
       return {"images": images, "annos": annos}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pathlib
 
 from circle_jax.data.builders import base
+from circle_jax.data.builders import sources as source_trees
 
 _SOURCE = ("the DeepFashion In-shop Clothes Retrieval Benchmark "
            "(https://mmlab.ie.cuhk.edu.hk/projects/DeepFashion/InShopRetrieval"
@@ -68,17 +69,17 @@ class Inshop(base.EncodedImageBuilder, skip_registration=True):
     for d in dirs:
       for cand in ("list_eval_partition.txt", "Eval/list_eval_partition.txt"):
         if part is None and (d / cand).is_file():
-          part = base.DirTree(d)
+          part = source_trees.DirTree(d)
           self._partition = cand
     # Extracted folders first: an encrypted zip is read once extracted.
     for d in dirs:
       for root in (d, d / "Img"):
         if images is None:
-          images = base.find_source(root, folder="img", archives=())
+          images = source_trees.find_source(root, folder="img", archives=())
     for d in dirs:
       for archive in ("img.zip", "Img/img.zip"):
         if images is None and (d / archive).is_file():
-          images = base.open_tree(d / archive,
+          images = source_trees.open_tree(d / archive,
                                   extract_to=(d / archive).parent / "img")
     missing = [f for f, found in zip(self.EXPECTED_FILES, (part, images))
                if found is None]
