@@ -9,13 +9,12 @@ next blank line has one row per metric (R@1, MAP@R, NMI) and the columns
 
 - ``init`` must equal the run's value to two decimals (``--tolerance``, default
   0.01): a forward pass of the initial model rounds alike on every CPU.
-- ``final`` must equal it within ``--tolerance`` *or* within two standard
-  deviations over seeds, whichever is wider. The job is bitwise deterministic
-  on a given CPU model, but XLA:CPU's float32 matmuls round differently on
-  another model (the blocking follows the CPU), and 150 steps of training
-  amplify that into a difference like a different seed's: on the same commit,
-  an AMD EPYC gives final R@1 0.61, MAP@R 0.27, NMI 0.32 and an Intel Xeon
-  0.57, 0.23, 0.26.
+- ``final`` must equal one of the final columns (one per CPU generation,
+  named with its instruction-set level) within ``--tolerance`` *or* within
+  two standard deviations over seeds, whichever is wider. The job is
+  bitwise deterministic on a given CPU, but float32 matmuls round
+  differently on another generation, and 150 steps of training amplify that
+  into a difference like a different seed's (the README's table).
 - ``3 seeds`` must match ``digits.md`` (so the tolerance is the measured one).
 
 Exit status 1 lists every mismatch.
@@ -70,6 +69,16 @@ def readme_figures(text: str) -> Dict[Tuple[str, str], float]:
     for cells in rows:
       out[(col, METRICS[cells[0]])] = float(cells[i])
   return out
+
+
+def readme_other_finals(text: str) -> Dict[str, List[float]]:
+  """``{metric key: [value, ...]}`` of the final columns after the first
+  (other CPUs' figures: a run may match any final column)."""
+  header, rows = _readme_rows(text)
+  first = _column(header, "final")
+  cols = [i for i, cell in enumerate(header)
+          if i > first and cell.split(",")[0].split()[:1] == ["final"]]
+  return {METRICS[cells[0]]: [float(cells[i]) for i in cols] for cells in rows}
 
 
 def readme_seeds(text: str) -> Dict[str, Tuple[float, float]]:
@@ -129,12 +138,14 @@ def compare(text: str, metrics: dict, tolerance: float = 0.01,
           or abs(round(want_std, 2) - std) > 1e-9):
         bad.append(f"seeds {key}: README {mean:.2f} ± {std:.2f}, comparison "
                    f"table {want_mean:.3f} ± {want_std:.3f}")
+  others = readme_other_finals(text)
   for (col, key), want in sorted(readme_figures(text).items()):
     got = round(float(metrics[col][key]), 2)
     allowed = tolerance
     if col == "final" and seeds is not None:
       allowed = max(tolerance, SPREAD_FACTOR * seeds[key][1])
-    if abs(got - want) > allowed + 1e-9:
+    wants = [want] + (others.get(key, []) if col == "final" else [])
+    if min(abs(got - w) for w in wants) > allowed + 1e-9:
       bad.append(f"{col} {key}: README {want:.2f}, run {got:.2f} "
                  f"({metrics[col][key]:.4f}), allowed ± {allowed:.2f}")
   return bad

@@ -130,3 +130,39 @@ def test_a_second_process_loads_its_programs_from_the_cache(tmp_path):
   assert run() == 0
   assert len(os.listdir(cache)) >= 1     # the compiled program, on disk
   assert run() >= 1                      # served from it
+
+
+def test_a_fresh_install_runs_the_digits_job_without_warnings(tmp_path):
+  """The digits job, twice on one compilation cache (the second run reads
+  its entries): stderr holds progress lines and no warning. Without the
+  ``filelock`` package, JAX warned on every read: 'Error reading persistent
+  compilation cache entry ... Please install the filelock package to set
+  jax_compilation_cache_max_size' (requirements.txt now pins it)."""
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="",
+             PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""),
+             TFDS_DATA_DIR=str(tmp_path / "tfds"))
+  for run in ("first", "second"):
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.main",
+         "--config=experiments/configs/digits.py",
+         f"--workdir={tmp_path / run}", "--config.num_train_steps=2",
+         "--config.eval_at_init=false", "--config.eval_clustering=false",
+         f"--config.compilation_cache_dir={tmp_path / 'cache'}"],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    noisy = [line for line in proc.stderr.splitlines()
+             if "warn" in line.lower() or "error" in line.lower()]
+    assert not noisy, (run, noisy)
+  assert os.listdir(tmp_path / "cache")  # the second run read these
+
+
+def test_filelock_is_a_pinned_runtime_requirement():
+  """JAX's persistent compilation cache needs it (its size limit), and the
+  datasets' preparation lock uses it; torch brought it into the test
+  install only, which hid its absence from requirements.txt."""
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(repo, "requirements.txt")) as f:
+    pins = [line.split("#")[0].strip() for line in f]
+  import filelock  # pylint: disable=g-import-not-at-top
+  assert f"filelock=={filelock.__version__}" in pins

@@ -24,6 +24,7 @@ from circle_jax.data.augment import ImageDecodeError
 from circle_jax.data.augment import Preprocess
 from circle_jax.data.augment import PRESETS
 from circle_jax.data.builders import CorruptImageError
+from circle_jax.data.builders import EncryptedArchiveError
 from circle_jax.data.builders import MissingDatasetFilesError
 from circle_jax.data.builders import split_labels
 from circle_jax.data.pipeline import eval_iterator

@@ -9,6 +9,8 @@ import pathlib
 import types
 from typing import Mapping, Optional, Tuple
 
+from absl import logging
+import filelock
 import tensorflow_datasets as tfds
 
 from circle_jax.data import augment
@@ -149,6 +151,8 @@ def load_split(name: str, split: str, *, data_dir,
   reads the official files from `manual_dir` (or downloads them, for
   Omniglot only and only when `download` is True) and writes ArrayRecord
   files to ``<data_dir>/<name>/1.0.0/``. Later calls only open those files.
+  Jobs sharing `data_dir` prepare a dataset once: the others wait for the
+  lock ``<data_dir>/<name>.lock`` and then read the result.
 
   Args:
     name: a dataset name (see :data:`DATASETS`).
@@ -194,13 +198,48 @@ def load_split(name: str, split: str, *, data_dir,
           f"Dataset {name!r}: manual_dir '{manual_dir}' does not exist; "
           "create it and put the official files there, or fix the path "
           "(--config.dataset.manual_dir).")
-    config = tfds.download.DownloadConfig(manual_dir=manual_dir)
-    # tfds prints its own progress to stdout; keep stdout for results.
-    with contextlib.redirect_stdout(io.StringIO()):
-      builder.download_and_prepare(download_config=config)
+    builder = _prepare(name, builder, data_dir=data_dir,
+                       manual_dir=manual_dir, download=download)
   source = builder.as_data_source(split)
   integrity.check_split(builder, split)  # a damaged file fails here, named
   return source
+
+
+def preparation_lock(name: str, *, data_dir) -> filelock.FileLock:
+  """The lock that one job holds while it prepares dataset ``name`` in
+  ``data_dir``: the file ``<data_dir>/<name>.lock``, beside the dataset's
+  folder (released by the system if its holder dies)."""
+  data_dir = pathlib.Path(data_dir)
+  data_dir.mkdir(parents=True, exist_ok=True)
+  return filelock.FileLock(str(data_dir / f"{name}.lock"))
+
+
+def _prepare(name, builder, *, data_dir, manual_dir, download):
+  """Prepares the dataset once however many jobs share ``data_dir``.
+
+  A sweep's first jobs start together: each takes :func:`preparation_lock`;
+  the first prepares (tfds writes into an ``incomplete.*`` folder renamed
+  when complete), the others wait, then find the dataset prepared and only
+  read it. Returns a builder of the prepared dataset.
+  """
+  lock = preparation_lock(name, data_dir=data_dir)
+  try:
+    lock.acquire(timeout=0)
+  except filelock.Timeout:
+    logging.info("Waiting for another job preparing dataset %r in %s (%s).",
+                 name, data_dir, lock.lock_file)
+    lock.acquire()
+  try:
+    builder = get_builder(name, data_dir=data_dir, download=download,
+                          requested_manual_dir=manual_dir)
+    if not builder.is_prepared():  # else another job prepared it meanwhile
+      config = tfds.download.DownloadConfig(manual_dir=manual_dir)
+      # tfds prints its own progress to stdout; keep stdout for results.
+      with contextlib.redirect_stdout(io.StringIO()):
+        builder.download_and_prepare(download_config=config)
+  finally:
+    lock.release()
+  return builder
 
 
 def is_prepared(name: str, *, data_dir) -> bool:

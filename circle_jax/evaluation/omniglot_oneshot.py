@@ -42,6 +42,7 @@ from typing import Callable, Dict, List, Sequence, Tuple
 import numpy as np
 
 from circle_jax.data.builders import base as builders_base
+from circle_jax.data.builders import sources as builders_sources
 from circle_jax.errors import UserError
 
 LABELS_FILE = "class_labels.txt"
@@ -124,7 +125,7 @@ def read_runs(path: str) -> List[OneShotRun]:
     raise OneShotRunsError(
         f"--runs: {path!r} is neither a folder nor a zip archive; give "
         "all_runs.zip of the Omniglot repository or its extracted folder.")
-  tree = builders_base.open_tree(path)
+  tree = builders_sources.open_tree(path)
   names = set(tree.names())
   found = sorted((m.group(2), m.group(1)) for m in map(_RUN.match, names) if m)
   if not found:

@@ -62,10 +62,13 @@ nt_xent_loss = forms.embedding_form(
   does ours; pytorch-metric-learning's ``NTXentLoss`` keeps only the positive
   ``p`` and the negatives in it (the same with two views, not with more).
   Temperature: we default to 0.1, the ``temperature`` flag's default in the
-  official code's ``run.py`` (google-research/simclr, checked there), the
-  value of its ImageNet runs. The paper's CIFAR-10 runs and
-  pytorch-metric-learning's default use other values (0.5 and 0.07, as
-  recalled, unchecked here).
+  official code's ``run.py`` (google-research/simclr) and the value of its
+  README's ImageNet pretraining command. Its README's CIFAR-10 command uses
+  ``--temperature=0.5`` (google-research/simclr README, "Pretraining";
+  checked there, not in the paper's appendix). pytorch-metric-learning's
+  ``NTXentLoss`` defaults to 0.07 (``NTXentLoss.__init__(self,
+  temperature=0.07)`` in ``pytorch_metric_learning/losses/ntxent_loss.py``,
+  checked in version 2.9.0).
 
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16.

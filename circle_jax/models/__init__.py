@@ -30,6 +30,7 @@ import numpy as np
 from circle_jax.models import layers
 from circle_jax.models.bn_inception import BNInception
 from circle_jax.models.conv4 import Conv4
+from circle_jax.models.convert import adapt_input_channels
 from circle_jax.models.convert import ConversionError
 from circle_jax.models.convert import convert_bn_inception
 from circle_jax.models.convert import convert_keras_resnet
@@ -52,6 +53,7 @@ from circle_jax.models.nnx_backbone import nnx_backbone
 
 __all__ = [
     "BNInception", "Conv4", "ConversionError", "EmbeddingHead",
+    "adapt_input_channels",
     "EmbeddingModel", "InputSpec", "MODELS", "ResNet", "backbone_defaults",
     "check_input", "convert_bn_inception",
     "convert_keras_resnet", "frozen_bn_paths", "get_model", "input_spec",

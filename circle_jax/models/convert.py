@@ -52,18 +52,80 @@ class ConversionError(UserError, ValueError):
   """Raised when a checkpoint does not match the model; lists every problem."""
 
 
-def _expected_backbone(module, image_size: int) -> Dict[str, Dict[Path, Any]]:
+def adapt_input_channels(kernel: np.ndarray, in_channels: int, *,
+                         what: str = "the first convolution") -> np.ndarray:
+  """The first convolution's kernel for images of ``in_channels`` channels.
+
+  timm's rule (``timm.models._manipulate.adapt_input_conv`` with
+  ``base_chans`` the kernel's own input channels ``I``): for one channel,
+  the kernel summed over its ``I`` input channels (a grayscale image seen as
+  ``I`` equal channels gives the same response); for ``C`` channels, the
+  input channels repeated to ``C`` and scaled by ``I / C`` (RGB weights on
+  4-channel images, or grayscale weights on RGB images: an image whose
+  channels are equal gives the same response). ``I == C``: unchanged.
+
+  Args:
+    kernel: ``[kh, kw, I, O]`` (Flax layout), ``I`` 1 or 3.
+    in_channels: ``C``, the channels of the model's images.
+    what: how errors name the kernel.
+
+  Returns:
+    float32 ``[kh, kw, C, O]``.
+
+  Raises:
+    ConversionError: a kernel that is not 4-d, or ``I`` not 1 or 3 when
+      ``C != I`` (one line).
+  """
+  kernel = np.asarray(kernel, np.float32)
+  if kernel.ndim != 4:
+    raise ConversionError(
+        f"{what} has shape {kernel.shape}, not a [kh, kw, in, out] kernel; "
+        "the weights are of another model (--config.model.pretrained).")
+  have = kernel.shape[2]
+  if have == in_channels:
+    return kernel
+  if in_channels == 1:
+    return kernel.sum(axis=2, keepdims=True)
+  if have not in (1, 3):
+    raise ConversionError(
+        f"{what} takes {have}-channel images and the model's have "
+        f"{in_channels}; only 1- or 3-channel weights adapt to other images "
+        "(timm's adapt_input_conv): use weights made for "
+        f"{in_channels}-channel images (--config.model.pretrained).")
+  reps = -(-in_channels // have)
+  tiled = np.concatenate([kernel] * reps, axis=2)[:, :, :in_channels]
+  return tiled * np.float32(have / in_channels)
+
+
+def _expected_backbone(module, image_size: int, in_channels: int = 3
+                       ) -> Dict[str, Dict[Path, Any]]:
   """Flat ``{collection: {path: ShapeDtypeStruct}}`` of a backbone's variables."""
   shapes = jax.eval_shape(
       lambda: module.init(jax.random.PRNGKey(0),
-                          jnp.zeros((1, image_size, image_size, 3)),
+                          jnp.zeros((1, image_size, image_size, in_channels)),
                           train=False))
   return {col: flax.traverse_util.flatten_dict(shapes[col])
           for col in ("params", "batch_stats")}
 
 
+# The fix printed with the first problem of each kind.
+_FIXES = {
+    "shape mismatch": "the weights are of another model or size: give the "
+                      "weights of --config.model.name (and its options), or "
+                      "the model of these weights",
+    "missing": "the weights file lacks tensors the model needs: give the "
+               "weights of --config.model.name (--config.model.pretrained)",
+    "unexpected": "the weights file holds tensors the model does not use: "
+                  "give the weights of --config.model.name "
+                  "(--config.model.pretrained; in Python, strict=False "
+                  "ignores them)",
+}
+
+
 def _report(source: str, missing: List[str], mismatched: List[str],
             unexpected: List[str]) -> None:
+  """Raises one :class:`ConversionError` listing every problem; its first
+  line names the first problem and the fix."""
   if not (missing or mismatched or unexpected):
     return
 
@@ -74,8 +136,15 @@ def _report(source: str, missing: List[str], mismatched: List[str],
     more = f"\n    ... and {len(items) - 40} more" if len(items) > 40 else ""
     return f"\n  {title} ({len(items)}):\n    {shown}{more}"
 
+  kinds = [(k, v) for k, v in (("shape mismatch", mismatched),
+                               ("missing", missing),
+                               ("unexpected", unexpected)) if v]
+  kind, items = kinds[0]
+  total = len(missing) + len(mismatched) + len(unexpected)
+  others = f" (and {total - 1} more problem(s))" if total > 1 else ""
   raise ConversionError(
-      f"{source} does not match the model."
+      f"{source} does not match the model: {kind} {items[0]}{others}; "
+      f"{_FIXES[kind]}."
       + fmt("missing", missing)
       + fmt("shape mismatch", mismatched)
       + fmt("unexpected (pass strict=False to ignore)", unexpected))
@@ -135,9 +204,16 @@ def _torch_name(col: str, path: Path) -> Tuple[str, Any]:
   return f"{module}.bias", None
 
 
+# The first convolutions, whose kernels adapt to the images' channels
+# (:func:`adapt_input_channels`).
+BN_INCEPTION_STEM = ("conv1_7x7_s2", "kernel")
+RESNET_STEM = ("conv1_conv", "kernel")
+
+
 def convert_bn_inception(state_dict: Mapping[str, np.ndarray], *,
                          strict: bool = True,
-                         source: str = "The BN-Inception checkpoint"):
+                         source: str = "The BN-Inception checkpoint",
+                         in_channels: int = 3):
   """Converts a Cadene-layout BN-Inception state dict to backbone variables.
 
   Args:
@@ -146,11 +222,15 @@ def convert_bn_inception(state_dict: Mapping[str, np.ndarray], *,
     strict: raise on tensors the trunk does not use (besides ``last_linear.*``
       and ``*.num_batches_tracked``, always ignored).
     source: how to name the checkpoint in errors.
+    in_channels: the channels of the model's images; the first convolution
+      is adapted to them (:func:`adapt_input_channels`: summed for
+      grayscale images).
 
   Returns:
     ``{'params': ..., 'batch_stats': ...}`` for :class:`BNInception`, float32.
   """
-  expected = _expected_backbone(bn_inception_lib.BNInception(), 224)
+  expected = _expected_backbone(bn_inception_lib.BNInception(), 224,
+                                in_channels)
   out = {"params": {}, "batch_stats": {}}
   used = set()
   missing, mismatched = [], []
@@ -162,6 +242,10 @@ def convert_bn_inception(state_dict: Mapping[str, np.ndarray], *,
         continue
       used.add(key)
       value = np.asarray(state_dict[key])
+      if path == BN_INCEPTION_STEM and value.ndim == 4:
+        value = adapt_input_channels(
+            value.transpose(perm), in_channels,
+            what=f"{source}: {key!r}").transpose(3, 2, 0, 1)
       want = spec.shape if perm is None else tuple(
           spec.shape[perm.index(i)] for i in range(len(perm)))
       if value.shape != want:
@@ -180,19 +264,24 @@ def convert_bn_inception(state_dict: Mapping[str, np.ndarray], *,
   return {col: flax.traverse_util.unflatten_dict(v) for col, v in out.items()}
 
 
-def load_bn_inception(path: str | os.PathLike, *, strict: bool = True):
+def load_bn_inception(path: str | os.PathLike, *, strict: bool = True,
+                      in_channels: int = 3):
   """Loads BN-Inception ImageNet weights (``.pth`` or ``.npz``).
 
   Accepts Cadene's ``bn_inception-52deb4733.pth`` / ``bn_inception-239d2248.pth``
   (as used by the MS and Proxy-Anchor codes) or any ``.npz`` with the same
   names and PyTorch layouts. PyTorch is not needed.
 
+  ``in_channels``: the channels of the model's images (1: grayscale); the
+  first convolution adapts to them (:func:`adapt_input_channels`).
+
   Returns:
     Backbone variables ``{'params', 'batch_stats'}``; put them into a model
     with :func:`replace_backbone`.
   """
   return convert_bn_inception(load_state_dict(path), strict=strict,
-                              source=f"{os.fspath(path)!r}")
+                              source=f"{os.fspath(path)!r}",
+                              in_channels=in_channels)
 
 
 # ----------------------------------------------------------------------------
@@ -270,7 +359,8 @@ def _keras_layer(path: Path) -> Tuple[str, str]:
 
 def convert_keras_resnet(layers: Mapping[str, Mapping[str, np.ndarray]], *,
                          depth: int = 50, strict: bool = True,
-                         source: str = "The Keras checkpoint"):
+                         source: str = "The Keras checkpoint",
+                         in_channels: int = 3):
   """Converts ``{layer: {weight: array}}`` of a Keras ResNet to our variables.
 
   Args:
@@ -280,6 +370,9 @@ def convert_keras_resnet(layers: Mapping[str, Mapping[str, np.ndarray]], *,
     strict: raise on Keras layers with weights that the trunk does not use
       (the ImageNet classifier ``predictions`` is always ignored).
     source: how to name the checkpoint in errors.
+    in_channels: the channels of the model's images; the first convolution
+      is adapted to them (:func:`adapt_input_channels`: summed for
+      grayscale images).
 
   Returns:
     ``{'params': ..., 'batch_stats': ...}`` for :class:`ResNet`, float32.
@@ -288,7 +381,7 @@ def convert_keras_resnet(layers: Mapping[str, Mapping[str, np.ndarray]], *,
   if name not in resnet_lib.STAGE_SIZES:
     raise ValueError(f"`depth` must be 50, 101 or 152; got {depth}.")
   module = resnet_lib.ResNet(stage_sizes=resnet_lib.STAGE_SIZES[name])
-  expected = _expected_backbone(module, 64)
+  expected = _expected_backbone(module, 64, in_channels)
   out = {"params": {}, "batch_stats": {}}
   used = set()
   missing, mismatched = [], []
@@ -302,6 +395,9 @@ def convert_keras_resnet(layers: Mapping[str, Mapping[str, np.ndarray]], *,
         continue
       used.add(lname)
       value = np.asarray(layers[lname][wname])
+      if path == RESNET_STEM:
+        value = adapt_input_channels(value, in_channels,
+                                     what=f"{source}: {key!r}")
       if value.shape != spec.shape:
         mismatched.append(
             f"{key}: checkpoint {value.shape}, model needs {spec.shape}")
@@ -316,18 +412,20 @@ def convert_keras_resnet(layers: Mapping[str, Mapping[str, np.ndarray]], *,
 
 
 def load_keras_resnet(path: str | os.PathLike, *, depth: int = 50,
-                      strict: bool = True):
+                      strict: bool = True, in_channels: int = 3):
   """Loads Keras ``ResNet{50,101,152}`` weights (``.h5``/``.weights.h5``/``.keras``).
 
   Needs ``h5py`` (not Keras). Returns backbone variables ``{'params',
   'batch_stats'}``; put them into a model with :func:`replace_backbone`.
+  ``in_channels``: the channels of the model's images (1: grayscale); the
+  first convolution adapts to them (:func:`adapt_input_channels`).
   """
   path = os.fspath(path)
   with reading_weights(path, f"Keras ResNet-{depth} weights (.h5, "
                        ".weights.h5 or .keras)"):
     layers = _read_keras_weights(path)
   return convert_keras_resnet(layers, depth=depth, strict=strict,
-                              source=repr(path))
+                              source=repr(path), in_channels=in_channels)
 
 
 def load_keras_resnet50(path: str | os.PathLike, *, strict: bool = True):

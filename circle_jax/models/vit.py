@@ -364,9 +364,13 @@ class ViT(nn.Module):
     drop_path: stochastic-depth rate of the last block (linearly increasing
       from 0 at the first, as timm's ``drop_path_rate``).
     frozen_patch_embed: no gradient reaches the patch projection (Hyp-ViT's
-      ``--freeze 0``). The optimiser still sees the parameters: AdamW's
-      decoupled decay shrinks them by ``lr * wd`` per step, where PyTorch
-      (``requires_grad=False``) leaves them untouched.
+      ``--freeze 0``), and the trainer's optimiser puts its parameters in
+      the ``frozen`` group (:func:`circle_jax.models.frozen_module_paths`,
+      ``optax.set_to_zero`` in :func:`circle_jax.train.optim.
+      optimizer_from_config`): no step, no weight decay and no optimiser
+      moments, as PyTorch's ``requires_grad=False``. An optimiser built
+      outside the trainer must freeze them the same way, or AdamW's
+      decoupled decay shrinks them by ``lr * wd`` per step.
     remat: recompute each block's activations in the backward pass
       (``nn.remat`` under ``nn.scan``): less memory, about one more forward
       pass of time. The blocks' parameters are then stacked over the depth

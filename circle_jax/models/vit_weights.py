@@ -19,7 +19,9 @@ writes with ``save_file(model.state_dict(), ...)`` or ``torch.save``)::
 The classifier (``head.*``) and DINOv2's ``mask_token`` are ignored. A
 position embedding saved for another grid (e.g. DINOv2's 37 x 37 at 518 px)
 is resampled to the model's ``pos_grid`` as timm's ``checkpoint_filter_fn``
-does (bicubic, antialiased). Any other misfit raises a one-line
+does (bicubic, antialiased), and the patch projection adapts to the images'
+channels as timm's ``adapt_input_conv`` does (RGB weights summed over their
+channels for grayscale images). Any other misfit raises a one-line
 :class:`~circle_jax.models.convert.ConversionError` naming the first
 mismatching tensor and what the model expected.
 
@@ -45,6 +47,8 @@ from circle_jax.models import convert
 from circle_jax.models import vit as vit_lib
 
 IGNORED_PREFIXES = ("head.", "mask_token")
+# The patch projection, which adapts to the images' channels.
+PATCH_KERNEL = ("patch_embed", "kernel")
 
 
 def read_checkpoint(path: str | os.PathLike) -> Dict[str, np.ndarray]:
@@ -106,7 +110,8 @@ def stack_blocks(params: Mapping[str, Any], depth: int) -> Dict[str, Any]:
 
 def convert_timm_vit(state_dict: Mapping[str, np.ndarray],
                      module: vit_lib.ViT, *, strict: bool = True,
-                     source: str = "The ViT checkpoint") -> Dict[str, Any]:
+                     source: str = "The ViT checkpoint",
+                     in_channels: int = 3) -> Dict[str, Any]:
   """Converts a timm ``VisionTransformer`` state dict to ``{'params': ...}``.
 
   Args:
@@ -116,6 +121,10 @@ def convert_timm_vit(state_dict: Mapping[str, np.ndarray],
     strict: raise on tensors the model does not use (besides ``head.*`` and
       ``mask_token``).
     source: how errors name the checkpoint.
+    in_channels: the channels of the model's images; the patch projection
+      adapts to them as timm's ``adapt_input_conv`` does
+      (:func:`circle_jax.models.convert.adapt_input_channels`: RGB weights
+      summed over their channels for grayscale images).
 
   Returns:
     Backbone variables ``{'params': ...}`` (float32) for
@@ -127,11 +136,13 @@ def convert_timm_vit(state_dict: Mapping[str, np.ndarray],
   """
   if module.remat:  # Convert per block, then stack over the depth.
     flat = convert_timm_vit(state_dict, module.clone(remat=False),
-                            strict=strict, source=source)
+                            strict=strict, source=source,
+                            in_channels=in_channels)
     return {"params": stack_blocks(flat["params"], module.depth)}
   size = module.patch_size * module.pos_grid
   shapes = jax.eval_shape(lambda: module.init(
-      jax.random.PRNGKey(0), jnp.zeros((1, size, size, 3)), train=False))
+      jax.random.PRNGKey(0), jnp.zeros((1, size, size, in_channels)),
+      train=False))
   expected = flax.traverse_util.flatten_dict(shapes["params"])
   out, used = {}, set()
   for path, spec in sorted(expected.items()):
@@ -146,6 +157,9 @@ def convert_timm_vit(state_dict: Mapping[str, np.ndarray],
     value = np.asarray(state_dict[key], np.float32)
     if perm is not None:
       value = value.transpose(perm) if value.ndim == len(perm) else value
+    if path == PATCH_KERNEL and value.ndim == 4:
+      value = convert.adapt_input_channels(value, in_channels,
+                                           what=f"{source}: {key!r}")
     if key == "pos_embed" and value.shape != want:
       fitted = _fit_pos_embed(value, want, module)
       value = value if fitted is None else fitted
@@ -171,9 +185,11 @@ def convert_timm_vit(state_dict: Mapping[str, np.ndarray],
 
 
 def load_timm_vit(path: str | os.PathLike, module: vit_lib.ViT, *,
-                  strict: bool = True) -> Dict[str, Any]:
+                  strict: bool = True, in_channels: int = 3
+                  ) -> Dict[str, Any]:
   """Reads ``path`` (:func:`read_checkpoint`) and converts it for ``module``
-  (:func:`convert_timm_vit`)."""
+  and images of ``in_channels`` channels (:func:`convert_timm_vit`)."""
   sd = read_checkpoint(path)
   return convert_timm_vit(sd, module, strict=strict,
-                          source=f"{os.fspath(path)!r}")
+                          source=f"{os.fspath(path)!r}",
+                          in_channels=in_channels)

@@ -220,8 +220,9 @@ def _check_dataset(config) -> Tuple[object, int]:
           "; use 'class'.")
   try:
     held_out = facts.num_holdout_classes(config, info)
-  except ValueError as e:
-    _fail("dataset.validation_fraction", str(e))
+  except ValueError:  # one line naming the numbers and the fields
+    check_train_classes(config, info, info.num_train_classes)
+    raise
   rotations = config.dataset.rotations
   if isinstance(rotations, bool) or rotations not in data_lib.ROTATIONS:
     _fail("dataset.rotations", f"must be one of {data_lib.ROTATIONS} "
@@ -368,14 +369,74 @@ def _check_sampler(config, info, held_out: int, entry) -> None:
       _fail("batch.images_per_class", f"the 'views' sampler needs at least 2 "
             f"views per image (its positives); got {k}.")
     return
-  train_classes = facts.data_classes(config, info)
-  if p > train_classes:
-    _fail("batch.classes_per_batch", f"{p} classes per batch but {name!r} "
-          f"has {train_classes} train classes"
-          + (f" ({held_out} held out for validation)." if held_out else "."))
+  del name
+  _check_batch_classes(config, info, info.num_train_classes, held_out)
   if entry.kind == "pair" and k < 2:
     _fail("batch.images_per_class", f"pair loss {entry.name!r} needs "
           f"positive pairs: use at least 2 images per class; got {k}.")
+
+
+def _check_batch_classes(config, info, num_classes: int, held_out: int,
+                         where: str = "") -> None:
+  """The P x K sampler's ``P`` classes are at most those left to train on
+  after the validation hold-out (times the rotated copies)."""
+  if config.batch.sampler != "pk":
+    return
+  p = config.batch.classes_per_batch
+  kept = (num_classes - held_out) * facts.class_copies(config)
+  if p <= kept:
+    return
+  fraction = config.dataset.validation_fraction
+  held = (f", {held_out} of them held out for validation "
+          f"(dataset.validation_fraction={fraction})" if held_out else "")
+  _fail("batch.classes_per_batch", f"{p} classes per batch, but "
+        f"{info.name!r}{where} has {num_classes} train classes{held}, "
+        f"leaving {kept} to train on: lower batch.classes_per_batch to at "
+        f"most {kept}"
+        + (" or dataset.validation_fraction (0: no hold-out)" if held_out
+           else "") + ".")
+
+
+def check_train_classes(config, info, num_classes: int,
+                        where: str = "") -> None:
+  """Checks the validation hold-out and the batch against the classes the
+  train split really has (a partial copy of a dataset has fewer than
+  :class:`circle_jax.data.DatasetSpec` says, which :func:`check_config`
+  assumes). Called once the split is read
+  (:func:`circle_jax.train.run.load_sources`), before anything is built.
+
+  Args:
+    config: the run's config.
+    info: the dataset's spec.
+    num_classes: the train split's classes.
+    where: how messages name the copy (e.g. " (as read from manual_dir
+      '...')").
+
+  Raises:
+    ConfigError: one line naming the numbers and the fields to change.
+  """
+  fraction = config.dataset.validation_fraction
+  superclasses = facts.validation_superclasses(config, info)
+  if superclasses and sum(superclasses) != num_classes:
+    _fail("dataset.validation_by", f"{info.name!r}{where} has {num_classes} "
+          f"train classes, not the {sum(superclasses)} of its declared "
+          "superclasses (a partial copy): use --config.dataset.validation_by"
+          "=class.")
+  try:
+    held_out = data_lib.num_holdout_classes(
+        num_classes, fraction, config.dataset.validation_seed,
+        superclasses=superclasses)
+  except ValueError as e:
+    if superclasses:
+      _fail("dataset.validation_fraction", f"{str(e).rstrip('.')} "
+            f"({info.name!r}{where}).")
+    held = max(2, int(round(fraction * num_classes)))
+    _fail("dataset.validation_fraction", f"{fraction} holds out {held} of the "
+          f"{num_classes} train classes of {info.name!r}{where} and leaves "
+          f"{max(num_classes - held, 0)} to train on; both sides need at "
+          "least 2 classes: set dataset.validation_fraction=0 (no hold-out)"
+          + (" or lower it" if num_classes >= 4 else "") + ".")
+  _check_batch_classes(config, info, num_classes, held_out, where)
 
 
 def _check_devices(config, device_count: int, process_count: int) -> int:

@@ -69,6 +69,11 @@ def load_sources(config, info, reporter=None):
     reporter.note(f"Preparing dataset '{info.name}' in {data_dir} (first use "
                   "only) ...")
   source = load_split(config, info, info.train_split)
+  num_classes = int(data_lib.split_labels(source).max()) + 1
+  if num_classes != info.num_train_classes:  # a partial copy of the dataset
+    where = (f" (as read from manual_dir '{config.dataset.manual_dir}')"
+             if config.dataset.manual_dir else " (as prepared)")
+    config_checks.check_train_classes(config, info, num_classes, where)
   validation = None
   if config.dataset.validation_fraction:
     source, validation = data_lib.split_classes(
@@ -120,17 +125,22 @@ def build_model(config, placement=None):
       dtype=dtype, normalize=config_facts.head_normalizes(config), **kwargs)
 
 
-def _load_pretrained(config, variables):
+def _load_pretrained(config, variables, in_channels: int):
+  """The variables with the backbone's pretrained weights, their first
+  convolution adapted to images of ``in_channels`` channels (grayscale
+  datasets take RGB weights as timm does)."""
   path = config.model.pretrained  # "": from scratch.
   if not path:
     return variables
   name = config.model.name
   if name.startswith("resnet"):
-    backbone = models_lib.load_keras_resnet(path, depth=int(name[6:]))
+    backbone = models_lib.load_keras_resnet(path, depth=int(name[6:]),
+                                            in_channels=in_channels)
   elif name == "bn_inception":
-    backbone = models_lib.load_bn_inception(path)
+    backbone = models_lib.load_bn_inception(path, in_channels=in_channels)
   elif name.startswith("vit_"):  # timm ViT weights (.safetensors/.pth/.npz).
-    backbone = models_lib.load_timm_vit(path, build_model(config).backbone)
+    backbone = models_lib.load_timm_vit(path, build_model(config).backbone,
+                                        in_channels=in_channels)
   else:
     raise config_checks.ConfigError(
         f"config.model.pretrained: no pretrained weights for {name!r}.")
@@ -152,7 +162,8 @@ def init_state(config, model, info, sample_shape):
   k_model, k_loss, k_step = jax.random.split(key, 3)
   variables = model.init(k_model, jnp.zeros((1,) + tuple(sample_shape)),
                          train=False)
-  variables = _load_pretrained(config, dict(variables))
+  variables = _load_pretrained(config, dict(variables),
+                               in_channels=int(sample_shape[-1]))
   loss_params = {}
   if entry.param_name is not None:
     n = config_facts.num_classes(config, info)

@@ -134,6 +134,70 @@ def cars_full_class_ids(seed=0):
   return np.random.default_rng(seed).permutation(ids)
 
 
+def cars_devkit_annos(fnames, class_ids):
+  """The devkit's cars_train_annos.mat / cars_test_annos_withlabels.mat:
+  an `annotations` struct array with fields bbox_*, class and fname."""
+  dt = [(f, "O") for f in ("bbox_x1", "bbox_y1", "bbox_x2", "bbox_y2",
+                           "class", "fname")]
+  ann = np.zeros((1, len(fnames)), dtype=dt)
+  for i, (fname, c) in enumerate(zip(fnames, class_ids)):
+    ann[0, i] = (np.array([[3]], np.uint8), np.array([[2]], np.uint8),
+                 np.array([[9]], np.uint8), np.array([[7]], np.uint8),
+                 np.array([[c]], np.uint8), np.array([fname]))
+  buf = io.BytesIO()
+  scipy.io.savemat(buf, {"annotations": ann})
+  return buf.getvalue()
+
+
+def cars_class_names():
+  """196 names; class 5 has a '/' (as 'Ram C/V Cargo Van Minivan 2012')."""
+  return [f"Make Model{' C/V' if c == 5 else ''} {c} 2012"
+          for c in range(1, 197)]
+
+
+def cars_layouts(class_ids, tests, seed=0):
+  """The same images in the three Cars-196 layouts.
+
+  Args:
+    class_ids: class id (1..196) of each image, in official order.
+    tests: 1 for the images of the classification benchmark's test half.
+
+  Returns:
+    ``{layout: {relpath: bytes}}`` for 'official' (car_ims/ +
+    cars_annos.mat), 'tfds' (cars_train/, cars_test/, devkit/,
+    cars_test_annos_withlabels.mat) and 'pml' (pytorch-metric-learning's
+    Kaggle mirror), and ``images``: the image bytes in official order.
+  """
+  images = [encode("JPEG", seed + i) for i in range(len(class_ids))]
+  official = {f"car_ims/{i + 1:06d}.jpg": im for i, im in enumerate(images)}
+  official["cars_annos.mat"] = cars_annos(class_ids, tests=np.asarray(tests))
+  tfds, pml = {}, {}
+  names = cars_class_names()
+  pml["names.csv"] = ("\n".join(names) + "\n").encode()
+  for split, flag in (("train", 0), ("test", 1)):
+    idx = [i for i, t in enumerate(tests) if t == flag]
+    fnames = [f"{k + 1:05d}.jpg" for k in range(len(idx))]
+    ids = [class_ids[i] for i in idx]
+    rows = []
+    for fname, i, c in zip(fnames, idx, ids):
+      tfds[f"cars_{split}/{fname}"] = images[i]
+      pml[f"car_data/car_data/{split}/{names[c - 1].replace('/', '-')}/"
+          f"{fname}"] = images[i]
+      rows.append(f"{fname},3,2,9,7,{c}")
+    pml[f"anno_{split}.csv"] = ("\n".join(rows) + "\n").encode()
+    annos = cars_devkit_annos(fnames, ids)
+    if split == "train":
+      tfds["devkit/cars_train_annos.mat"] = annos
+    else:
+      tfds["cars_test_annos_withlabels.mat"] = annos
+      # The devkit's own test annotations carry no class.
+      tfds["devkit/cars_test_annos.mat"] = b"unused"
+  meta = io.BytesIO()
+  scipy.io.savemat(meta, {"class_names": np.array([names], dtype=object)})
+  tfds["devkit/cars_meta.mat"] = meta.getvalue()
+  return {"official": official, "tfds": tfds, "pml": pml, "images": images}
+
+
 # --------------------------------------------------------------------- SOP --
 
 SOP_SUPER = ("bicycle", "cabinet", "chair", "coffee_maker", "fan", "kettle",
@@ -229,3 +293,43 @@ def omniglot_files(folder, alphabets, *, drawers=2, seed=0):
                             mode="L")
       char_id += 1
   return files
+
+
+# ------------------------------------------------------ encrypted archives --
+
+
+def encrypted_zip(files, path, password="secret", *, tool=True):
+  """A password-protected zip of `{relpath: bytes}`, as DeepFashion's.
+
+  ``tool``: made by Info-ZIP's ``zip -P`` (real ZipCrypto, which Python's
+  zipfile decrypts with ``pwd=``) when it is installed; else, or with
+  ``tool=False``, a plain zip whose entries have general-purpose flag bit 0
+  (encrypted) set in the local and central headers, which is what zipfile
+  refuses with 'is encrypted, password required for extraction'.
+
+  Returns:
+    True when the archive is real ZipCrypto.
+  """
+  import shutil  # pylint: disable=g-import-not-at-top
+  import struct  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  if tool and shutil.which("zip"):
+    with tempfile.TemporaryDirectory() as tmp:
+      write_tree(files, tmp)
+      subprocess.run(["zip", "-q", "-r", "-P", password, str(path.resolve()),
+                      *sorted({r.split("/")[0] for r in files})],
+                     cwd=tmp, check=True)
+    return True
+  write_tree(files, path.parent, archive=path.name)
+  raw = bytearray(path.read_bytes())
+  for sig, offset in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
+    start = 0
+    while (start := raw.find(sig, start)) >= 0:
+      flags, = struct.unpack_from("<H", raw, start + offset)
+      struct.pack_into("<H", raw, start + offset, flags | 0x1)
+      start += 4
+  path.write_bytes(bytes(raw))
+  return False

@@ -59,3 +59,45 @@ def test_unknown_names_and_splits(tmp_path):
     data.load_split("imagenet", "train", data_dir=tmp_path)
   with pytest.raises(ValueError, match="train, query, gallery"):
     data.load_split("inshop", "test", data_dir=tmp_path)
+
+
+_PREPARE = """
+import os, sys, time
+from circle_jax import data
+go = sys.argv[2]
+open(go + "." + str(os.getpid()), "w").close()  # imported: ready
+while not os.path.exists(go):
+  time.sleep(0.005)
+src = data.load_split(sys.argv[3], "train", data_dir=sys.argv[1])
+test = data.load_split(sys.argv[3], "test", data_dir=sys.argv[1])
+print(len(src), len(test), data.split_labels(src).sum())
+"""
+
+
+def test_jobs_sharing_a_data_dir_prepare_a_dataset_once(tmp_path):
+  """Two real processes start preparing the same dataset at the same
+  instant: one prepares, the other waits for the lock and reads the result
+  (tfds alone made the second fail renaming its incomplete folder onto the
+  first's result: FileExistsError)."""
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  go, name = tmp_path / "go", "digits"
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  procs = [subprocess.Popen(
+      [sys.executable, "-c", _PREPARE, str(tmp_path / "d"), str(go), name],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+           for _ in range(2)]
+  deadline = time.time() + 240
+  while (len(list(tmp_path.glob("go.*"))) < 2 and time.time() < deadline
+         and all(p.poll() is None for p in procs)):
+    time.sleep(0.05)
+  go.touch()  # both imported and polling: they start at the same instant
+  outs = [p.communicate(timeout=300) for p in procs]
+  for p, (out, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-3000:]
+  assert outs[0][0] == outs[1][0] and outs[0][0].split()[:2] == ["901", "896"]
+  left = sorted(os.listdir(tmp_path / "d" / name))
+  assert left == ["1.0.0"], left          # no incomplete.* folder remains
+  assert (tmp_path / "d" / f"{name}.lock").exists()

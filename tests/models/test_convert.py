@@ -271,3 +271,102 @@ def test_replace_backbone_rejects_weights_of_another_model(
     models.replace_backbone(
         variables, models.convert_bn_inception(bn_inception_state_dict))
   assert "inception_3a_1x1" in str(e.value)
+
+
+# ---------------------------------------------------------------------------
+# The first convolution on images of other channels (timm's rule).
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("have,want", [(3, 1), (3, 2), (3, 4), (3, 7),
+                                       (1, 3), (1, 2), (3, 3), (1, 1)])
+def test_adapt_input_channels_is_timms_adapt_input_conv(have, want):
+  from tests.models import timm_reference  # pylint: disable=g-import-not-at-top
+  timm, torch = timm_reference.import_timm()
+  from timm.models import _manipulate  # pylint: disable=g-import-not-at-top
+  torch_kernel = np.random.default_rng(have * 10 + want).normal(
+      size=(5, have, 3, 2)).astype(np.float32)          # [O, I, kh, kw]
+  ref = _manipulate.adapt_input_conv(
+      want, torch.from_numpy(torch_kernel.copy()), base_chans=have).numpy()
+  got = convert.adapt_input_channels(torch_kernel.transpose(2, 3, 1, 0), want)
+  assert got.dtype == np.float32 and got.shape == (3, 2, want, 5)
+  np.testing.assert_allclose(got.transpose(3, 2, 0, 1), ref, rtol=1e-6,
+                             atol=1e-6)
+  del timm
+
+
+def test_adapt_input_channels_by_hand():
+  k = np.arange(2 * 3, dtype=np.float32).reshape(1, 1, 3, 2)  # [1,1,I=3,O=2]
+  np.testing.assert_array_equal(convert.adapt_input_channels(k, 1)[0, 0],
+                                [[0 + 2 + 4, 1 + 3 + 5]])
+  # 3 -> 4: channels r, g, b, r, scaled by 3/4.
+  np.testing.assert_allclose(convert.adapt_input_channels(k, 4)[0, 0],
+                             0.75 * k[0, 0][[0, 1, 2, 0]])
+  # A gray image tiled to RGB sees the same kernel response as the summed
+  # kernel on the gray image; 1 -> 3 divides by 3 so the reverse holds too.
+  g = np.array([[[[2.0, -1.0]]]], np.float32)                 # I=1, O=2
+  np.testing.assert_allclose(convert.adapt_input_channels(g, 3)[0, 0],
+                             [[2 / 3, -1 / 3]] * 3, rtol=1e-6)
+  with pytest.raises(models.ConversionError, match="2-channel images"):
+    convert.adapt_input_channels(np.ones((1, 1, 2, 4), np.float32), 3)
+
+
+def test_grayscale_model_takes_rgb_bn_inception_weights(
+    bn_inception_state_dict):
+  """A 1-channel BN-Inception loads the RGB checkpoint with its first kernel
+  summed over the channels, and then sees a gray image as the RGB model sees
+  the same image tiled to three channels."""
+  sd = bn_inception_state_dict
+  got = models.convert_bn_inception(sd, in_channels=1)
+  k = got["params"]["conv1_7x7_s2"]["kernel"]
+  assert k.shape == (7, 7, 1, 64)
+  np.testing.assert_allclose(
+      k[..., 0, :], sd["conv1_7x7_s2.weight"].sum(1).transpose(1, 2, 0),
+      rtol=1e-6)
+  model = models.get_model("bn_inception", embedding_dim=8)
+  gray = np.random.default_rng(1).uniform(-1, 1, (1,) + HW + (1,)).astype(
+      np.float32)
+  outs = []
+  for x, in_channels in ((gray, 1), (np.repeat(gray, 3, -1), 3)):
+    variables = helpers.random_variables(
+        helpers.variable_shapes(model, x.shape))
+    variables = models.replace_backbone(
+        variables, models.convert_bn_inception(sd, in_channels=in_channels))
+    outs.append(np.asarray(_features_fn(model)(variables, x)))
+  np.testing.assert_allclose(outs[0], outs[1], rtol=1e-4, atol=1e-4)
+
+
+def test_grayscale_model_takes_rgb_keras_resnet_weights():
+  layers = _keras_layers_of_our_resnet()
+  rgb = np.random.default_rng(2).normal(size=(7, 7, 3, 64)).astype(np.float32)
+  layers["conv1_conv"]["kernel"] = rgb
+  got = convert.convert_keras_resnet(layers, in_channels=1)
+  np.testing.assert_allclose(got["params"]["conv1_conv"]["kernel"],
+                             rgb.sum(2, keepdims=True), rtol=1e-6)
+  model = models.get_model("resnet50", embedding_dim=8)
+  variables = helpers.random_variables(
+      helpers.variable_shapes(model, (1, 32, 32, 1)))
+  models.replace_backbone(variables, got)  # fits the 1-channel model
+
+
+def test_a_misfit_names_its_first_problem_and_the_fix_on_the_first_line(
+    bn_inception_state_dict):
+  sd = dict(bn_inception_state_dict)
+  sd["inception_3a_3x3.weight"] = np.zeros((64, 64, 1, 1), np.float32)
+  del sd["inception_3a_1x1_bn.running_var"]
+  with pytest.raises(models.ConversionError) as e:
+    models.convert_bn_inception(sd)
+  first = str(e.value).splitlines()[0]
+  assert first.startswith(
+      "The BN-Inception checkpoint does not match the model: shape mismatch "
+      "inception_3a_3x3.weight: checkpoint (64, 64, 1, 1), model needs "
+      "(64, 64, 3, 3) (and 1 more problem(s)); the weights are of another "
+      "model or size: give the weights of --config.model.name")
+  conv4 = models.get_model("conv4", embedding_dim=8)
+  variables = helpers.random_variables(
+      helpers.variable_shapes(conv4, (1, 28, 28, 1)))
+  with pytest.raises(models.ConversionError) as e:
+    models.replace_backbone(
+        variables, models.convert_bn_inception(bn_inception_state_dict))
+  first = str(e.value).splitlines()[0]
+  assert "missing params/block1_" in first and "--config.model" in first

@@ -162,3 +162,49 @@ def test_the_geometry_of_a_pair_loss_is_checked_in_one_line(hyper, message):
   assert str(e.value) == message
   c.loss = config_lib.loss_config("supcon", geometry="poincare")
   config_checks.check_config(c, device_count=8, process_count=1)
+
+
+def test_a_hold_out_that_leaves_a_batch_too_few_classes_is_one_line():
+  # digits: 5 train classes, 2 held out at 20 %; a batch of 5 classes.
+  c = _config(**{"dataset.validation_fraction": 0.2})
+  with pytest.raises(config_checks.ConfigError) as e:
+    config_checks.check_config(c, device_count=1, process_count=1)
+  assert str(e.value) == (
+      "config.batch.classes_per_batch: 5 classes per batch, but 'digits' has "
+      "5 train classes, 2 of them held out for validation "
+      "(dataset.validation_fraction=0.2), leaving 3 to train on: lower "
+      "batch.classes_per_batch to at most 3 or dataset.validation_fraction "
+      "(0: no hold-out).")
+  c.batch.classes_per_batch = 3
+  config_checks.check_config(c, device_count=1, process_count=1)
+
+
+def test_the_classes_a_partial_copy_really_has_are_checked():
+  from circle_jax import data  # pylint: disable=g-import-not-at-top
+  info = data.get_dataset_info("cub200")
+  c = _config(**{"dataset.name": "cub200", "dataset.manual_dir": "/m",
+                 "dataset.validation_fraction": 0.2,
+                 "batch.classes_per_batch": 4})
+  config_checks.check_config(c, device_count=1, process_count=1)  # 100
+  where = " (as read from manual_dir '/m')"
+  with pytest.raises(config_checks.ConfigError) as e:
+    config_checks.check_train_classes(c, info, 2, where)
+  assert str(e.value) == (
+      "config.dataset.validation_fraction: 0.2 holds out 2 of the 2 train "
+      "classes of 'cub200' (as read from manual_dir '/m') and leaves 0 to "
+      "train on; both sides need at least 2 classes: set "
+      "dataset.validation_fraction=0 (no hold-out).")
+  with pytest.raises(config_checks.ConfigError) as e:
+    config_checks.check_train_classes(c, info, 5, where)
+  assert str(e.value) == (
+      "config.batch.classes_per_batch: 4 classes per batch, but 'cub200' (as "
+      "read from manual_dir '/m') has 5 train classes, 2 of them held out for "
+      "validation (dataset.validation_fraction=0.2), leaving 3 to train on: "
+      "lower batch.classes_per_batch to at most 3 or "
+      "dataset.validation_fraction (0: no hold-out).")
+  config_checks.check_train_classes(c, info, 6, where)
+  c.dataset.validation_fraction = 0.0
+  with pytest.raises(config_checks.ConfigError, match=(
+      r"has 3 train classes, leaving 3 to train on: lower "
+      r"batch.classes_per_batch to at most 3\.$")):
+    config_checks.check_train_classes(c, info, 3, where)

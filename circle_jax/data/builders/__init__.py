@@ -1,9 +1,10 @@
 """tfds builders of the deep-metric-learning datasets (see ``base``)."""
 
-from circle_jax.data.builders.base import CorruptImageError
 from circle_jax.data.builders.base import EncodedImageBuilder
 from circle_jax.data.builders.base import MissingDatasetFilesError
 from circle_jax.data.builders.base import split_labels
+from circle_jax.data.builders.sources import CorruptImageError
+from circle_jax.data.builders.sources import EncryptedArchiveError
 from circle_jax.data.builders.cars196 import Cars196
 from circle_jax.data.builders.cub200 import Cub200
 from circle_jax.data.builders.digits import Digits

@@ -29,9 +29,7 @@ import dataclasses
 import inspect
 import io
 import pathlib
-import tarfile
-import zipfile
-from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from absl import logging
 from etils import epath
@@ -39,20 +37,13 @@ import numpy as np
 import tensorflow_datasets as tfds
 from PIL import Image
 
+from circle_jax.data.builders import sources as source_trees
 from circle_jax.errors import UserError
 
-# Non-image files that archive trees keep in memory on their first scan, so
-# metadata can be read from a .tgz without a second pass.
-_METADATA_SUFFIXES = (".txt", ".mat", ".csv", ".json")
-_MAX_METADATA_BYTES = 64 << 20
 
 
 class MissingDatasetFilesError(UserError, FileNotFoundError):
   """Raised when the files a dataset needs are neither found nor downloadable."""
-
-
-class CorruptImageError(UserError, ValueError):
-  """Raised when an image of a dataset cannot be decoded; names the file."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,14 +64,23 @@ class ExpectedFile:
     return f"  - {alts}\n      from: {self.source}"
 
 
+Layouts = Sequence[Tuple[str, Sequence[ExpectedFile]]]
+
+
 def missing_files_error(dataset: str, manual_dir, expected: Sequence[ExpectedFile],
-                        missing: Sequence[ExpectedFile], hint: str = ""):
+                        missing: Sequence[ExpectedFile], hint: str = "",
+                        layouts: Optional[Layouts] = None):
   """Builds a :class:`MissingDatasetFilesError` naming every expected file.
 
   The first line names what is missing, where it was looked for and the fix;
-  the next lines list every expected file with its source.
+  the next lines list every expected file with its source. A dataset read
+  from any of several layouts (``layouts``: ``(name, files)`` pairs, any one
+  complete layout will do) lists each of them; ``expected`` and ``missing``
+  are then those of the layout closest to what was found.
   """
   what = " and ".join(repr(m.alternatives[0]) for m in missing)
+  if layouts:
+    what += f" (or another of the {len(layouts)} accepted layouts below)"
   if manual_dir is None:
     first = (f"Dataset '{dataset}': no manual_dir given, and {what} cannot be "
              "downloaded; put the official files in a folder and pass it as "
@@ -89,227 +89,17 @@ def missing_files_error(dataset: str, manual_dir, expected: Sequence[ExpectedFil
     first = (f"Dataset '{dataset}': {what} not found in manual_dir "
              f"'{manual_dir}'; put the official files there or point "
              "manual_dir at the folder that holds them.")
-  lines = [
-      first,
-      "Missing:",
-      *[m.describe() for m in missing],
-      "Expected layout (all of):",
-      *[e.describe() for e in expected],
-  ]
+  lines = [first, "Missing:", *[m.describe() for m in missing]]
+  if layouts:
+    lines.append("Accepted layouts (any one, complete):")
+    for name, files in layouts:
+      lines.append(f"  {name} (all of):")
+      lines += ["  " + line for f in files for line in f.describe().split("\n")]
+  else:
+    lines += ["Expected layout (all of):", *[e.describe() for e in expected]]
   if hint:
     lines.append(hint)
   return MissingDatasetFilesError("\n".join(lines))
-
-
-# ----------------------------------------------------------------------------
-# Source trees: a folder, a zip or a tar(.gz) seen as `relative path -> bytes`.
-# ----------------------------------------------------------------------------
-
-
-class SourceTree(abc.ABC):
-  """Read-only view of files addressed by '/'-separated relative paths."""
-
-  description: str
-
-  @abc.abstractmethod
-  def names(self) -> List[str]:
-    """All file paths in the tree."""
-
-  @abc.abstractmethod
-  def read_bytes(self, rel: str) -> bytes:
-    """Content of one (metadata) file; KeyError if absent."""
-
-  @abc.abstractmethod
-  def iter_files(self, rels: Iterable[str]) -> Iterator[Tuple[str, bytes]]:
-    """Yields `(rel, content)` for each requested path, in storage order.
-
-    Raises:
-      CorruptImageError: listing requested paths that are not in the tree.
-    """
-
-  def exists(self, rel: str) -> bool:
-    return rel in self._name_set()
-
-  def _name_set(self):
-    if not hasattr(self, "_names_cache"):
-      self._names_cache = set(self.names())
-    return self._names_cache
-
-  def _missing(self, rels):
-    missing = sorted(set(rels) - self._name_set())
-    if missing:
-      shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
-      raise CorruptImageError(
-          f"{len(missing)} image file(s) listed by the metadata are missing from "
-          f"{self.description}: {shown}. The copy is incomplete; download it "
-          "again.")
-
-
-class DirTree(SourceTree):
-  """An extracted folder."""
-
-  def __init__(self, root):
-    self.root = pathlib.Path(root)
-    self.description = f"folder {str(self.root)!r}"
-
-  def names(self):
-    return [p.relative_to(self.root).as_posix()
-            for p in self.root.rglob("*") if p.is_file()]
-
-  def exists(self, rel):
-    return (self.root / rel).is_file()
-
-  def read_bytes(self, rel):
-    path = self.root / rel
-    if not path.is_file():
-      raise KeyError(rel)
-    return path.read_bytes()
-
-  def iter_files(self, rels):
-    rels = list(rels)
-    missing = [r for r in rels if not (self.root / r).is_file()]
-    if missing:
-      self._names_cache = set(rels) - set(missing)
-      self._missing(rels)
-    for rel in rels:
-      yield rel, (self.root / rel).read_bytes()
-
-
-class ZipTree(SourceTree):
-  """A zip archive (random access)."""
-
-  def __init__(self, path):
-    self.path = pathlib.Path(path)
-    self.description = f"archive {str(self.path)!r}"
-    try:
-      with zipfile.ZipFile(self.path) as zf:
-        self._names = [i.filename for i in zf.infolist() if not i.is_dir()]
-    except (zipfile.BadZipFile, OSError) as e:
-      raise CorruptImageError(
-          f"Cannot read the zip archive {str(self.path)!r} ({e}); it is "
-          "truncated or corrupt. Download it again.") from e
-
-  def names(self):
-    return list(self._names)
-
-  def read_bytes(self, rel):
-    with zipfile.ZipFile(self.path) as zf:
-      return zf.read(rel)
-
-  def iter_files(self, rels):
-    rels = list(rels)
-    self._missing(rels)
-    with zipfile.ZipFile(self.path) as zf:
-      for rel in rels:
-        try:
-          data = zf.read(rel)
-        except (zipfile.BadZipFile, OSError, EOFError) as e:
-          raise CorruptImageError(
-              f"Cannot read {rel!r} from {self.description} ({e}).") from e
-        yield rel, data
-
-
-class TarTree(SourceTree):
-  """A tar archive, possibly compressed; read as a stream (one pass per call).
-
-  The first scan records every member name and keeps small metadata files
-  (``.txt``, ``.mat``, ...) in memory; ``iter_files`` then streams the archive
-  once more and yields the requested members in archive order.
-  """
-
-  def __init__(self, path):
-    self.path = pathlib.Path(path)
-    self.description = f"archive {str(self.path)!r}"
-    self._names = None
-    self._small = {}
-
-  def _scan(self):
-    if self._names is not None:
-      return
-    names = []
-    for member, tf in self._members():
-      names.append(member.name)
-      if (member.name.endswith(_METADATA_SUFFIXES)
-          and member.size <= _MAX_METADATA_BYTES):
-        self._small[member.name] = tf.extractfile(member).read()
-    self._names = names
-
-  def _members(self):
-    try:
-      with tarfile.open(self.path, mode="r|*") as tf:
-        for member in tf:
-          if member.isfile():
-            name = member.name[2:] if member.name.startswith("./") else member.name
-            member.name = name
-            yield member, tf
-    except (tarfile.TarError, OSError, EOFError) as e:
-      raise CorruptImageError(
-          f"Cannot read the tar archive {str(self.path)!r} ({e}); it is "
-          "truncated or corrupt. Download it again.") from e
-
-  def names(self):
-    self._scan()
-    return list(self._names)
-
-  def read_bytes(self, rel):
-    self._scan()
-    if rel in self._small:
-      return self._small[rel]
-    for member, tf in self._members():
-      if member.name == rel:
-        return tf.extractfile(member).read()
-    raise KeyError(rel)
-
-  def iter_files(self, rels):
-    wanted = set(rels)
-    self._scan()
-    self._missing(wanted)
-    for member, tf in self._members():
-      if member.name in wanted:
-        yield member.name, tf.extractfile(member).read()
-
-
-def open_tree(path) -> SourceTree:
-  """A folder, a ``.zip`` or a tar archive as a :class:`SourceTree`."""
-  path = pathlib.Path(path)
-  if path.is_dir():
-    return DirTree(path)
-  if zipfile.is_zipfile(path):
-    return ZipTree(path)
-  return TarTree(path)
-
-
-def find_source(manual_dir, *, folder: str, archives: Sequence[str],
-                marker: Optional[str] = None) -> Optional[SourceTree]:
-  """Finds `folder` (extracted) or one of `archives` under `manual_dir`.
-
-  The returned tree addresses files as ``'<folder>/...'`` in both cases (the
-  official archives contain the folder at their top level). `manual_dir` may
-  also be the extracted folder itself.
-
-  Args:
-    manual_dir: directory to search (or None).
-    folder: the top-level folder of the official archive.
-    archives: archive file names, relative to `manual_dir`.
-    marker: a file inside `folder` whose presence identifies an extracted
-      copy (default: the folder merely existing).
-
-  Returns:
-    A tree, or None if nothing was found.
-  """
-  if manual_dir is None:
-    return None
-  root = pathlib.Path(manual_dir)
-  def ok(d):
-    return d.is_dir() and (marker is None or (d / marker).exists())
-  if ok(root / folder):
-    return DirTree(root)
-  if root.name == folder and ok(root):
-    return DirTree(root.parent)
-  for name in archives:
-    if (root / name).is_file():
-      return open_tree(root / name)
-  return None
 
 
 # ----------------------------------------------------------------------------
@@ -322,7 +112,7 @@ class PlannedImage:
   """One image of a split: where it is and which class it belongs to.
 
   Attributes:
-    source: key of the :class:`SourceTree` holding it.
+    source: key of the :class:`~.sources.SourceTree` holding it.
     member: its path inside that tree.
     path: the path written to the record (the official relative path).
     class_key: sortable original class id (int, or tuple for Omniglot).
@@ -372,7 +162,7 @@ def check_image(data: bytes, where: str) -> None:
     with Image.open(io.BytesIO(data)) as im:
       im.verify()
   except Exception as e:  # PIL raises many types (OSError, SyntaxError, ...).
-    raise CorruptImageError(
+    raise source_trees.CorruptImageError(
         f"Corrupt or unreadable image {where}: {type(e).__name__}: {e}. "
         "Download the dataset again.") from e
 
@@ -450,11 +240,11 @@ class EncodedImageBuilder(tfds.core.GeneratorBasedBuilder,
   # -- to implement --------------------------------------------------------
 
   @abc.abstractmethod
-  def _open_sources(self, manual_dir, dl_manager) -> Dict[str, SourceTree]:
+  def _open_sources(self, manual_dir, dl_manager) -> Dict[str, source_trees.SourceTree]:
     """Returns the source trees, or raises MissingDatasetFilesError."""
 
   @abc.abstractmethod
-  def _plan(self, sources: Mapping[str, SourceTree]
+  def _plan(self, sources: Mapping[str, source_trees.SourceTree]
             ) -> Dict[str, List[PlannedImage]]:
     """Reads the metadata: split name -> images of that split."""
 

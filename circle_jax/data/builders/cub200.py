@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from circle_jax.data.builders import base
+from circle_jax.data.builders import sources as source_trees
 
 _FOLDER = "CUB_200_2011"
 _SOURCE = ("https://www.vision.caltech.edu/datasets/cub_200_2011/ "
@@ -36,7 +37,7 @@ class Cub200(base.EncodedImageBuilder, skip_registration=True):
   NUM_TRAIN_CLASSES = 100
 
   def _open_sources(self, manual_dir, dl_manager):
-    tree = base.find_source(manual_dir, folder=_FOLDER,
+    tree = source_trees.find_source(manual_dir, folder=_FOLDER,
                             archives=("CUB_200_2011.tgz", "CUB_200_2011.tar.gz",
                                       "CUB_200_2011.tar"),
                             marker="images.txt")

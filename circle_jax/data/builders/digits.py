@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from circle_jax.data.builders import base
+from circle_jax.data.builders import sources as source_trees
 
 
 class Digits(base.EncodedImageBuilder, skip_registration=True):
@@ -38,7 +39,7 @@ class Digits(base.EncodedImageBuilder, skip_registration=True):
     return splits
 
 
-class _ArrayTree(base.SourceTree):
+class _ArrayTree(source_trees.SourceTree):
   """In-memory images, encoded to PNG on read."""
 
   description = "sklearn.datasets.load_digits()"

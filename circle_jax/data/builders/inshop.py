@@ -2,18 +2,39 @@
 
 from __future__ import annotations
 
+import pathlib
+
 from circle_jax.data.builders import base
+from circle_jax.data.builders import sources as source_trees
 
 _SOURCE = ("the DeepFashion In-shop Clothes Retrieval Benchmark "
            "(https://mmlab.ie.cuhk.edu.hk/projects/DeepFashion/InShopRetrieval"
            ".html; Google Drive folder 'In-shop Clothes Retrieval Benchmark')")
 
 
+def _search_dirs(manual_dir):
+  """manual_dir, and the benchmark's folder above it when manual_dir is its
+  ``Img/`` or the extracted ``Img/img/`` (the partition is in ``Eval/``)."""
+  if manual_dir is None:
+    return []
+  root = pathlib.Path(manual_dir)
+  dirs = [root]
+  if root.name == "img" and root.parent.name == "Img":
+    dirs.append(root.parent.parent)
+  elif root.name in ("Img", "img"):
+    dirs.append(root.parent)
+  return dirs
+
+
 class Inshop(base.EncodedImageBuilder, skip_registration=True):
   """In-shop Clothes Retrieval (Liu et al. 2016), official evaluation split.
 
   Manual directory: ``list_eval_partition.txt`` (or ``Eval/...``) and the
-  images as ``img/`` (extracted) or ``img.zip`` (or ``Img/img.zip``). The
+  images as ``img/`` or ``Img/img/`` (extracted) or ``img.zip`` (or
+  ``Img/img.zip``); an extracted folder is read before a zip beside it, and
+  a password-protected zip is refused in one line that says to extract it
+  there. ``manual_dir`` may also be the benchmark's ``Img/`` or ``Img/img/``
+  folder (the partition file then in ``../Eval/``). The
   partition file has a count line, a header ``image_name item_id
   evaluation_status`` and one line per image. Train: 3,997 items, 25,882
   images; query 14,218 and gallery 12,612 images of 3,985 other items.
@@ -37,23 +58,29 @@ class Inshop(base.EncodedImageBuilder, skip_registration=True):
   EXPECTED_FILES = (
       base.ExpectedFile(("list_eval_partition.txt",
                          "Eval/list_eval_partition.txt"), _SOURCE),
-      base.ExpectedFile(("img.zip", "Img/img.zip", "img/"), _SOURCE),
+      base.ExpectedFile(("img.zip", "Img/img.zip", "img/", "Img/img/"),
+                        _SOURCE),
   )
   EXPECTED_SIZES = {"train": 25882, "query": 14218, "gallery": 12612}
 
   def _open_sources(self, manual_dir, dl_manager):
     part = images = None
-    if manual_dir is not None:
+    dirs = _search_dirs(manual_dir)
+    for d in dirs:
       for cand in ("list_eval_partition.txt", "Eval/list_eval_partition.txt"):
-        if (manual_dir / cand).is_file():
-          part = base.DirTree(manual_dir)
+        if part is None and (d / cand).is_file():
+          part = source_trees.DirTree(d)
           self._partition = cand
-          break
-      images = base.find_source(manual_dir, folder="img",
-                                archives=("img.zip", "Img/img.zip"))
-      if images is None:
-        images = base.find_source(manual_dir / "Img", folder="img",
-                                  archives=())
+    # Extracted folders first: an encrypted zip is read once extracted.
+    for d in dirs:
+      for root in (d, d / "Img"):
+        if images is None:
+          images = source_trees.find_source(root, folder="img", archives=())
+    for d in dirs:
+      for archive in ("img.zip", "Img/img.zip"):
+        if images is None and (d / archive).is_file():
+          images = source_trees.open_tree(d / archive,
+                                  extract_to=(d / archive).parent / "img")
     missing = [f for f, found in zip(self.EXPECTED_FILES, (part, images))
                if found is None]
     if missing:

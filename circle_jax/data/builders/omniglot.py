@@ -7,6 +7,7 @@ import pathlib
 from typing import List
 
 from circle_jax.data.builders import base
+from circle_jax.data.builders import sources as source_trees
 
 _URL = "https://github.com/brendenlake/omniglot/raw/master/python/{}.zip"
 _REPO = "https://github.com/brendenlake/omniglot (python/{}.zip)"
@@ -50,7 +51,7 @@ class _OmniglotBase(base.EncodedImageBuilder, skip_registration=True):
   def _open_sources(self, manual_dir, dl_manager):
     trees, missing = {}, []
     for key, folder in self.FOLDERS.items():
-      tree = base.find_source(manual_dir, folder=folder,
+      tree = source_trees.find_source(manual_dir, folder=folder,
                               archives=(f"{folder}.zip",))
       if tree is None:
         missing.append((key, folder))
@@ -60,7 +61,7 @@ class _OmniglotBase(base.EncodedImageBuilder, skip_registration=True):
         raise ValueError("Downloading needs a tfds download manager.")
       paths = dl_manager.download({k: _URL.format(f) for k, f in missing})
       for key, _ in missing:
-        trees[key] = base.open_tree(paths[key])
+        trees[key] = source_trees.open_tree(paths[key])
       missing = []
     if missing:
       hint = ("Pass download=True (circle_jax.data.load_split) to fetch them "
@@ -123,13 +124,13 @@ def check_bundled_archives(folder=BUNDLED_DIR):
   for name, want in BUNDLED_MD5.items():
     path = pathlib.Path(folder) / name
     if not path.exists():
-      raise base.CorruptImageError(
+      raise source_trees.CorruptImageError(
           f"Dataset 'omniglot_small': the bundled archive {path} is missing; "
           "reinstall circle_jax (or pass --config.dataset.manual_dir=<folder "
           "with the two zips>).")
     got = hashlib.md5(path.read_bytes()).hexdigest()
     if got != want:
-      raise base.CorruptImageError(
+      raise source_trees.CorruptImageError(
           f"Dataset 'omniglot_small': {path} has md5 {got}, expected {want} "
           "(corrupt or modified); restore it from the repository, or pass "
           "--config.dataset.manual_dir=<folder with the official zips>.")

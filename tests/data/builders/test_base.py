@@ -1,4 +1,5 @@
-"""Source trees, split finalisation, record order and label metadata."""
+"""Split finalisation, record order and label metadata (source trees:
+test_sources.py)."""
 
 import numpy as np
 import pytest
@@ -6,33 +7,6 @@ import pytest
 from circle_jax.data import builders
 from circle_jax.data.builders import base
 from tests.data import fixtures
-
-FILES = {"top/a.txt": b"alpha\n", "top/sub/b.png": fixtures.encode("PNG", 1),
-         "top/sub/c.jpg": fixtures.encode("JPEG", 2), "other.txt": b"o"}
-
-
-@pytest.mark.parametrize("archive", [None, "x.zip", "x.tgz"])
-def test_trees_agree(tmp_path, archive):
-  path = fixtures.write_tree(FILES, tmp_path, archive=archive)
-  tree = base.open_tree(path)
-  assert sorted(tree.names()) == sorted(FILES)
-  assert tree.read_bytes("top/a.txt") == b"alpha\n"
-  got = dict(tree.iter_files(["top/sub/c.jpg", "top/sub/b.png"]))
-  assert got == {k: FILES[k] for k in ("top/sub/c.jpg", "top/sub/b.png")}
-  with pytest.raises(base.CorruptImageError, match="top/nope.png"):
-    list(tree.iter_files(["top/sub/b.png", "top/nope.png"]))
-
-
-def test_find_source_layouts(tmp_path):
-  fixtures.write_tree({"DS/marker.txt": b"", "DS/i.png": b""}, tmp_path / "ex")
-  fixtures.write_tree({"DS/marker.txt": b""}, tmp_path / "ar", archive="DS.zip")
-  find = lambda d: base.find_source(d, folder="DS", archives=("DS.zip",),
-                                    marker="marker.txt")
-  assert isinstance(find(tmp_path / "ex"), base.DirTree)
-  assert find(tmp_path / "ex" / "DS").root == tmp_path / "ex"  # the folder itself
-  assert isinstance(find(tmp_path / "ar"), base.ZipTree)
-  assert find(tmp_path) is None and find(None) is None
-
 
 def test_finalize_split_sorts_and_ranks():
   ims = [base.PlannedImage("s", p, p, k) for p, k in
@@ -63,5 +37,5 @@ def test_split_labels_falls_back_to_reading_records():
 
 def test_check_image():
   base.check_image(fixtures.encode("PNG", 0), "ok.png")
-  with pytest.raises(base.CorruptImageError, match="bad.png"):
+  with pytest.raises(builders.CorruptImageError, match="bad.png"):
     base.check_image(b"\x89PNG\r\n\x1a\n garbage", "bad.png")

@@ -32,10 +32,14 @@ def tiny(tmp_path_factory):
   files = fixtures.cub_files(TINY)
   fixtures.write_tree(files, root / "tgz", archive="CUB_200_2011.tgz")
   fixtures.write_tree(files, root / "extracted")
+  # The extracted folder under another name, given as manual_dir itself.
+  fixtures.write_tree({k[len("CUB_200_2011/"):]: v for k, v in files.items()
+                       if k.startswith("CUB_200_2011/")}, root / "birds")
   return root, files
 
 
-@pytest.mark.parametrize("layout", ["tgz", "extracted"])
+@pytest.mark.parametrize("layout", ["tgz", "extracted",
+                                    "extracted/CUB_200_2011", "birds"])
 def test_build_reads_every_image_with_contiguous_labels(tiny, tmp_path, layout):
   root, files = tiny
   for split, classes in (("train", [1, 2, 100]), ("test", [101, 150, 200])):

@@ -67,3 +67,50 @@ def test_missing_images_named(tmp_path):
   with pytest.raises(data.MissingDatasetFilesError, match="img.zip"):
     data.load_split("inshop", "query", data_dir=tmp_path / "d",
                     manual_dir=tmp_path)
+
+
+def _inshop(m, *, encrypted_as=None, tool=True):
+  rows = fixtures.inshop_rows([2, 1], None, [1, 1], [1, 2])
+  images = {p: fixtures.encode("JPEG", i) for i, (p, _, _) in enumerate(rows)}
+  (m / "Eval").mkdir(parents=True)
+  (m / "Eval" / "list_eval_partition.txt").write_bytes(
+      fixtures.inshop_partition(rows))
+  real = fixtures.encrypted_zip(images, m / encrypted_as, tool=tool)
+  return images, real
+
+
+@pytest.mark.parametrize("tool", [True, False])
+def test_encrypted_zip_is_one_line_naming_it_and_the_folder(tmp_path, tool):
+  m = tmp_path / "In-shop Clothes Retrieval Benchmark"
+  _inshop(m, encrypted_as="Img/img.zip", tool=tool)
+  zipfile = pytest.importorskip("zipfile")
+  with zipfile.ZipFile(m / "Img" / "img.zip") as zf:  # what the builder met
+    with pytest.raises(RuntimeError, match="is encrypted, password required"):
+      zf.read(zf.namelist()[-1])
+  with pytest.raises(data.EncryptedArchiveError) as e:
+    data.load_split("inshop", "train", data_dir=tmp_path / "d", manual_dir=m)
+  msg = str(e.value)
+  assert "\n" not in msg
+  assert msg.startswith(f"The archive '{m / 'Img' / 'img.zip'}' is "
+                        "password-protected")
+  assert (f"extract it with its password (`unzip -P PASSWORD "
+          f"'{m / 'Img' / 'img.zip'}' -d '{m / 'Img'}'`") in msg
+  assert f"so that its files are in '{m / 'Img' / 'img'}/'" in msg
+  assert not (tmp_path / "d" / "inshop" / "1.0.0").exists()
+
+
+@pytest.mark.parametrize("manual_dir", ["", "Img", "Img/img"])
+def test_the_zip_extracted_with_its_password_is_read(tmp_path, manual_dir):
+  m = tmp_path / "bench"
+  images, real = _inshop(m, encrypted_as="Img/img.zip")
+  if not real:
+    pytest.skip("needs Info-ZIP's zip to make a real ZipCrypto archive")
+  import zipfile  # pylint: disable=g-import-not-at-top
+  with zipfile.ZipFile(m / "Img" / "img.zip") as zf:  # as the message says
+    zf.extractall(m / "Img", pwd=b"secret")
+  assert (m / "Img" / "img").is_dir()                # the zip stays beside
+  src = data.load_split("inshop", "gallery", data_dir=tmp_path / "d",
+                        manual_dir=m / manual_dir)
+  assert len(src) == 3
+  for i in range(len(src)):
+    assert src[i]["image"] == images[src[i]["path"].decode()]

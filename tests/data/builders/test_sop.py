@@ -22,18 +22,23 @@ def test_full_lists_give_official_split_sizes(tmp_path):
   np.testing.assert_array_equal(np.bincount(test_labels), test_counts)
 
 
-@pytest.mark.parametrize("layout", ["zip", "extracted"])
+@pytest.mark.parametrize("layout", ["zip", "extracted", "the folder",
+                                    "renamed"])
 def test_build(tmp_path, layout):
   lists, rels = fixtures.sop_lists([2, 3, 1], [2, 2])
   images = {f"Stanford_Online_Products/{r}": fixtures.encode("JPEG", i)
             for i, r in enumerate(rels)}
-  fixtures.write_tree({**lists, **images}, tmp_path / "m",
-                      archive="Stanford_Online_Products.zip"
+  files, m = {**lists, **images}, tmp_path / "m"
+  if layout == "renamed":  # manual_dir: the extracted folder, renamed
+    files = {k.split("/", 1)[1]: v for k, v in files.items()}
+  fixtures.write_tree(files, m, archive="Stanford_Online_Products.zip"
                       if layout == "zip" else None)
+  if layout == "the folder":
+    m = m / "Stanford_Online_Products"
   train = data.load_split("sop", "train", data_dir=tmp_path / "d",
-                          manual_dir=tmp_path / "m")
+                          manual_dir=m)
   test = data.load_split("sop", "test", data_dir=tmp_path / "d",
-                         manual_dir=tmp_path / "m")
+                         manual_dir=m)
   assert (len(train), len(test)) == (6, 4)
   np.testing.assert_array_equal(data.split_labels(train), [0, 0, 1, 1, 1, 2])
   np.testing.assert_array_equal(data.split_labels(test), [0, 0, 1, 1])
