@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from absl import app
 from absl import flags
@@ -84,11 +84,8 @@ def embed_folder(workdir: str, images: str, *, batch_size: int = 64,
     circle_jax.data.ImageDecodeError: an unreadable image with ``strict``.
   """
   # Imported here: building the model needs the run's config first.
-  from circle_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   from circle_jax import parallel  # pylint: disable=g-import-not-at-top
-  from circle_jax.evaluation import embedding as embedding_lib  # pylint: disable=g-import-not-at-top
   from circle_jax.train import restore as restore_lib  # pylint: disable=g-import-not-at-top
-  from circle_jax.train import run as run_lib  # pylint: disable=g-import-not-at-top
 
   paths = list_images(images)
   if not paths:
@@ -96,18 +93,43 @@ def embed_folder(workdir: str, images: str, *, batch_size: int = 64,
         f"--images: no image files under {images!r} (looked for "
         f"{' '.join(IMAGE_EXTENSIONS)}, recursively).")
   # One device: the batches of a folder need not divide over the devices.
-  placement = parallel.SingleDevice()
-  run = restore_lib.restore_run(workdir, which, placement=placement)
+  run = restore_lib.restore_run(workdir, which,
+                                placement=parallel.SingleDevice())
   logging.info("Embedding with the %s checkpoint (step %s).", run.which,
                run.step)
-  config = run.config
+  return embed_files(run, images, paths, batch_size=batch_size,
+                     strict=strict)
+
+
+def embed_files(run, folder: str, paths: Sequence[str], *,
+                batch_size: int = 64, strict: bool = False,
+                on_batch: Optional[Callable[[int], None]] = None):
+  """``(paths, embeddings, skipped)`` of image files with a restored run.
+
+  Args:
+    run: a :class:`circle_jax.train.restore.Run` (its placement runs the
+      forward pass: one device, so any batch count fits).
+    folder: the folder the ``paths`` are relative to.
+    paths: the image files (relative paths).
+    batch_size: images per forward pass.
+    strict: raise on the first image that cannot be decoded.
+    on_batch: called with the number of images embedded after each batch.
+
+  Returns:
+    As :func:`embed_folder`.
+  """
+  from circle_jax import data as data_lib  # pylint: disable=g-import-not-at-top
+  from circle_jax.evaluation import embedding as embedding_lib  # pylint: disable=g-import-not-at-top
+  from circle_jax.train import run as run_lib  # pylint: disable=g-import-not-at-top
+
+  config, placement = run.config, run.placement
   preprocess = run_lib.eval_preprocess(config, run.info)
   embed = placement.embed_fn(embedding_lib.eval_apply(run.config, run.model))
   variables = placement.replicate(run.variables)
   decoded, kept, skipped = [], [], []
   for p in paths:
     try:
-      with open(os.path.join(images, p), "rb") as f:
+      with open(os.path.join(folder, p), "rb") as f:
         decoded.append(preprocess(f.read(), None, p))
       kept.append(p)
     except (data_lib.ImageDecodeError, OSError) as e:
@@ -124,6 +146,8 @@ def embed_folder(workdir: str, images: str, *, batch_size: int = 64,
     if pad:
       x = np.concatenate([x, np.zeros((pad,) + x.shape[1:], x.dtype)])
     out.append(np.asarray(embed(variables, x))[:n])
+    if on_batch is not None:
+      on_batch(start + n)
   dim = config.model.embedding_dim
   embeddings = (np.concatenate(out) if out else np.zeros((0, dim), np.float32))
   return kept, embeddings.astype(np.float32), skipped
