@@ -9,7 +9,10 @@ the run's *eval* preprocessing to every image file under ``FOLDER``
 (recursively; ``.png .jpg .jpeg .bmp .gif .webp .tif .tiff .pgm .ppm``,
 sorted by relative path) and saves ``paths`` (relative to ``FOLDER``, str),
 ``embeddings`` (``[N, embedding_dim]`` float32, unit norm) and ``skipped``
-(the files that could not be decoded, with the reason) to ``FILE.npz``.
+(the files that could not be decoded, with the reason) and ``model`` (the
+model's record as JSON, :class:`circle_jax.search.index.ModelRecord`, by
+which ``python -m circle_jax.search query --embeddings`` refuses another
+model's embeddings) to ``FILE.npz``.
 
 A folder with no image file is an error; an unreadable image is skipped with
 a warning naming it (``--strict`` makes it an error instead).
@@ -17,6 +20,7 @@ a warning naming it (``--strict`` makes it an error instead).
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import Callable, Optional, Sequence
@@ -64,7 +68,8 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
 
 
 def embed_folder(workdir: str, images: str, *, batch_size: int = 64,
-                 which: Optional[str] = None, strict: bool = False):
+                 which: Optional[str] = None, strict: bool = False,
+                 record: Optional[list] = None):
   """``(paths, embeddings, skipped)`` of the images under ``images``.
 
   Args:
@@ -74,6 +79,9 @@ def embed_folder(workdir: str, images: str, *, batch_size: int = 64,
     which: ``best`` or ``latest`` checkpoint (default: best if any).
     strict: raise on the first image that cannot be decoded instead of
       skipping it.
+    record: a list to append the model's
+      :class:`circle_jax.search.index.ModelRecord` to (the search tools
+      refuse queries of another model by it).
 
   Returns:
     The relative paths of the embedded images, a float32 ``[N, D]`` array,
@@ -97,6 +105,9 @@ def embed_folder(workdir: str, images: str, *, batch_size: int = 64,
                                 placement=parallel.SingleDevice())
   logging.info("Embedding with the %s checkpoint (step %s).", run.which,
                run.step)
+  if record is not None:
+    from circle_jax.search import index as index_lib  # pylint: disable=g-import-not-at-top
+    record.append(index_lib.ModelRecord.of_run(run))
   return embed_files(run, images, paths, batch_size=batch_size,
                      strict=strict)
 
@@ -169,11 +180,13 @@ def _run():
   paths_lib.output_file(_OUT.value, "--out")
   # np.savez adds ".npz" to a name without it: name the file it writes.
   out = _OUT.value if _OUT.value.endswith(".npz") else _OUT.value + ".npz"
+  record = []
   paths, embeddings, skipped = embed_folder(
       _WORKDIR.value, _IMAGES.value, batch_size=_BATCH.value,
-      which=_WHICH.value, strict=_STRICT.value)
+      which=_WHICH.value, strict=_STRICT.value, record=record)
   np.savez(out, paths=np.asarray(paths, dtype=str),
            embeddings=embeddings,
+           model=np.asarray(json.dumps(record[0].to_dict())),
            skipped=np.asarray([f"{p}: {r}" for p, r in skipped], dtype=str))
   for p, r in skipped:
     print(f"skipped {p}: {r}", file=sys.stderr)

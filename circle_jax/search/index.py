@@ -82,6 +82,14 @@ class ModelRecord:
   train_geometry: Optional[str] = None
   fingerprint: Optional[str] = None
 
+  @classmethod
+  def of_run(cls, run) -> "ModelRecord":
+    """The record of a restored run (:class:`circle_jax.train.restore.Run`)."""
+    return cls(run=run.workdir, step=run.step, checkpoint=run.which,
+               embedding_dim=int(run.config.model.embedding_dim),
+               train_geometry=run.config.loss.get("geometry", "cosine"),
+               fingerprint=weights_fingerprint(run.variables))
+
   def to_dict(self) -> Dict[str, Any]:
     return dataclasses.asdict(self)
 
