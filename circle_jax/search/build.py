@@ -14,6 +14,7 @@ import csv
 import os
 from typing import Callable, Dict, List, Optional, Tuple
 
+from absl import logging
 import numpy as np
 
 from circle_jax import embed as embed_lib
@@ -88,6 +89,8 @@ def embed_images(run, images: str, *, batch_size: int = 64,
       raise embed_lib.EmbedError(
           f"no image files under {images!r} (looked for "
           f"{' '.join(embed_lib.IMAGE_EXTENSIONS)}, recursively).")
+  logging.info("Embedding %d images of %s with %s (step %s).", len(paths),
+               images, run.workdir, run.step)
   done = (lambda n: on_batch(n, len(paths))) if on_batch else None
   return embed_lib.embed_files(run, folder, paths, batch_size=batch_size,
                                on_batch=done)
