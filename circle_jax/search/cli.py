@@ -56,7 +56,7 @@ class Progress:
       return
     if self.bar is None:
       import tqdm  # pylint: disable=g-import-not-at-top
-      self.bar = tqdm.tqdm(total=total, desc=self.description, unit="img",
+      self.bar = tqdm.tqdm(total=total, desc=self.description,
                            file=sys.stderr, leave=False)
     self.bar.update(done - self.bar.n)
 
@@ -166,11 +166,16 @@ def cmd_build(args) -> None:
 def cmd_add(args) -> None:
   from circle_jax.search import build  # pylint: disable=g-import-not-at-top
   index = index_lib.load(args.index)
-  other = build.build_from_folder(
-      index.model.run, args.images,
-      labels=None if index.labels is None else (args.labels or build.FOLDERS),
-      which=index.model.checkpoint, batch_size=args.batch_size,
-      on_batch=Progress("embedding"))
+  progress = Progress("embedding")
+  try:
+    other = build.build_from_folder(
+        index.model.run, args.images,
+        labels=None if index.labels is None else (args.labels
+                                                  or build.FOLDERS),
+        which=index.model.checkpoint, batch_size=args.batch_size,
+        on_batch=progress)
+  finally:
+    progress.close()
   index.check_model(other.model, other.dim, "the new images' embeddings")
   ids = [os.path.join(args.prefix, i) if args.prefix else i
          for i in other.ids]
@@ -189,7 +194,12 @@ def cmd_remove(args) -> None:
 
 def _search(args, index, names, emb, record, k):
   searcher = backends.Searcher(index, args.backend)
-  return searcher.search(emb, k, model=record)
+  progress = Progress("searching")
+  try:
+    return searcher.search(emb, k, model=record,
+                           on_chunk=lambda n: progress(n, len(names)))
+  finally:
+    progress.close()
 
 
 def cmd_query(args) -> None:

@@ -172,3 +172,23 @@ def test_sigterm_while_building_leaves_the_previous_index(setup):
   assert idx.read_bytes() == before
   assert sorted(os.listdir(root)) == sorted(
       f for f in os.listdir(root) if not f.endswith(".tmp"))
+
+
+def test_add_and_remove_items(setup):
+  root, runs = setup
+  idx = root / "index4.npz"
+  assert _cli("build", "--workdir", runs[0], "--images", root / "queries",
+              "--index", idx).returncode == 0
+  n = len(index_lib.load(str(idx)))
+  proc = _cli("add", "--index", idx, "--images", root / "queries",
+              "--prefix", "again")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  index = index_lib.load(str(idx))
+  assert len(index) == 2 * n and index.ids[n].startswith("again/")
+  np.testing.assert_array_equal(index.embeddings[:n], index.embeddings[n:])
+  _one_line_error(_cli("add", "--index", idx, "--images", root / "queries"),
+                  "already in the index")
+  proc = _cli("remove", "--index", idx, "--ids", index.ids[0], index.ids[-1])
+  assert proc.returncode == 0 and len(index_lib.load(str(idx))) == 2 * n - 2
+  _one_line_error(_cli("remove", "--index", idx, "--ids", "nope"),
+                  "'nope' is not in the index")
