@@ -56,10 +56,14 @@ def _timed(fn):
 def run(args) -> str:
   import faiss  # the [faiss] extra
   rng = np.random.default_rng(args.seed)
-  centres = _unit(rng.standard_normal((args.clusters, args.dim),
-                                      dtype=np.float32))
-  g = _clustered(rng, centres, args.gallery, args.noise)
-  q = _clustered(rng, centres, args.queries, args.noise)
+  if args.clusters:
+    centres = _unit(rng.standard_normal((args.clusters, args.dim),
+                                        dtype=np.float32))
+    g = _clustered(rng, centres, args.gallery, args.noise)
+    q = _clustered(rng, centres, args.queries, args.noise)
+  else:  # uniformly random directions
+    g = _unit(rng.standard_normal((args.gallery, args.dim), dtype=np.float32))
+    q = _unit(rng.standard_normal((args.queries, args.dim), dtype=np.float32))
   threads = faiss.omp_get_max_threads()
   index = search.GalleryIndex.from_arrays(g)
   lines = []
@@ -94,14 +98,15 @@ def run(args) -> str:
     size = os.path.getsize(path)
     _, t_load = _timed(lambda: search.load(path))
 
-  cmd = "python -m experiments.bench.search " + shlex.join(sys.argv[1:])
+  cmd = "python -m experiments.bench.search " + shlex.join(args.argv)
   load = os.getloadavg()
   lines += [
       "# Gallery search on the CPU: circle_jax exact vs faiss",
       "",
-      f"Gallery {args.gallery:,} x {args.dim} unit vectors around "
-      f"{args.clusters:,} random centres (Gaussian noise {args.noise} per "
-      "coordinate before normalising), "
+      f"Gallery {args.gallery:,} x {args.dim} unit vectors "
+      + (f"around {args.clusters:,} random centres (Gaussian noise "
+         f"{args.noise} per coordinate before normalising), "
+         if args.clusters else "in uniformly random directions, ") +
       f"{args.queries:,} queries, top-{args.k}; {threads} CPU threads for "
       f"both (faiss.omp_get_max_threads; XLA uses the same cores). "
       f"Load average before/after the run: {args.load_before} / "
@@ -155,12 +160,14 @@ def main(argv=None):
   p.add_argument("--target_recall", type=float, default=0.95)
   p.add_argument("--no_hnsw", action="store_true",
                  help="Skip faiss HNSW (its build is the longest part).")
-  p.add_argument("--clusters", type=int, default=10_000)
+  p.add_argument("--clusters", type=int, default=10_000,
+                 help="Class centres of the data (0: uniformly random).")
   p.add_argument("--noise", type=float, default=0.1)
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--tmp", default=None, help="Folder of the index file.")
   p.add_argument("--out", default=None, help="Markdown results file.")
   args = p.parse_args(argv)
+  args.argv = list(sys.argv[1:] if argv is None else argv)
   load = os.getloadavg()
   args.load_before = f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
   text = run(args)
