@@ -544,6 +544,8 @@ def _draw_retrievals(job: Job, embedded) -> None:
   failure to draw it is a note, never a failed run)."""
   try:
     if not embedded:
+      if jax.process_count() > 1:  # embedding is collective: not on one host
+        return
       job.evaluator.test(job.host_tree())
       embedded = job.evaluator.last_test
     job.evaluator.draw_retrievals(
