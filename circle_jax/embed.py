@@ -9,7 +9,10 @@ the run's *eval* preprocessing to every image file under ``FOLDER``
 (recursively; ``.png .jpg .jpeg .bmp .gif .webp .tif .tiff .pgm .ppm``,
 sorted by relative path) and saves ``paths`` (relative to ``FOLDER``, str),
 ``embeddings`` (``[N, embedding_dim]`` float32, unit norm) and ``skipped``
-(the files that could not be decoded, with the reason) to ``FILE.npz``.
+(the files that could not be decoded, with the reason) and ``model`` (the
+model's record as JSON, :class:`circle_jax.search.index.ModelRecord`, by
+which ``python -m circle_jax.search query --embeddings`` refuses another
+model's embeddings) to ``FILE.npz``.
 
 A folder with no image file is an error; an unreadable image is skipped with
 a warning naming it (``--strict`` makes it an error instead).
@@ -17,9 +20,10 @@ a warning naming it (``--strict`` makes it an error instead).
 
 from __future__ import annotations
 
+import json
 import os
 import sys
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from absl import app
 from absl import flags
@@ -64,7 +68,8 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
 
 
 def embed_folder(workdir: str, images: str, *, batch_size: int = 64,
-                 which: Optional[str] = None, strict: bool = False):
+                 which: Optional[str] = None, strict: bool = False,
+                 record: Optional[list] = None):
   """``(paths, embeddings, skipped)`` of the images under ``images``.
 
   Args:
@@ -74,6 +79,9 @@ def embed_folder(workdir: str, images: str, *, batch_size: int = 64,
     which: ``best`` or ``latest`` checkpoint (default: best if any).
     strict: raise on the first image that cannot be decoded instead of
       skipping it.
+    record: a list to append the model's
+      :class:`circle_jax.search.index.ModelRecord` to (the search tools
+      refuse queries of another model by it).
 
   Returns:
     The relative paths of the embedded images, a float32 ``[N, D]`` array,
@@ -84,11 +92,8 @@ def embed_folder(workdir: str, images: str, *, batch_size: int = 64,
     circle_jax.data.ImageDecodeError: an unreadable image with ``strict``.
   """
   # Imported here: building the model needs the run's config first.
-  from circle_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   from circle_jax import parallel  # pylint: disable=g-import-not-at-top
-  from circle_jax.evaluation import embedding as embedding_lib  # pylint: disable=g-import-not-at-top
   from circle_jax.train import restore as restore_lib  # pylint: disable=g-import-not-at-top
-  from circle_jax.train import run as run_lib  # pylint: disable=g-import-not-at-top
 
   paths = list_images(images)
   if not paths:
@@ -96,18 +101,46 @@ def embed_folder(workdir: str, images: str, *, batch_size: int = 64,
         f"--images: no image files under {images!r} (looked for "
         f"{' '.join(IMAGE_EXTENSIONS)}, recursively).")
   # One device: the batches of a folder need not divide over the devices.
-  placement = parallel.SingleDevice()
-  run = restore_lib.restore_run(workdir, which, placement=placement)
+  run = restore_lib.restore_run(workdir, which,
+                                placement=parallel.SingleDevice())
   logging.info("Embedding with the %s checkpoint (step %s).", run.which,
                run.step)
-  config = run.config
+  if record is not None:
+    from circle_jax.search import index as index_lib  # pylint: disable=g-import-not-at-top
+    record.append(index_lib.ModelRecord.of_run(run))
+  return embed_files(run, images, paths, batch_size=batch_size,
+                     strict=strict)
+
+
+def embed_files(run, folder: str, paths: Sequence[str], *,
+                batch_size: int = 64, strict: bool = False,
+                on_batch: Optional[Callable[[int], None]] = None):
+  """``(paths, embeddings, skipped)`` of image files with a restored run.
+
+  Args:
+    run: a :class:`circle_jax.train.restore.Run` (its placement runs the
+      forward pass: one device, so any batch count fits).
+    folder: the folder the ``paths`` are relative to.
+    paths: the image files (relative paths).
+    batch_size: images per forward pass.
+    strict: raise on the first image that cannot be decoded.
+    on_batch: called with the number of images embedded after each batch.
+
+  Returns:
+    As :func:`embed_folder`.
+  """
+  from circle_jax import data as data_lib  # pylint: disable=g-import-not-at-top
+  from circle_jax.evaluation import embedding as embedding_lib  # pylint: disable=g-import-not-at-top
+  from circle_jax.train import run as run_lib  # pylint: disable=g-import-not-at-top
+
+  config, placement = run.config, run.placement
   preprocess = run_lib.eval_preprocess(config, run.info)
   embed = placement.embed_fn(embedding_lib.eval_apply(run.config, run.model))
   variables = placement.replicate(run.variables)
   decoded, kept, skipped = [], [], []
   for p in paths:
     try:
-      with open(os.path.join(images, p), "rb") as f:
+      with open(os.path.join(folder, p), "rb") as f:
         decoded.append(preprocess(f.read(), None, p))
       kept.append(p)
     except (data_lib.ImageDecodeError, OSError) as e:
@@ -124,6 +157,8 @@ def embed_folder(workdir: str, images: str, *, batch_size: int = 64,
     if pad:
       x = np.concatenate([x, np.zeros((pad,) + x.shape[1:], x.dtype)])
     out.append(np.asarray(embed(variables, x))[:n])
+    if on_batch is not None:
+      on_batch(start + n)
   dim = config.model.embedding_dim
   embeddings = (np.concatenate(out) if out else np.zeros((0, dim), np.float32))
   return kept, embeddings.astype(np.float32), skipped
@@ -145,11 +180,13 @@ def _run():
   paths_lib.output_file(_OUT.value, "--out")
   # np.savez adds ".npz" to a name without it: name the file it writes.
   out = _OUT.value if _OUT.value.endswith(".npz") else _OUT.value + ".npz"
+  record = []
   paths, embeddings, skipped = embed_folder(
       _WORKDIR.value, _IMAGES.value, batch_size=_BATCH.value,
-      which=_WHICH.value, strict=_STRICT.value)
+      which=_WHICH.value, strict=_STRICT.value, record=record)
   np.savez(out, paths=np.asarray(paths, dtype=str),
            embeddings=embeddings,
+           model=np.asarray(json.dumps(record[0].to_dict())),
            skipped=np.asarray([f"{p}: {r}" for p, r in skipped], dtype=str))
   for p, r in skipped:
     print(f"skipped {p}: {r}", file=sys.stderr)

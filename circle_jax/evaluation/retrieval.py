@@ -73,11 +73,10 @@ References:
 
 from __future__ import annotations
 
-import collections.abc
 import functools
 import logging
 import math
-from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -85,6 +84,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from circle_jax.evaluation import checks
+from circle_jax.evaluation.ks import DEFAULT_KS, default_ks
 
 Array = jax.Array
 
@@ -93,49 +93,6 @@ __all__ = [
     "default_ks",
     "retrieval_metrics",
 ]
-
-class _DatasetKs(collections.abc.Mapping):
-  """Dataset name -> the Recall@K cut-offs the literature reports for it.
-
-  A read-only view of ``circle_jax.data.DATASETS[name].ks``, their only home.
-  The dataset registry (and tensorflow_datasets, which it imports) is loaded
-  on first use, so that importing the evaluation does not.
-  """
-
-  def _datasets(self):
-    from circle_jax.data import registry  # pylint: disable=g-import-not-at-top
-    return registry.DATASETS
-
-  def __getitem__(self, name: str) -> Tuple[int, ...]:
-    return self._datasets()[name].ks
-
-  def __iter__(self):
-    return iter(self._datasets())
-
-  def __len__(self) -> int:
-    return len(self._datasets())
-
-  def __repr__(self) -> str:
-    return repr(dict(self))
-
-
-# The Ks reported in the literature for each benchmark (from the registry).
-DEFAULT_KS: Mapping[str, Tuple[int, ...]] = _DatasetKs()
-
-_ALIASES = {
-    "cub": "cub200",
-    "cub_200": "cub200",
-    "cub_200_2011": "cub200",
-    "cub2011": "cub200",
-    "cars": "cars196",
-    "cars_196": "cars196",
-    "stanford_cars": "cars196",
-    "stanford_online_products": "sop",
-    "online_products": "sop",
-    "in_shop": "inshop",
-    "deepfashion_inshop": "inshop",
-    "deep_fashion_inshop": "inshop",
-}
 
 # Gallery tile rows: at most this many; smaller galleries use one tile of their
 # own (rounded-up) size. It must not depend on the number of devices.
@@ -148,32 +105,10 @@ _BLOCK = 32
 # product, whose rounding differs from the matrix-matrix one).
 _CHUNK_ALIGN = 8
 _AXIS = "gallery"
+# The mesh axis that the gallery's tiles are sharded over (the device
+# programs of :mod:`circle_jax.evaluation.knn` use it too).
+GALLERY_AXIS = _AXIS
 _NO_INDEX = np.iinfo(np.int32).max
-
-
-def default_ks(dataset_name: str) -> Tuple[int, ...]:
-  """The Recall@K cut-offs the literature reports for a dataset.
-
-  Args:
-    dataset_name: one of ``DEFAULT_KS`` (case-insensitive; ``-`` and ``_``
-      are interchangeable, and common long names such as
-      ``stanford_online_products`` or ``cub_200_2011`` are accepted).
-
-  Returns:
-    A tuple of increasing positive ints, e.g. ``(1, 10, 100, 1000)`` for SOP.
-  """
-  if not isinstance(dataset_name, str):
-    raise TypeError(
-        f"`dataset_name` must be a str; got {type(dataset_name).__name__}."
-    )
-  name = dataset_name.strip().lower().replace("-", "_")
-  name = _ALIASES.get(name, name)
-  if name not in DEFAULT_KS:
-    raise ValueError(
-        f"No default Ks for dataset {dataset_name!r}; known datasets are "
-        f"{sorted(DEFAULT_KS)}. Pass `ks=` explicitly."
-    )
-  return DEFAULT_KS[name]
 
 
 def _tile_rows(num_gallery: int) -> int:
@@ -297,6 +232,54 @@ def _block_candidates(s_tiles, bmax_tiles, first_index, q_self, num_gallery,
   return cand, cand_idx
 
 
+def local_top(s_tiles, bmax_tiles, first, q_self, num_gallery, k, extra,
+               block):
+  """This device's exact top ``k``: ``([C, k] similarities, [C, k] int32
+  gallery indices)``, best first, the lower index first among equal ones
+  (``-inf`` where the local gallery has fewer than ``k`` items); through the
+  block pre-selection of :func:`_block_candidates`."""
+  cand, cand_idx = _block_candidates(s_tiles, bmax_tiles, first, q_self,
+                                     num_gallery, k, extra, block)
+  top, at = _topk_padded(cand, k)
+  idx = jnp.take_along_axis(jnp.broadcast_to(cand_idx, cand.shape), at,
+                            axis=1)
+  return top, idx
+
+
+def merge_device_tops(top, idx, k):
+  """Each device's ``[C, k]`` top list (``top`` with ``idx``) merged into the
+  global top ``k``, inside the gallery's ``shard_map``; device order is
+  gallery order, so the lower index stays first among equal values."""
+  top = jax.lax.all_gather(top, _AXIS, axis=1, tiled=True)     # [C, n*k]
+  idx = jax.lax.all_gather(idx, _AXIS, axis=1, tiled=True)
+  top, at = _topk_padded(top, k)
+  return top, jnp.take_along_axis(idx, at, axis=1)
+
+
+def similarity_tiles(q, g, tile):
+  """This device's raw ``[C, T]`` similarity tiles of ``q`` and its tiles.
+
+  ``g`` is the local ``[local_tiles, T, D]`` shard of the gallery. Returns the
+  tiles (in gallery order), their ``[T]`` int32 gallery indices and the
+  gallery index of this device's first row. The similarity tiles are raw (no
+  masking pass over ``[C, T]``): the query's own entry and the padding are
+  accounted for by the caller. The tiles are unrolled (their number is
+  static): a ``lax.scan`` would stack them into one zero-initialised
+  ``[t, C, T]`` buffer with a dynamic-update-slice per step.
+  """
+  local_tiles = g.shape[0]
+  first = jax.lax.axis_index(_AXIS) * (local_tiles * tile)
+  col = jnp.arange(tile, dtype=jnp.int32)
+  s_tiles, gidx = [], []
+  for t in range(local_tiles):
+    # Each tile matmul waits for the previous one (see `_after`).
+    g_t = _after(g[t], s_tiles[-1]) if s_tiles else g[t]
+    s_tiles.append(
+        jnp.matmul(q, g_t.T, precision=jax.lax.Precision.HIGHEST))
+    gidx.append(first + t * tile + col)
+  return s_tiles, gidx, first
+
+
 @functools.lru_cache(maxsize=32)
 def _chunk_fn(devices: Tuple[jax.Device, ...], tile: int, block: int,
               num_gallery: int, k: int, self_retrieval: bool):
@@ -316,24 +299,13 @@ def _chunk_fn(devices: Tuple[jax.Device, ...], tile: int, block: int,
   extra = int(self_retrieval) + int(num_gallery % block != 0)
 
   def body(q, q_lab, q_self, q_pos, g, g_lab):
-    local_tiles = g.shape[0]
-    first = jax.lax.axis_index(_AXIS) * (local_tiles * tile)
-    col = jnp.arange(tile, dtype=jnp.int32)
-    # The similarity tiles are raw (no masking pass over [C, T]): the query's
-    # own entry and the padding are accounted for afterwards. The relevant
-    # items' similarities (and the query's own) are gathered from the tiles,
-    # the same numbers the ranking uses.
-    s_tiles, gidx = [], []
+    s_tiles, gidx, first = similarity_tiles(q, g, tile)
+    # The relevant items' similarities (and the query's own) are gathered
+    # from the tiles, the same numbers the ranking uses.
     pos_s = jnp.full(q_pos.shape, -jnp.inf, jnp.float32)
     self_s = jnp.full(q_self.shape, -jnp.inf, jnp.float32)
-    # The tiles are unrolled (their number is static): a `lax.scan` would
-    # stack the similarity tiles into one zero-initialised [t, C, T] buffer
-    # with a dynamic-update-slice per step.
-    for t in range(local_tiles):
-      start = first + t * tile
-      # Each tile matmul waits for the previous one (see `_after`).
-      g_t = _after(g[t], s_tiles[-1]) if s_tiles else g[t]
-      s = jnp.matmul(q, g_t.T, precision=jax.lax.Precision.HIGHEST)
+    for s, gidx_t in zip(s_tiles, gidx):
+      start = gidx_t[0]
       here = (q_pos >= start) & (q_pos < start + tile)
       got = jnp.take_along_axis(s, jnp.where(here, q_pos - start, 0), axis=1)
       pos_s = jnp.where(here, got, pos_s)                        # [C, P]
@@ -342,8 +314,6 @@ def _chunk_fn(devices: Tuple[jax.Device, ...], tile: int, block: int,
         got = jnp.take_along_axis(
             s, jnp.where(here, q_self - start, 0)[:, None], axis=1)[:, 0]
         self_s = jnp.where(here, got, self_s)                    # [C]
-      s_tiles.append(s)
-      gidx.append(start + col)
 
     # Best relevant item over devices; lowest index among ties.
     b = jax.lax.pmax(jnp.max(pos_s, axis=1), _AXIS)              # [C]
@@ -368,11 +338,9 @@ def _chunk_fn(devices: Tuple[jax.Device, ...], tile: int, block: int,
 
     # This device's top k (exact, via the block pre-selection), then the
     # per-device lists merged (device order = gallery order).
-    cand, cand_idx = _block_candidates(s_tiles, bmax, first, q_self,
-                                       num_gallery, k, extra, block)
-    top, at = _topk_padded(cand, k)
-    idx = jnp.take_along_axis(
-        jnp.broadcast_to(cand_idx, cand.shape), at, axis=1) - first
+    top, idx = local_top(s_tiles, bmax, first, q_self, num_gallery, k,
+                          extra, block)
+    idx = idx - first
     rel = (jnp.take(g_lab.reshape(-1), idx) == q_lab[:, None]) & (
         top > -jnp.inf)
     top = jax.lax.all_gather(top, _AXIS, axis=1, tiled=True)     # [C, n*k]
@@ -387,7 +355,9 @@ def _chunk_fn(devices: Tuple[jax.Device, ...], tile: int, block: int,
       out_specs=(P(), P()),
       check_vma=False,
   )
-  return jax.jit(fn), mesh
+  jitted = jax.jit(fn)
+  return (lambda q, q_lab, q_self, q_pos, *, g_dev, lab_dev:
+          jitted(q, q_lab, q_self, q_pos, g_dev, lab_dev)), mesh
 
 
 # ----------------------------------------------------------------------------
@@ -499,6 +469,67 @@ def _relevant_indices(q_ids, g_ids, self_retrieval):
   return pos
 
 
+def gallery_tiles(g, n_dev):
+  """``([num_tiles, tile, D] float32, tile)``: the gallery L2-normalised and
+  zero-padded to tiles of :func:`_tile_rows` rows, an equal number per device.
+
+  Normalised on the host (cheap next to the search, and no program to
+  compile); zero vectors stay zero.
+  """
+  num_g, dim = g.shape
+  tile = _tile_rows(num_g)
+  num_tiles = -(-num_g // (tile * n_dev)) * n_dev
+  g_pad = np.zeros((num_tiles * tile, dim), np.float32)
+  l2_normalize_rows(g, out=g_pad[:num_g])
+  return g_pad.reshape(num_tiles, tile, dim), tile
+
+
+def l2_normalize_rows(x, out=None) -> np.ndarray:
+  """``x / ||x||`` row by row on the host, float32 (zero rows stay zero):
+  the normalisation of the gallery in every ranking of this module."""
+  x = np.asarray(x, np.float32)
+  sq = np.einsum("ij,ij->i", x, x)
+  return np.multiply(x, (1.0 / np.sqrt(np.maximum(sq, 1e-24)))[:, None],
+                     out=out)
+
+
+def run_chunks(fn, columns, chunk_size, sharding, on_chunk=None):
+  """``fn`` over the queries in chunks of a fixed row count; its outputs
+  concatenated over the chunks, cut to the number of queries.
+
+  Args:
+    fn: ``fn(*chunk_columns) -> tuple of [C, ...] arrays``, jitted.
+    columns: ``[(host array [Q, ...], pad value)]``: the per-query inputs,
+      each chunk padded with its pad value to ``C`` rows (one compilation;
+      ``C`` a multiple of 8, never a 1-row matrix-vector product).
+    chunk_size: ``C`` before rounding (at most ``Q`` rounded up).
+    sharding: where the chunks are placed (replicated).
+    on_chunk: called with the number of queries done after each chunk has
+      been computed (for a progress bar); ``None`` dispatches all chunks
+      asynchronously and waits once.
+
+  Returns:
+    A tuple of host numpy arrays ``[Q, ...]``.
+  """
+  num_q = columns[0][0].shape[0]
+  c = checks.round_up(min(chunk_size, num_q), _CHUNK_ALIGN)
+  outputs = []
+  for lo in range(0, num_q, c):
+    hi = min(lo + c, num_q)
+    args = []
+    for col, pad in columns:
+      a = np.full((c,) + col.shape[1:], pad, col.dtype)
+      a[: hi - lo] = col[lo:hi]
+      args.append(jax.device_put(a, sharding))
+    outputs.append(fn(*args))  # dispatched asynchronously
+    if on_chunk is not None:
+      outputs[-1] = jax.device_get(outputs[-1])
+      on_chunk(hi)
+  outputs = jax.device_get(outputs)
+  return tuple(np.concatenate([o[i] for o in outputs])[:num_q]
+               for i in range(len(outputs[0])))
+
+
 def _rank_queries(q, q_lab, g, g_lab, self_retrieval, chunk_size, devs):
   """Per-query ranking facts, computed on device.
 
@@ -508,53 +539,30 @@ def _rank_queries(q, q_lab, g, g_lab, self_retrieval, chunk_size, devs):
     [Q, k]`` bool, the relevance of the top ``k = max(1, max(r))`` items;
     ``r [Q]`` int64, the number of relevant gallery items of each query.
   """
-  num_q, dim = q.shape
+  num_q = q.shape[0]
   num_g = g.shape[0]
   q_ids, g_ids, r = _class_ids(q_lab, g_lab, self_retrieval)
   q_pos = _relevant_indices(q_ids, g_ids, self_retrieval)
   # Top-k length: enough for every query's R (Recall@K does not need it).
   k = max(1, int(r.max()))
 
-  # Gallery layout: tiles of `tile` rows, an equal number per device.
-  n_dev = len(devs)
-  tile = _tile_rows(num_g)
-  tiles_per_dev = -(-num_g // (tile * n_dev))
-  num_tiles = tiles_per_dev * n_dev
-  # L2-normalised on the host (cheap next to the search, and no program to
-  # compile); zero vectors stay zero.
-  g_pad = np.zeros((num_tiles * tile, dim), np.float32)
-  sq = np.einsum("ij,ij->i", g, g)
-  np.multiply(g, (1.0 / np.sqrt(np.maximum(sq, 1e-24)))[:, None],
-              out=g_pad[:num_g])
-  lab_pad = np.full((num_tiles * tile,), -1, np.int32)
+  g_tiles, tile = gallery_tiles(g, len(devs))
+  lab_pad = np.full((g_tiles.shape[0] * tile,), -1, np.int32)
   lab_pad[:num_g] = g_ids
 
   fn, mesh = _chunk_fn(devs, tile, _BLOCK, num_g, k, self_retrieval)
   sharded = NamedSharding(mesh, P(_AXIS))
   replicated = NamedSharding(mesh, P())
-  g_dev = jax.device_put(g_pad.reshape(num_tiles, tile, dim), sharded)
-  del g_pad
-  lab_dev = jax.device_put(lab_pad.reshape(num_tiles, tile), sharded)
+  g_dev = jax.device_put(g_tiles, sharded)
+  del g_tiles
+  lab_dev = jax.device_put(lab_pad.reshape(-1, tile), sharded)
 
-  # Query chunks, padded to a fixed row count (one compilation).
-  c = checks.round_up(min(chunk_size, num_q), _CHUNK_ALIGN)
-  outputs = []
-  for lo in range(0, num_q, c):
-    hi = min(lo + c, num_q)
-    qc = np.zeros((c, dim), np.float32)
-    qc[: hi - lo] = q[lo:hi]
-    lc = np.full((c,), -2, np.int32)
-    lc[: hi - lo] = q_ids[lo:hi]
-    sc = np.full((c,), -1, np.int32)
-    if self_retrieval:
-      sc[: hi - lo] = np.arange(lo, hi, dtype=np.int32)
-    pc = np.full((c, q_pos.shape[1]), -1, np.int32)
-    pc[: hi - lo] = q_pos[lo:hi]
-    args = [jax.device_put(a, replicated) for a in (qc, lc, sc, pc)]
-    outputs.append(fn(*args, g_dev, lab_dev))  # dispatched asynchronously
-  outputs = jax.device_get(outputs)
-  rank_first = np.concatenate([o[0] for o in outputs])[:num_q]
-  rel = np.concatenate([o[1] for o in outputs])[:num_q]
+  own = (np.arange(num_q, dtype=np.int32) if self_retrieval
+         else np.full((num_q,), -1, np.int32))
+  rank_first, rel = run_chunks(
+      functools.partial(fn, g_dev=g_dev, lab_dev=lab_dev),
+      [(q, 0.0), (q_ids, -2), (own, -1), (q_pos, -1)], chunk_size,
+      replicated)
   return rank_first.astype(np.int64), rel, r.astype(np.int64)
 
 

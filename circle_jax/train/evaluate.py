@@ -11,6 +11,8 @@ import numpy as np
 
 from circle_jax import evaluation as eval_lib
 from circle_jax.evaluation import embedding as embedding_lib
+from circle_jax.evaluation import knn
+from circle_jax.evaluation import retrieval_figure as figure_lib
 from circle_jax.train import console as console_lib
 from circle_jax.train import run as run_lib
 from circle_jax.train import state as state_lib
@@ -43,6 +45,7 @@ class Evaluator:
     self.sources = {split: run_lib.load_split(config, info, split)
                     for split in info.eval_splits}
     self.validation_source = validation_source
+    self.last_test = {}
     self.ks = tuple(config.eval_ks or info.ks)
 
   def _embed(self, host_tree, source):
@@ -72,6 +75,8 @@ class Evaluator:
   def test(self, host_tree) -> Dict[str, float]:
     embedded = {s: self._embed(host_tree, src)
                 for s, src in self.sources.items()}
+    # Kept for draw_retrievals (the state last evaluated on the test split).
+    self.last_test = embedded
     if "query" in embedded:
       (q, ql), gallery = embedded["query"], embedded["gallery"]
       return self._metrics(q, ql, gallery)
@@ -84,6 +89,43 @@ class Evaluator:
     return self._metrics(*self._embed(host_tree, self.validation_source))
 
   __call__ = test
+
+  def draw_retrievals(self, path: str, *, embedded=None,
+                      num_queries: int = 8, k: int = 8, seed: int = 0) -> str:
+    """Draws the last :meth:`test`'s retrievals to the PNG ``path``.
+
+    ``embedded``: the embedded test splits to draw instead
+    (``evaluator.last_test`` saved earlier).
+
+    A fixed sample of ``num_queries`` test queries (seeded by ``seed``),
+    each with its ``k`` nearest items of the split (the query left out;
+    In-Shop: of the gallery split), framed green where the label agrees.
+    """
+    embedded = embedded or self.last_test
+    if "query" in embedded:
+      (q, ql), (g, gl) = embedded["query"], embedded["gallery"]
+      q_src, g_src = self.sources["query"], self.sources["gallery"]
+    else:
+      split = self.info.eval_splits[0]
+      (q, ql), (g, gl) = embedded[split], embedded[split]
+      q_src = g_src = self.sources[split]
+    picked = figure_lib.sample_queries(len(q), num_queries, seed)
+    # Self-retrieval: one more item, then the query's own entry dropped.
+    own = q_src is g_src
+    scores, idx = knn.nearest_neighbors(q[picked], g, k=k + int(own))
+    if own:
+      keep = idx != picked[:, None]
+      keep[keep.all(axis=1), -1] = False
+      scores = scores[keep].reshape(len(picked), k)
+      idx = idx[keep].reshape(len(picked), k)
+    images = [[g_src[int(i)]["image"] if i >= 0 else None for i in row]
+              for row in idx]
+    correct = [[bool(gl[i] == ql[p]) for i in row]
+               for p, row in zip(picked, idx)]
+    return figure_lib.draw_retrievals(
+        path, [q_src[int(p)]["image"] for p in picked], images,
+        scores=scores, correct=correct,
+        titles=[f"label {int(ql[p])}" for p in picked])
 
 
 _SHOWN = ("recall@1", "map@r", "nmi")

@@ -490,6 +490,7 @@ def _finish(job: Job) -> Dict[str, Any]:
   final_step, final = job.last_eval
   if job.val_source is not None or final_step != num_steps:
     final = job.evaluator.test(job.host_tree())
+  last_state_test = job.evaluator.last_test  # the figure's (final state)
   best = None
   result_part = {"step": num_steps, "selection": "last", "metric": None,
                  "test": final}
@@ -534,4 +535,21 @@ def _finish(job: Job) -> Dict[str, Any]:
   if jax.process_index() == 0:
     with open(os.path.join(job.workdir, "metrics.json"), "w") as f:
       json.dump(result, f, indent=2, sort_keys=True)
+    _draw_retrievals(job, last_state_test)
   return result
+
+
+def _draw_retrievals(job: Job, embedded) -> None:
+  """``retrievals.png``: the final state's test retrievals (a figure: a
+  failure to draw it is a note, never a failed run)."""
+  try:
+    if not embedded:
+      if jax.process_count() > 1:  # embedding is collective: not on one host
+        return
+      job.evaluator.test(job.host_tree())
+      embedded = job.evaluator.last_test
+    job.evaluator.draw_retrievals(
+        os.path.join(job.workdir, "retrievals.png"), embedded=embedded,
+        seed=job.config.seed)
+  except Exception as e:  # pylint: disable=broad-except
+    job.reporter.note(f"retrievals.png not drawn: {e}")
