@@ -71,7 +71,7 @@ def write_bars(path: pathlib.Path, summary: Dict[str, Dict[str, Any]],
 def write_heatmap(path: str, grid, values: Sequence[float], *,
                   title: str) -> None:
   """A PNG heatmap of per-model values over a 1-D or 2-D
-  :class:`circle_jax.sweep.Grid`, annotated (``sweep.py``)."""
+  :class:`circle_jax.train.grid.Grid`, annotated (``sweep.py``)."""
   if len(grid.names) > 2:
     raise ValueError("Heatmaps need a 1-D or 2-D grid.")
   mat = grid.matrix(values)

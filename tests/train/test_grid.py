@@ -1,4 +1,4 @@
-"""Specification of circle_jax/sweep.py: the vmapped hyperparameter grid.
+"""Specification of circle_jax/train/grid.py: the vmapped hyperparameter grid.
 
 The end-to-end equivalence on digits (vmapped vs one model at a time) and
 the results files: tests/experiments/test_sweep.py.
@@ -12,7 +12,7 @@ import pytest
 
 from circle_jax import losses as losses_lib
 from circle_jax import models as models_lib
-from circle_jax import sweep as grid_lib
+from circle_jax.train import grid as grid_lib
 from circle_jax.train import state as state_lib
 from tests.train import helpers
 
