@@ -50,10 +50,7 @@ import sys
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-if __package__ in (None, ""):  # run as a file: python experiments/X.py
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# pylint: disable=g-import-not-at-top
 import jax
 import numpy as np
 
@@ -67,7 +64,6 @@ from circle_jax.train import config_checks
 from circle_jax.evaluation import embedding as embedding_lib
 from circle_jax.train import run as run_lib
 from circle_jax.train import state as state_lib
-# pylint: enable=g-import-not-at-top
 
 # Metrics of the heatmaps: (key of retrieval_metrics, file name, title).
 HEATMAPS = (("map@r", "map_at_r.png", "MAP@R"),
@@ -302,7 +298,7 @@ def results_markdown(result: Mapping[str, Any]) -> str:
 
 def write_results(out_dir: str, result: Mapping[str, Any]) -> None:
   """Writes ``results.json``, ``results.md`` and the heatmaps to ``out_dir``."""
-  from experiments import plots  # pylint: disable=g-import-not-at-top
+  from experiments.figures import plots  # pylint: disable=g-import-not-at-top
   os.makedirs(out_dir, exist_ok=True)
   grid = Grid(tuple(result["grid"]["names"]),
               tuple(tuple(v) for v in result["grid"]["values"]))
