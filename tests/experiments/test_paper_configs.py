@@ -4,7 +4,7 @@ For every (paper config, dataset) pair: the recipe values that matter, two
 training steps of ``train_and_evaluate`` on a tiny copy of the dataset in its
 official layout, and clear errors without the data. The papers' datasets are
 not on this machine; the published numbers and the launch commands are in the
-configs' docstrings and in experiments/results/paper_tables.md (checked for
+configs' docstrings and in experiments/results/main_paper_tables.md (checked for
 consistency here).
 
 Test-only shrinking of the two-step runs: 64-pixel images, 2 x 2 batches,
@@ -44,7 +44,7 @@ from experiments.configs import recipes
 from tests.data import fixtures
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-TABLES = REPO / "experiments" / "results" / "paper_tables.md"
+TABLES = REPO / "experiments/results/main_paper_tables.md"
 
 CONFIGS = {
     "circle_loss.py": circle_loss,

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from experiments import bench_contrastive
+from experiments.bench import contrastive as bench_contrastive
 
 
 def test_bench_contrastive_writes_every_table(tmp_path):

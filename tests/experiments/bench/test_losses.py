@@ -1,6 +1,6 @@
 """Smoke test of the loss benchmark script."""
 
-from experiments import bench_losses
+from experiments.bench import losses as bench_losses
 
 
 def test_bench_losses_writes_a_table_with_the_floor_ratio(tmp_path):

@@ -1,18 +1,18 @@
-"""Smoke test of experiments/bench_max_pool.py (tiny shapes)."""
+"""Smoke test of experiments/bench/max_pool.py (tiny shapes)."""
 
 import os
+import pathlib
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))
+REPO = str(pathlib.Path(__file__).resolve().parents[3])
 
 
 def test_bench_max_pool_prints_a_row_per_pool_and_conv4():
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="",
              CIRCLE_JAX_NO_HUGEPAGES="1")
   proc = subprocess.run(
-      [sys.executable, "experiments/bench_max_pool.py", "--batch", "2",
+      [sys.executable, "-m", "experiments.bench.max_pool", "--batch", "2",
        "--size", "16", "--width", "4", "--repeats", "1"],
       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr

@@ -1,16 +1,16 @@
 """Smoke tests of the retrieval and matmul benchmark scripts."""
 
 import os
+import pathlib
 import subprocess
 import sys
 
 import numpy as np
 
-from experiments import bench_matmul
-from experiments import bench_retrieval
+from experiments.bench import matmul as bench_matmul
+from experiments.bench import retrieval as bench_retrieval
 
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+_REPO = str(pathlib.Path(__file__).resolve().parents[3])
 
 
 def test_bench_retrieval_writes_a_table_with_the_matmul_floor(tmp_path):
@@ -18,10 +18,11 @@ def test_bench_retrieval_writes_a_table_with_the_matmul_floor(tmp_path):
   env = dict(os.environ, CIRCLE_JAX_NO_HUGEPAGES="1")
   env.pop("XLA_FLAGS", None)  # one CPU device, as in a real run
   subprocess.run(
-      [sys.executable, os.path.join(_REPO, "experiments", "bench_retrieval.py"),
+      [sys.executable, "-m", "experiments.bench.retrieval",
        "--datasets", "inshop", "--scale", "0.02", "--dim", "16",
        "--repeats", "1", "--output", str(out)],
-      check=True, env=env, capture_output=True, text=True, timeout=600)
+      cwd=_REPO, check=True, env=env, capture_output=True, text=True,
+      timeout=600)
   text = out.read_text()
   assert "malloc: default" in text
   ours = [l for l in text.splitlines() if "| ours |" in l]

@@ -1,6 +1,6 @@
-"""Smoke test of experiments/bench_sharded_classes.py (tiny shapes)."""
+"""Smoke test of experiments/bench/sharded_classes.py (tiny shapes)."""
 
-from experiments import bench_sharded_classes as bench
+from experiments.bench import sharded_classes as bench
 
 
 def test_sharding_the_class_rows_shrinks_the_per_device_step():

@@ -1,11 +1,11 @@
-"""Specification of experiments/timing.py (the benchmarks' shared helper)."""
+"""Specification of experiments/bench/timing.py (what benchmarks share)."""
 
 import time
 
 import jax.numpy as jnp
 import pytest
 
-from experiments import timing
+from experiments.bench import timing
 
 
 def test_call_times_counts_warmup_and_timed_calls():
@@ -70,3 +70,25 @@ def test_machine_line_is_the_hosts_description(monkeypatch):
   from circle_jax import hostenv  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(hostenv, "describe", lambda: "2 CPUs (nproc), X")
   assert timing.machine_line() == "Machine: 2 CPUs (nproc), X."
+
+
+def test_command_line_is_the_module_form_with_the_arguments(monkeypatch):
+  assert timing.command_line("experiments.bench.losses",
+                             ["--losses", "circle", "--out", "a b.md"]) == (
+                                 "python -m experiments.bench.losses "
+                                 "--losses circle --out 'a b.md'")
+  # Without argv: the process' own arguments, not its script path.
+  monkeypatch.setattr("sys.argv", ["/abs/experiments/bench/x.py", "--n", "2"])
+  assert timing.command_line("experiments.bench.x") == (
+      "python -m experiments.bench.x --n 2")
+
+
+def test_child_command_reruns_the_module_from_the_repository_root():
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  cmd = timing.child_command("experiments.bench.matmul", "--help")
+  assert cmd == [sys.executable, "-m", "experiments.bench.matmul", "--help"]
+  assert (timing.REPO / "experiments" / "bench" / "matmul.py").exists()
+  proc = subprocess.run(cmd, cwd=timing.REPO, capture_output=True,
+                        text=True, timeout=300, check=False)
+  assert proc.returncode == 0 and "usage" in proc.stdout, proc.stderr

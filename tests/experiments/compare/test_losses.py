@@ -1,4 +1,4 @@
-"""Specification of experiments/compare.py (the loss comparison runner)."""
+"""Specification of experiments/compare/losses.py (the loss comparison runner)."""
 
 import json
 import os
@@ -9,11 +9,11 @@ import textwrap
 
 import pytest
 
-from experiments import compare
-from experiments import compare_runs
-from experiments import compare_report
+from experiments.compare import losses as compare
+from experiments.compare import runs as compare_runs
+from experiments.compare import report as compare_report
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 DIGITS = str(REPO / "experiments" / "configs" / "digits.py")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -207,7 +207,7 @@ def test_report_from_fixture_runs(tmp_path):
     runs.append(run)
   out = str(tmp_path / "results" / "cmp")
   md_path, png_path = compare_report.report(
-      out, command="python -m experiments.compare --seeds 2",
+      out, command="python -m experiments.compare.losses --seeds 2",
       config_name="experiments/configs/digits.py",
       losses=["circle", "proxy_anchor"], seeds=[0, 1], runs=runs,
       elapsed=5.0)
@@ -215,7 +215,7 @@ def test_report_from_fixture_runs(tmp_path):
   md = md_path.read_text()
   for fragment in (
       "# Loss comparison: digits, conv4 4-d, 2 losses x 2 seeds",
-      "```bash\npython -m experiments.compare --seeds 2\n```",
+      "```bash\npython -m experiments.compare.losses --seeds 2\n```",
       "- data: digits: train on 5 classes; test on 5 unseen classes (896 "
       "images, each retrieved among the others)",
       "- model: conv4 (width=32), avg pooling, embedding dim 4",
@@ -281,7 +281,7 @@ def test_cli_end_to_end_on_digits(tmp_path):
   env["XLA_FLAGS"] = ""  # one CPU device (conftest simulates 8)
   env["PYTHONPATH"] = str(REPO)
   out = tmp_path / "cmp"
-  cmd = [sys.executable, "-m", "experiments.compare", "--config", DIGITS,
+  cmd = [sys.executable, "-m", "experiments.compare.losses", "--config", DIGITS,
          "--losses", "circle,multi_similarity", "--seeds", "2",
          "--workdir", str(tmp_path / "runs"), "--out", str(out),
          "--config.num_train_steps=3", "--config.eval_every_steps=0",

@@ -1,13 +1,13 @@
-"""experiments/compare.py: few-shot columns, ablations and notes."""
+"""experiments/compare/: few-shot columns, ablations and notes."""
 
 import os
 
 import pytest
 
-from experiments import compare
-from experiments import compare_runs
-from experiments import compare_report
-from tests.experiments import test_compare as base
+from experiments.compare import losses as compare
+from experiments.compare import runs as compare_runs
+from experiments.compare import report as compare_report
+from tests.experiments.compare import test_losses as base
 
 ABLATION = ("norot", ["--config.loss.gamma=64"])
 
@@ -62,7 +62,7 @@ def test_report_has_fewshot_table_ablation_rows_and_notes(tmp_path):
   notes.write_text("## Published\n\nBPL 3.3 % error.\n")
   out = str(tmp_path / "results" / "fs")
   md_path, png_path = compare_report.report(
-      out, command="python -m experiments.compare ...",
+      out, command="python -m experiments.compare.losses ...",
       config_name="experiments/configs/digits.py",
       losses=["circle", "proxy_anchor"], seeds=[0, 1, 2], runs=runs,
       elapsed=1.0, ablations=[ABLATION], notes=str(notes))
@@ -95,7 +95,7 @@ def test_report_has_fewshot_table_ablation_rows_and_notes(tmp_path):
 
 def test_chart_panels_are_recall_and_the_hardest_one_shot(tmp_path,
                                                           monkeypatch):
-  from experiments import plots  # pylint: disable=g-import-not-at-top
+  from experiments.figures import plots  # pylint: disable=g-import-not-at-top
   drawn = {}
   monkeypatch.setattr(plots, "write_bars",
                       lambda path, summary, metrics, title: drawn.update(

@@ -1,9 +1,9 @@
-"""experiments/xbm_study.py: its runs and its effect table (no training)."""
+"""experiments/compare/xbm.py: its runs and its effect table (no training)."""
 
 import argparse
 
 from circle_jax.results import aggregate
-from experiments import xbm_study
+from experiments.compare import xbm as xbm_study
 
 
 def test_runs_are_the_comparison_protocol_plus_the_memory(tmp_path):

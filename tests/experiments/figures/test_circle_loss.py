@@ -12,6 +12,7 @@ statistics themselves: tests/analysis/test_pairs.py).
 import json
 import math
 import os
+import pathlib
 
 import numpy as np
 import pytest
@@ -19,10 +20,10 @@ from scipy import stats as scipy_stats
 
 from circle_jax.analysis import pair_plane
 from circle_jax.analysis import pairs
-from experiments import circle_figures as cf
+from experiments.figures import circle_loss as cf
 
-RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "experiments", "results", "circle_figures")
+RESULTS = str(pathlib.Path(__file__).resolve().parents[3] / "experiments"
+              / "results" / "figures" / "circle_loss")
 
 # Distance (in similarity units) of a traced point from the exact boundary.
 # The bisection reaches float32 resolution: measured max 1.8e-7 (AM-Softmax),

@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 import re
 import shlex
 import subprocess
@@ -10,10 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from experiments import check_readme
+from experiments.tools import check_readme
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))
+REPO = str(pathlib.Path(__file__).resolve().parents[3])
 
 
 def _readme():

@@ -1,6 +1,6 @@
-"""experiments/metrics_diff.py: the metric-by-metric difference of two runs."""
+"""experiments/tools/metrics_diff.py: two runs compared metric by metric."""
 
-from experiments import metrics_diff
+from experiments.tools import metrics_diff
 
 
 def _metrics(r1, nmi):

@@ -1,7 +1,8 @@
-"""experiments/omniglot_oneshot.py: the official one-shot runs from the
+"""experiments/tools/omniglot_oneshot.py: the official one-shot runs from the
 command line (on the tiny runs of ``tests/evaluation/oneshot_fixture.py``)."""
 
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -11,8 +12,7 @@ from circle_jax.evaluation import omniglot_oneshot
 from circle_jax.train import restore as restore_lib
 from tests.evaluation.oneshot_fixture import make_runs, train_tiny_workdir
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))
+REPO = str(pathlib.Path(__file__).resolve().parents[3])
 
 
 def _cli(*args):
@@ -20,7 +20,7 @@ def _cli(*args):
              PYTHONPATH=os.pathsep.join(
                  p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
   return subprocess.run(
-      [sys.executable, "-m", "experiments.omniglot_oneshot", *args], cwd=REPO,
+      [sys.executable, "-m", "experiments.tools.omniglot_oneshot", *args], cwd=REPO,
       env=env, capture_output=True, text=True, timeout=300)
 
 
