@@ -368,8 +368,8 @@ def write_markdown(rows: List[Row], args, path: pathlib.Path, started: float):
 
 def main(argv=None):
   p = timing.parser(__doc__, repeats=5,
-                   out="output file (default experiments/results/"
-                       "bench_losses_<platform>.md)")
+                   out="output file (default experiments/results/bench/"
+                       "losses_<platform>.md)")
   p.add_argument("--losses", default="all",
                  help="comma-separated registry names, or 'all'")
   p.add_argument("--batch-sizes", default="256,1024,4096,16384")
