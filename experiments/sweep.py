@@ -4,8 +4,8 @@ Trains one model per point of a grid of loss hyperparameters (e.g. Circle's
 ``gamma x margin``; Sun et al., "Circle Loss: A Unified Perspective of Pair
 Similarity Optimization", CVPR 2020, section 4.5) as a *single* program,
 ``jax.jit(jax.vmap(train_step))`` over stacked ``TrainState`` s with the
-swept hyperparameters as traced arrays (:mod:`circle_jax.train.grid`), all models
-from the config's initialisation, on the same batches. The test split is
+swept hyperparameters as traced arrays (:mod:`circle_jax.train.grid`), all
+models from the config's initialisation, on the same batches. The test split is
 embedded once per batch for all models with a vmapped embedding function,
 then Recall@K / MAP@R are computed per model with
 ``circle_jax.evaluation.retrieval_metrics``.
@@ -59,7 +59,8 @@ from circle_jax import config_facts
 from circle_jax import data as data_lib
 from circle_jax import hostenv
 from circle_jax.train import grid as grid_lib
-from circle_jax.train.grid import CONVS, Grid, parse_grid  # noqa: F401  (the CLI's)
+# The command line's names.
+from circle_jax.train.grid import CONVS, Grid, parse_grid  # noqa: F401
 from circle_jax.train import config_checks
 from circle_jax.evaluation import embedding as embedding_lib
 from circle_jax.train import run as run_lib
@@ -328,8 +329,8 @@ def run_sweep(config, grid: Grid, *, num_steps: Optional[int] = None,
     eval_at_init: evaluate the common initial model too.
     conv: the vmapped program's convolutions
       (:func:`circle_jax.train.grid.make_sweep_step`; default
-      :func:`circle_jax.train.grid.default_conv`). The sequential baseline always uses the
-      model's own (``native``) convolutions.
+      :func:`circle_jax.train.grid.default_conv`). The sequential baseline
+      always uses the model's own (``native``) convolutions.
     command: the command line, for the results file.
     log: progress output.
 

@@ -78,7 +78,8 @@ def test_read_table_markdown_inverts_table_markdown_to_the_shown_digits():
 
 def test_committed_results_tables_read_back():
   for name, losses in (("digits", 17), ("omniglot_small", 17)):
-    text = (REPO / "experiments/results/compare" / f"losses_{name}.md").read_text()
+    text = (REPO / "experiments/results/compare"
+            / f"losses_{name}.md").read_text()
     rows = results.read_table_markdown(text)
     assert len(rows) == losses and all(
         s is not None and s.n == 3 and s.std is not None

@@ -12,7 +12,8 @@ One forward+backward (``jit(value_and_grad)``) of a blockwise loss at
 
 ``--record`` runs every loss in a fresh subprocess under ``/usr/bin/time -v``
 (the independent peak-RSS measurement; ``apt-get install -y time`` if
-missing) and writes ``experiments/results/bench/blockwise_memory_<platform>.md``::
+missing) and writes
+``experiments/results/bench/blockwise_memory_<platform>.md``::
 
   python -m experiments.bench.blockwise_memory --record
 

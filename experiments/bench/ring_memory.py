@@ -106,8 +106,8 @@ def main(argv=None):
   scaling = []
   for devices in (2, 4, 8):
     for collective in COLLECTIVES:
-      r = ring.measure(args.loss, args.local_batch * devices, DIMS[0], collective,
-                  args.block_size, devices=devices)
+      r = ring.measure(args.loss, args.local_batch * devices, DIMS[0],
+                       collective, args.block_size, devices=devices)
       print("[ring]", r, flush=True)
       scaling.append(r)
   cmd = "python -m experiments.bench.ring_memory" + (

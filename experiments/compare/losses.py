@@ -282,7 +282,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              / f"losses_{name}")
   try:
     check_overrides(overrides)
-    losses, seeds = compare_runs.parse_losses(args.losses), compare_runs.parse_seeds(args.seeds)
+    losses = compare_runs.parse_losses(args.losses)
+    seeds = compare_runs.parse_seeds(args.seeds)
     args.ablation_loss = args.ablation_loss or losses[0]
     if (any("@" not in a.partition(":")[0] for a in args.ablation)
         and args.ablation_loss not in losses):

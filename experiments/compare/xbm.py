@@ -1,8 +1,8 @@
 r"""Cross-batch memory on omniglot_small: losses x memory sizes x seeds.
 
-Trains each (loss, memory size, seed) with the main job, through
-``experiments/compare/losses.py``'s runner (same protocol, reuse of finished runs,
-one process per run, a shared compilation cache), and writes
+Trains each (loss, memory size, seed) with the main job, through the loss
+comparison's runner (``experiments/compare/runs.py``: same protocol, reuse of
+finished runs, one process per run, a shared compilation cache), and writes
 ``OUT.md`` (accuracy, step time and the memory's footprint per device) and
 ``OUT.png``::
 
@@ -177,8 +177,8 @@ def write_report(out: str, args, runs, rows, elapsed: float) -> None:
       f"Each run: `python -m experiments.main --config={CONFIG} "
       f"--config.loss.name=LOSS --config.seed=S {' '.join(PROTOCOL)} "
       f"--config.xbm.size=M --config.xbm.start_step={args.start_step}` "
-      "(the protocol of experiments/results/compare/losses_omniglot_small.md plus the "
-      "memory):",
+      "(the protocol of experiments/results/compare/losses_omniglot_small.md "
+      "plus the memory):",
       "",
       f"- data: {results.describe_data(cfg, done)}",
       f"- model: {results.describe_model(cfg)}",
@@ -254,7 +254,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   p.add_argument("--seeds", default="3")
   p.add_argument("--start-step", dest="start_step", type=int,
                  default=START_STEP)
-  p.add_argument("--out", default="experiments/results/compare/xbm_omniglot_small")
+  p.add_argument("--out",
+                 default="experiments/results/compare/xbm_omniglot_small")
   p.add_argument("--workdir", default="/tmp/circle_jax_compare/xbm_study")
   p.add_argument("--report-only", dest="report_only", action="store_true",
                  help="write the report of the finished runs, train nothing")

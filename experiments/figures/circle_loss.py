@@ -40,9 +40,10 @@ Figure 5 from trained runs (``--figures 5`` skips recomputing 1 and 2)::
       --fig5-runs circle=RUN1,cosface=RUN2,triplet=RUN3
 
 where ``RUN*`` are workdirs of ``python -m experiments.main`` on
-``experiments/configs/omniglot_small.py`` (``experiments/compare/losses.py`` puts
-them at ``WORKDIR/<loss>/seed_<s>``). Each run's best checkpoint (the latest
-if it kept none; ``--checkpoint`` to choose) embeds the dataset's test split.
+``experiments/configs/omniglot_small.py`` (``experiments.compare.losses``
+puts them at ``WORKDIR/<loss>/seed_<s>``). Each run's best checkpoint (the
+latest if it kept none; ``--checkpoint`` to choose) embeds the dataset's test
+split.
 """
 
 from __future__ import annotations

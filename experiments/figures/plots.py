@@ -1,7 +1,9 @@
 """The charts of the experiment scripts (matplotlib, Agg backend).
 
-* :func:`write_bars`: the loss comparison's bar chart (``experiments.compare.losses``);
-* :func:`write_heatmap`: a metric over a hyperparameter grid (``experiments.sweep``);
+* :func:`write_bars`: the loss comparison's bar chart
+  (``experiments.compare.losses``);
+* :func:`write_heatmap`: a metric over a hyperparameter grid
+  (``experiments.sweep``);
 * :func:`plot_fig1`, :func:`plot_fig2`, :func:`plot_fig5`: the Circle-loss
   paper's figures from the numbers ``experiments.figures.circle_loss`` computes.
 
@@ -34,7 +36,8 @@ def write_bars(path: pathlib.Path, summary: Dict[str, Dict[str, Any]],
                metrics: Sequence[Tuple[str, str]], title: str) -> None:
   """Horizontal bars of ``metrics`` (``(key, label)``, in %) per loss, one
   panel each, sorted by the first, with the seeds' standard deviation
-  (:class:`circle_jax.results.Stat`) as error bars (``experiments.compare.losses``)."""
+  (:class:`circle_jax.results.Stat`) as error bars
+  (``experiments.compare.losses``)."""
   rows = [(loss, row) for loss, row in summary.items()
           if row.get(metrics[0][0]) is not None]
   rows.sort(key=lambda lr: lr[1][metrics[0][0]].mean)

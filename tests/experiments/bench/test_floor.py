@@ -1,4 +1,4 @@
-"""experiments/bench/floor.py: the matmul floor the loss benchmarks divide by."""
+"""experiments/bench/floor.py: the matmul floor of the loss benchmarks."""
 
 import numpy as np
 

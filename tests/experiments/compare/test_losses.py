@@ -1,4 +1,4 @@
-"""Specification of experiments/compare/losses.py (the loss comparison runner)."""
+"""Specification of experiments/compare/losses.py (the loss comparison)."""
 
 import json
 import os

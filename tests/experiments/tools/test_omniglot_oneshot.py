@@ -20,8 +20,8 @@ def _cli(*args):
              PYTHONPATH=os.pathsep.join(
                  p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
   return subprocess.run(
-      [sys.executable, "-m", "experiments.tools.omniglot_oneshot", *args], cwd=REPO,
-      env=env, capture_output=True, text=True, timeout=300)
+      [sys.executable, "-m", "experiments.tools.omniglot_oneshot", *args],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
