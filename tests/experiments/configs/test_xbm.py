@@ -30,7 +30,7 @@ def test_an_unknown_variant_names_the_valid_ones():
 
 
 def test_the_paper_table_has_a_row_with_the_launch_command_of_every_variant():
-  table = (pathlib.Path(__file__).resolve().parents[2] / "experiments"
+  table = (pathlib.Path(__file__).resolve().parents[3] / "experiments"
            / "results" / "main_paper_tables.md").read_text()
   for variant in xbm.VARIANTS:
     command = (f"--config=experiments/configs/xbm.py:{variant} "

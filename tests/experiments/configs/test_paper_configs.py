@@ -43,7 +43,7 @@ from experiments.configs import ranked_proxy_anchor
 from experiments.configs import recipes
 from tests.data import fixtures
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 TABLES = REPO / "experiments/results/main_paper_tables.md"
 
 CONFIGS = {
