@@ -20,7 +20,7 @@ cuts the faults about 16x. The benchmarks re-execute themselves with it
 
   GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python -m experiments.main ...
 
-Measured (``python experiments/bench_losses.py --losses circle --batch-sizes
+Measured (``python -m experiments.bench.losses --losses circle --batch-sizes
 4096 --dtypes float32``): see docs/performance.md.
 """
 

@@ -10,9 +10,9 @@ default), with the best displayed mean of each column in bold::
 
 :func:`table_markdown` and :func:`format_stat` write it;
 :func:`read_table_markdown` and :func:`parse_stat` are their inverses to the
-shown digits. ``experiments/compare.py`` writes the tables under
-``experiments/results/``; ``experiments/check_readme.py`` and the tests read
-them.
+shown digits. ``experiments/compare/losses.py`` writes the tables under
+``experiments/results/compare/``; ``experiments/tools/check_readme.py`` and
+the tests read them.
 
 The protocol lines of such a file (``describe_*``, :func:`hyperparameter_lines`)
 say in words what a run's (JSON) config and ``metrics.json`` hold: the

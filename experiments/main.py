@@ -9,8 +9,8 @@ fix print one line (``--verbose``: tracebacks and the libraries' INFO logs).
 
 Any config field can be overridden (``--config.num_train_steps=500``), and
 ``--config.loss.name=NAME`` selects another registered loss with its own
-paper defaults (:func:`circle_jax.config.switch_loss`). Runs as ``python -m
-experiments.main`` or ``python experiments/main.py``.
+paper defaults (:func:`circle_jax.config.switch_loss`). Run it from the
+repository root (or with the root on ``PYTHONPATH``).
 
 Multi-host: pass ``--jax_distributed`` to call ``jax.distributed.initialize()``
 with the cluster's auto-detected settings (TPU pods, SLURM, ...), or give the
@@ -20,14 +20,9 @@ coordinator explicitly (e.g. two CPU processes on one machine)::
       --num_processes=2 --process_id=0
 """
 
-import os
 import sys
 
-if __package__ in (None, ""):  # python experiments/main.py
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-      __file__))))
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import app
 from absl import flags
 from absl import logging
@@ -36,7 +31,6 @@ import jax
 from circle_jax import config as config_lib
 from circle_jax import hostenv
 from circle_jax.train import console
-# pylint: enable=g-import-not-at-top,wrong-import-position
 
 _CONFIG = config_lib.DEFINE_config_file(
     "config", "experiments/configs/digits.py", "Training config file.")

@@ -4,8 +4,8 @@ Trains one model per point of a grid of loss hyperparameters (e.g. Circle's
 ``gamma x margin``; Sun et al., "Circle Loss: A Unified Perspective of Pair
 Similarity Optimization", CVPR 2020, section 4.5) as a *single* program,
 ``jax.jit(jax.vmap(train_step))`` over stacked ``TrainState`` s with the
-swept hyperparameters as traced arrays (:mod:`circle_jax.sweep`), all models
-from the config's initialisation, on the same batches. The test split is
+swept hyperparameters as traced arrays (:mod:`circle_jax.train.grid`), all
+models from the config's initialisation, on the same batches. The test split is
 embedded once per batch for all models with a vmapped embedding function,
 then Recall@K / MAP@R are computed per model with
 ``circle_jax.evaluation.retrieval_metrics``.
@@ -16,7 +16,7 @@ constants), on the same batches, and reports the wall times (compilation and
 training separately) and how far the two sets of models are apart (float32
 rounding). ``--conv``: how the vmapped program runs the model's convolutions
 (``unrolled``, the CPU default, or ``native`` grouped convolutions; see
-:func:`circle_jax.sweep.unrolled_conv`).
+:func:`circle_jax.train.grid.unrolled_conv`).
 
 Like the benchmarks, the script re-executes itself with huge-page malloc
 (``circle_jax/hostenv.py``; ``CIRCLE_JAX_NO_HUGEPAGES=1`` keeps the default):
@@ -50,10 +50,7 @@ import sys
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-if __package__ in (None, ""):  # run as a file: python experiments/X.py
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# pylint: disable=g-import-not-at-top
 import jax
 import numpy as np
 
@@ -61,13 +58,13 @@ from circle_jax import config as config_lib
 from circle_jax import config_facts
 from circle_jax import data as data_lib
 from circle_jax import hostenv
-from circle_jax import sweep as grid_lib
-from circle_jax.sweep import CONVS, Grid, parse_grid  # noqa: F401  (the CLI's)
+from circle_jax.train import grid as grid_lib
+# The command line's names.
+from circle_jax.train.grid import CONVS, Grid, parse_grid  # noqa: F401
 from circle_jax.train import config_checks
 from circle_jax.evaluation import embedding as embedding_lib
 from circle_jax.train import run as run_lib
 from circle_jax.train import state as state_lib
-# pylint: enable=g-import-not-at-top
 
 # Metrics of the heatmaps: (key of retrieval_metrics, file name, title).
 HEATMAPS = (("map@r", "map_at_r.png", "MAP@R"),
@@ -83,7 +80,7 @@ HEATMAPS = (("map@r", "map_at_r.png", "MAP@R"),
 class Setup(grid_lib.GridProblem):
   """Everything built from a config before training.
 
-  Besides :class:`circle_jax.sweep.GridProblem`'s fields (the grid, the
+  Besides :class:`circle_jax.train.grid.GridProblem`'s fields (the grid, the
   loss, the fixed hyperparameters, the initial state from
   ``run.init_state`` and the loss key):
 
@@ -108,7 +105,7 @@ def setup(config, grid: Grid) -> Setup:
   Raises:
     ValueError: a config the sweep does not support (validation split,
       multi-split evaluation) or a bad grid
-      (:func:`circle_jax.sweep.check_grid`).
+      (:func:`circle_jax.train.grid.check_grid`).
   """
   config_checks.check_config(config, device_count=1, process_count=1)
   if config.dataset.validation_fraction:
@@ -302,7 +299,7 @@ def results_markdown(result: Mapping[str, Any]) -> str:
 
 def write_results(out_dir: str, result: Mapping[str, Any]) -> None:
   """Writes ``results.json``, ``results.md`` and the heatmaps to ``out_dir``."""
-  from experiments import plots  # pylint: disable=g-import-not-at-top
+  from experiments.figures import plots  # pylint: disable=g-import-not-at-top
   os.makedirs(out_dir, exist_ok=True)
   grid = Grid(tuple(result["grid"]["names"]),
               tuple(tuple(v) for v in result["grid"]["values"]))
@@ -328,12 +325,12 @@ def run_sweep(config, grid: Grid, *, num_steps: Optional[int] = None,
     grid: the hyperparameter grid.
     num_steps: training steps (default ``config.num_train_steps``).
     compare_sequential: also train the grid one model at a time, time it and
-      compare the models (:func:`circle_jax.sweep.compare_runs`).
+      compare the models (:func:`circle_jax.train.grid.compare_runs`).
     eval_at_init: evaluate the common initial model too.
     conv: the vmapped program's convolutions
-      (:func:`circle_jax.sweep.make_sweep_step`; default
-      :func:`circle_jax.sweep.default_conv`). The sequential baseline always uses the
-      model's own (``native``) convolutions.
+      (:func:`circle_jax.train.grid.make_sweep_step`; default
+      :func:`circle_jax.train.grid.default_conv`). The sequential baseline
+      always uses the model's own (``native``) convolutions.
     command: the command line, for the results file.
     log: progress output.
 

@@ -1,6 +1,11 @@
 """Test setup: 8 simulated CPU devices, set before JAX is imported."""
 
 import os
+import pathlib
+import shutil
+import tempfile
+
+import pytest
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
@@ -16,15 +21,9 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 # tests/test_hostenv.py sets its own.
 _MADE_CACHE = not os.environ.get("CIRCLE_JAX_TEST_CACHE")
 if _MADE_CACHE:
-  import tempfile  # noqa: E402
   os.environ["CIRCLE_JAX_TEST_CACHE"] = tempfile.mkdtemp(
       prefix="circle_jax_test_cache_")
 os.environ["CIRCLE_JAX_COMPILATION_CACHE"] = os.environ["CIRCLE_JAX_TEST_CACHE"]
-
-import pathlib  # noqa: E402
-import shutil  # noqa: E402
-
-import pytest  # noqa: E402
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 OMNIGLOT_DIR = REPO_ROOT / "circle_jax" / "data" / "archives" / "omniglot_small"

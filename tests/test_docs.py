@@ -124,7 +124,7 @@ def test_readme_reproduction_figures_are_in_the_tables_they_link():
   assert len(rows) >= 3
   for row in rows:
     cell = row.split(" | ")[1]
-    table = re.search(r"\[table\]\((experiments/results/[\w.]+\.md)\)", cell)
+    table = re.search(r"\[table\]\((experiments/results/[\w./]+\.md)\)", cell)
     assert table, row
     text = (REPO / table.group(1)).read_text()
     for figure in re.findall(r"\d+\.\d+", cell.split("([table]")[0]):

@@ -78,7 +78,8 @@ def test_read_table_markdown_inverts_table_markdown_to_the_shown_digits():
 
 def test_committed_results_tables_read_back():
   for name, losses in (("digits", 17), ("omniglot_small", 17)):
-    text = (REPO / "experiments" / "results" / f"{name}.md").read_text()
+    text = (REPO / "experiments/results/compare"
+            / f"losses_{name}.md").read_text()
     rows = results.read_table_markdown(text)
     assert len(rows) == losses and all(
         s is not None and s.n == 3 and s.std is not None
@@ -117,7 +118,7 @@ def test_parse_stat_rejects_other_forms(text):
 
 def test_table_markdown_of_read_table_markdown_is_the_committed_table():
   """Reading a committed table and writing it again gives the same rows."""
-  text = (REPO / "experiments" / "results" / "digits.md").read_text()
+  text = (REPO / "experiments/results/compare/losses_digits.md").read_text()
   rows = results.read_table_markdown(text)
   lines = text.splitlines()
   start = next(i for i, l in enumerate(lines)

@@ -22,7 +22,7 @@ runs' folder (the repository's format) or to the run's own folder.
 :func:`oneshot_errors` classifies runs with any embedding function and
 :func:`evaluate_run` with a restored run's model and its eval preprocessing
 (:func:`circle_jax.train.restore.restore_run`;
-``experiments/omniglot_oneshot.py`` is the command line).
+``experiments/tools/omniglot_oneshot.py`` is the command line).
 
 References:
   Lake, Salakhutdinov, Tenenbaum, "Human-level concept learning through

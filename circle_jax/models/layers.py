@@ -148,7 +148,7 @@ def max_pool_disjoint(x: Array, window: int, padding: str = "VALID") -> Array:
   ties (the first maximal cell in row-major order), written as a reshape and
   a reduction. XLA:CPU expands ``reduce_window``'s gradient into a variadic
   reduce-window over four int32 index maps and a scatter; on conv4 that was
-  about 40 % of a training step (``experiments/bench_max_pool.py``).
+  about 40 % of a training step (``experiments/bench/max_pool.py``).
 
   Args:
     x: ``[B, H, W, C]`` feature map.

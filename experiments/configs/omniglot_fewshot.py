@@ -45,7 +45,7 @@ Early_Aramaic, 22 characters; 1: Latin; 3: Greek),
 ``best_metric=fewshot_20way_1shot`` on 2000 20-way 1-shot episodes, and
 exposes ``dataset.preprocess.elastic_alpha`` and ``model.kwargs.num_blocks``
 (at their defaults) to the command line. The candidates are in
-experiments/results/omniglot_fewshot_notes.md. The chosen recipe then
+experiments/results/compare/losses_omniglot_fewshot_notes.md. The chosen recipe then
 trains on all 5 alphabets, with no validation split, and reports its last
 step (as Snell et al. retrain on train + validation): 670 s of training on
 an idle 2-core CPU.

@@ -11,7 +11,7 @@ with Ranked List loss's boundaries and weighting (X. Wang, Y. Hua,
 E. Kodirov, G. Hu, R. Garnier, N. M. Robertson, "Ranked List Loss for Deep
 Metric Learning", CVPR 2019); docs/losses_rll_proxy.md explains the
 reconstruction. We have no published numbers of it to compare with;
-experiments/results/paper_tables.md leaves that column empty.
+experiments/results/main_paper_tables.md leaves that column empty.
 
 Setting (the paper's, as its prose states it): alpha = 1.4, m = 0.4,
 T_n = 20 (the ``ranked_proxy_anchor`` defaults, Euclidean distance between

@@ -36,7 +36,7 @@ VALIDATION_FRACTION = 0.2
 EMBEDDING_DIM = 512
 
 # Placeholders of the launch commands in the configs' docstrings and in
-# experiments/results/paper_tables.md: the folder holding the official files
+# experiments/results/main_paper_tables.md: the folder holding the official files
 # of each dataset (docs/data.md lists them: CUB_200_2011.tgz; car_ims.tgz and
 # cars_annos.mat; Stanford_Online_Products.zip; img.zip and
 # list_eval_partition.txt) and the ImageNet BN-Inception weights (Cadene's

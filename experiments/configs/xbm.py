@@ -50,7 +50,7 @@ What is the paper's and what is ours:
   warm-up, weight 1, 64-image batches of 4 images per class and the 0.5
   margin; it trains 35,000 iterations with Adam 1e-4 and weight decay 5e-4.
   Not known to us: the In-Shop memory size (marked below). The published
-  rows are in experiments/results/paper_tables.md.
+  rows are in experiments/results/main_paper_tables.md.
 * Ours: the memory size (:data:`MEMORY`): the paper's share of the train
   set, of the 80 % of it we train on, in whole global batches (a
   requirement of circle_jax.train.xbm).

@@ -73,29 +73,26 @@ def test_blockwise_loss_from_the_command_line(data_dir, tmp_path):
   assert result["config"]["loss"]["block_size"] == 16
 
 
-def _main(*args, cwd=REPO, as_script=False, pythonpath=True):
+def _main(*args, cwd=REPO, pythonpath=True):
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
   env.pop("PYTHONPATH", None)
   if pythonpath:
     env["PYTHONPATH"] = (REPO + os.pathsep
                          + os.environ.get("PYTHONPATH", "")).rstrip(os.pathsep)
-  how = ([os.path.join(REPO, "experiments", "main.py")] if as_script
-         else ["-m", "experiments.main"])
-  return subprocess.run([sys.executable, *how, *args],
+  return subprocess.run([sys.executable, "-m", "experiments.main", *args],
                         cwd=cwd, env=env, capture_output=True, text=True,
                         timeout=300)
 
 
-def test_runs_as_a_script_from_anywhere(tmp_path):
-  """``python experiments/main.py`` finds the repository without PYTHONPATH."""
-  proc = _main("--helpfull", cwd=str(tmp_path), as_script=True,
-               pythonpath=False)
+def test_runs_from_the_repository_root_without_pythonpath(tmp_path):
+  """``python -m experiments.main`` from the repository root needs no
+  PYTHONPATH, and imports this checkout's package (the working directory
+  comes first on the path, before an installed copy)."""
+  proc = _main("--helpfull", pythonpath=False)
   assert "ModuleNotFoundError" not in proc.stderr, proc.stderr[-2000:]
   assert "--workdir: Output folder." in proc.stdout, proc.stderr[-2000:]
-  # The package the script imports is this checkout's.
-  proc = _main(f"--config={os.path.join(REPO, DIGITS)}",
-               f"--workdir={tmp_path / 'w'}", "--config.optim.learing_rate=1",
-               cwd=str(tmp_path), as_script=True, pythonpath=False)
+  proc = _main(f"--config={DIGITS}", f"--workdir={tmp_path / 'w'}",
+               "--config.optim.learing_rate=1", pythonpath=False)
   assert proc.returncode == 1
   assert ("config.optim.learing_rate: the config does not have this field; "
           "did you mean config.optim.learning_rate?") in proc.stderr

@@ -13,7 +13,7 @@ import portpicker
 import pytest
 
 from circle_jax.train import checkpoint as ckpt_lib
-from experiments import check_determinism
+from experiments.tools import check_determinism
 from tests.train import helpers
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(

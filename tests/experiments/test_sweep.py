@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from circle_jax import sweep as grid_lib
+from circle_jax.train import grid as grid_lib
 from experiments import sweep
 from experiments.configs import digits
 
@@ -41,7 +41,7 @@ def tiny_config(data_dir):
 
 
 # ----------------------------------------------------------------------------
-# The vmapped grid on digits (the package's parts: tests/test_sweep.py).
+# The vmapped grid on digits (the package's parts: tests/train/test_grid.py).
 # ----------------------------------------------------------------------------
 
 

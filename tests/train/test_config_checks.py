@@ -77,7 +77,7 @@ def test_batch_must_split_over_processes():
 
 
 # The paper configs (one file per paper) are checked in
-# tests/experiments/test_paper_configs.py.
+# tests/experiments/configs/test_paper_configs.py.
 
 
 def test_omniglot_small_config_is_valid():

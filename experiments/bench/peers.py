@@ -1,0 +1,80 @@
+"""The peer library of the loss benchmarks: pytorch-metric-learning.
+
+:func:`load_torch` imports torch and pytorch-metric-learning lazily (the
+``[bench]`` extra; without them the benchmarks report "n/a");
+:func:`pml_loss` builds the peer's implementation of a registry loss with the
+hyperparameters mapped from ours (``experiments.bench.losses``,
+``experiments.bench.contrastive``).
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def load_torch():
+  try:
+    import torch  # pylint: disable=import-outside-toplevel
+    import pytorch_metric_learning  # pylint: disable=import-outside-toplevel
+    from pytorch_metric_learning import losses as pml  # pylint: disable=import-outside-toplevel
+    from pytorch_metric_learning import miners as pml_miners  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    return None, f"pytorch-metric-learning not installed ({e.name}): pip install -e .[bench]"
+  return (torch, pytorch_metric_learning, pml, pml_miners), ""
+
+
+def pml_loss(mods, name, hyper, num_classes, dim):
+  """The peer library's implementation of registry loss ``name`` (or None).
+
+  Returns ``(loss_module, miner_or_None)`` with the hyperparameters mapped
+  from ours where the library has the same parameter.
+  """
+  _, _, pml, pml_miners = mods
+  h = hyper
+  if name == "circle":
+    return pml.CircleLoss(m=h["margin"], gamma=h["gamma"]), None
+  if name == "multi_similarity":
+    miner = (pml_miners.MultiSimilarityMiner(epsilon=h["epsilon"])
+             if h["mining"] else None)
+    return pml.MultiSimilarityLoss(alpha=h["alpha"], beta=h["beta"],
+                                   base=h["base"]), miner
+  if name == "proxy_anchor":
+    return pml.ProxyAnchorLoss(num_classes, dim, margin=h["margin"],
+                               alpha=h["alpha"]), None
+  if name == "contrastive":
+    return pml.ContrastiveLoss(pos_margin=h["pos_margin"],
+                               neg_margin=h["neg_margin"]), None
+  if name == "triplet":
+    if h["mining"] == "batch_hard":
+      return (pml.TripletMarginLoss(margin=h["margin"]),
+              pml_miners.BatchHardMiner())
+    return pml.TripletMarginLoss(margin=h["margin"]), None
+  if name == "lifted_structure":
+    return pml.LiftedStructureLoss(neg_margin=h["margin"]), None
+  if name == "supcon":
+    return pml.SupConLoss(temperature=h["tau"]), None
+  if name == "nt_xent":
+    return pml.NTXentLoss(temperature=h["tau"]), None
+  if name == "n_pair":
+    return pml.NPairsLoss(), None
+  if name == "margin":
+    return pml.MarginLoss(margin=h["margin"], nu=h["nu"], learn_beta=True,
+                          num_classes=num_classes), None
+  if name == "proxy_nca":
+    return pml.ProxyNCALoss(num_classes, dim, softmax_scale=h["scale"]), None
+  if name == "soft_triple":
+    return pml.SoftTripleLoss(num_classes, dim,
+                              centers_per_class=h["centers_per_class"],
+                              la=h["la"], gamma=h["gamma"],
+                              margin=h["margin"]), None
+  if name == "normface":
+    return pml.NormalizedSoftmaxLoss(num_classes, dim,
+                                     temperature=1.0 / h["scale"]), None
+  if name == "cosface":
+    return pml.CosFaceLoss(num_classes, dim, margin=h["margin"],
+                           scale=h["scale"]), None
+  if name == "arcface":
+    return pml.ArcFaceLoss(num_classes, dim,
+                           margin=math.degrees(h["margin"]),
+                           scale=h["scale"]), None
+  return None

@@ -1,0 +1,53 @@
+"""experiments/tools/omniglot_oneshot.py: the official one-shot runs from the
+command line (on the tiny runs of ``tests/evaluation/oneshot_fixture.py``)."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from circle_jax.evaluation import omniglot_oneshot
+from circle_jax.train import restore as restore_lib
+from tests.evaluation.oneshot_fixture import make_runs, train_tiny_workdir
+
+REPO = str(pathlib.Path(__file__).resolve().parents[3])
+
+
+def _cli(*args):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="",
+             PYTHONPATH=os.pathsep.join(
+                 p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
+  return subprocess.run(
+      [sys.executable, "-m", "experiments.tools.omniglot_oneshot", *args],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+  return train_tiny_workdir(str(tmp_path_factory.mktemp("oneshot_cli")))
+
+
+def test_prints_each_run_and_the_mean(workdir, tmp_path):
+  _, runs = make_runs(tmp_path, as_zip=False, top_folder=True,
+                      run_relative=False)
+  proc = _cli(f"--workdir={workdir}", f"--runs={runs}", "--which=latest")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  result, _ = omniglot_oneshot.evaluate_run(
+      restore_lib.restore_run(workdir, "latest"),
+      omniglot_oneshot.read_runs(runs))
+  lines = proc.stdout.strip().splitlines()
+  assert "latest checkpoint at step 2" in lines[0]
+  assert lines[1:] == [f"{n}  {e:6.2f}%" for n, e in zip(
+      result.runs, result.errors)] + [
+          f"mean   {result.mean_error:6.2f}% over 3 runs"]
+
+
+def test_bad_runs_path_is_one_line(workdir, tmp_path):
+  proc = _cli(f"--workdir={workdir}", f"--runs={tmp_path / 'all_runs.zip'}")
+  assert proc.returncode == 1
+  assert proc.stderr.strip().splitlines() == [
+      f"error: --runs: '{tmp_path / 'all_runs.zip'}' does not exist; give "
+      "all_runs.zip of the Omniglot repository (python/one-shot-"
+      "classification) or its extracted folder."]
