@@ -71,13 +71,12 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax import ops
-from circle_jax.losses import forms
 from circle_jax.losses import _common
 
 Array = jax.Array
 
 
-@forms.declaration
+@dataclasses.dataclass(frozen=True)
 class Layout:
   """How a loss holds its class matrix: the keywords every proxy and
   classifier loss with a class matrix takes (module docstring).

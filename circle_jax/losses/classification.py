@@ -23,6 +23,7 @@ whole matrix.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import jax
@@ -30,12 +31,10 @@ import jax.numpy as jnp
 
 from circle_jax import ops
 from circle_jax.losses import class_shard
-from circle_jax.losses import forms
 from circle_jax.losses import ranges
 from circle_jax.losses import _common
 
 Array = jax.Array
-_LAYOUT = forms.takes(class_shard.Layout, into="layout")
 
 
 def softmax_loss(
@@ -75,7 +74,6 @@ def softmax_loss(
   return block.cross_entropy(logits, onehot)
 
 
-@_LAYOUT
 def cosface_loss(
     embeddings: Array,
     labels: Array,
@@ -84,7 +82,10 @@ def cosface_loss(
     margin: float = 0.35,
     scale: float = 64.0,
     axis_name: Optional[str] = None,
-    layout: class_shard.Layout,
+    shard_classes: bool = class_shard.Layout.shard_classes,
+    num_classes: Optional[int] = class_shard.Layout.num_classes,
+    sample_rate: float = class_shard.Layout.sample_rate,
+    key: Optional[Array] = class_shard.Layout.key,
 ) -> Array:
   r"""CosFace / AM-Softmax: additive cosine margin (Wang et al. 2018).
 
@@ -114,6 +115,9 @@ def cosface_loss(
     Recognition", CVPR 2018, eq. 4. Wang, Cheng, Liu, Liu, "Additive Margin
     Softmax for Face Verification", IEEE SPL 2018.
   """
+  layout = class_shard.Layout(shard_classes=shard_classes,
+                              num_classes=num_classes, sample_rate=sample_rate,
+                              key=key)
   ranges.check_range(scale, "scale", ranges.POSITIVE_RANGE)
   x, labels, w, block = class_shard.class_block(
       embeddings, labels, class_weights, axis_name=axis_name, layout=layout)
@@ -123,7 +127,6 @@ def cosface_loss(
   return block.cross_entropy(logits, onehot)
 
 
-@_LAYOUT
 def normface_loss(
     embeddings: Array,
     labels: Array,
@@ -131,7 +134,10 @@ def normface_loss(
     *,
     scale: float = 20.0,
     axis_name: Optional[str] = None,
-    layout: class_shard.Layout,
+    shard_classes: bool = class_shard.Layout.shard_classes,
+    num_classes: Optional[int] = class_shard.Layout.num_classes,
+    sample_rate: float = class_shard.Layout.sample_rate,
+    key: Optional[Array] = class_shard.Layout.key,
 ) -> Array:
   r"""NormFace: softmax on scaled cosines (Wang et al. 2017).
 
@@ -161,7 +167,8 @@ def normface_loss(
   """
   return cosface_loss(
       embeddings, labels, class_weights, margin=0.0, scale=scale,
-      axis_name=axis_name, **forms.keywords(layout))
+      axis_name=axis_name, shard_classes=shard_classes,
+      num_classes=num_classes, sample_rate=sample_rate, key=key)
 
 
 def _arcface_logits(cos, onehot, *, margin, scale, easy_margin):
@@ -178,7 +185,7 @@ def _arcface_logits(cos, onehot, *, margin, scale, easy_margin):
   return scale * jnp.where(onehot, phi, cos)
 
 
-@forms.declaration
+@dataclasses.dataclass(frozen=True)
 class SubCenterArcFace:
   """(Sub-center) ArcFace's hyperparameters and their defaults (the
   papers'): ``K`` sub-centres per class, the angular margin ``m``, the scale
@@ -190,11 +197,20 @@ class SubCenterArcFace:
   easy_margin: bool = False
 
 
-@_LAYOUT
-@forms.takes(SubCenterArcFace, into="hp", centers_per_class=1)
-def arcface_loss(embeddings: Array, labels: Array, class_weights: Array, *,
-                 hp: SubCenterArcFace, axis_name: Optional[str] = None,
-                 layout: class_shard.Layout) -> Array:
+def arcface_loss(
+    embeddings: Array,
+    labels: Array,
+    class_weights: Array,
+    *,
+    margin: float = SubCenterArcFace.margin,
+    scale: float = SubCenterArcFace.scale,
+    easy_margin: bool = SubCenterArcFace.easy_margin,
+    axis_name: Optional[str] = None,
+    shard_classes: bool = class_shard.Layout.shard_classes,
+    num_classes: Optional[int] = class_shard.Layout.num_classes,
+    sample_rate: float = class_shard.Layout.sample_rate,
+    key: Optional[Array] = class_shard.Layout.key,
+) -> Array:
   r"""ArcFace: additive angular margin (Deng et al. 2019).
 
   With ``\theta_c = \arccos(\hat x \cdot \hat W_c)`` the target logit is
@@ -233,16 +249,30 @@ def arcface_loss(embeddings: Array, labels: Array, class_weights: Array, *,
     Deng, Guo, Xue, Zafeiriou, "ArcFace: Additive Angular Margin Loss for
     Deep Face Recognition", CVPR 2019, eq. 3 (and the insightface code).
   """
+  hp = SubCenterArcFace(margin=margin, scale=scale, easy_margin=easy_margin,
+                        centers_per_class=1)
+  layout = class_shard.Layout(shard_classes=shard_classes,
+                              num_classes=num_classes, sample_rate=sample_rate,
+                              key=key)
   return _subcenter_arcface(embeddings, labels, class_weights, hp,
                             axis_name, layout)
 
 
-@_LAYOUT
-@forms.takes(SubCenterArcFace, into="hp")
-def subcenter_arcface_loss(embeddings: Array, labels: Array,
-                           class_weights: Array, *, hp: SubCenterArcFace,
-                           axis_name: Optional[str] = None,
-                           layout: class_shard.Layout) -> Array:
+def subcenter_arcface_loss(
+    embeddings: Array,
+    labels: Array,
+    class_weights: Array,
+    *,
+    centers_per_class: int = SubCenterArcFace.centers_per_class,
+    margin: float = SubCenterArcFace.margin,
+    scale: float = SubCenterArcFace.scale,
+    easy_margin: bool = SubCenterArcFace.easy_margin,
+    axis_name: Optional[str] = None,
+    shard_classes: bool = class_shard.Layout.shard_classes,
+    num_classes: Optional[int] = class_shard.Layout.num_classes,
+    sample_rate: float = class_shard.Layout.sample_rate,
+    key: Optional[Array] = class_shard.Layout.key,
+) -> Array:
   r"""Sub-center ArcFace: ``K`` sub-centres per class (Deng et al. 2020).
 
   Each class ``c`` has ``K`` sub-centres ``W_c^k`` (row ``c K + k`` of
@@ -281,6 +311,11 @@ def subcenter_arcface_loss(embeddings: Array, labels: Array,
     Deng, Guo, Liu, Zafeiriou, Kotsia, "Sub-center ArcFace: Boosting Face
     Recognition by Large-scale Noisy Web Faces", ECCV 2020.
   """
+  hp = SubCenterArcFace(centers_per_class=centers_per_class, margin=margin,
+                        scale=scale, easy_margin=easy_margin)
+  layout = class_shard.Layout(shard_classes=shard_classes,
+                              num_classes=num_classes, sample_rate=sample_rate,
+                              key=key)
   return _subcenter_arcface(embeddings, labels, class_weights, hp,
                             axis_name, layout)
 

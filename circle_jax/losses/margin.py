@@ -16,6 +16,7 @@ rules' ``**options`` through :func:`circle_jax.losses.engine.dense_block`
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import jax
@@ -23,7 +24,6 @@ import jax.numpy as jnp
 
 from circle_jax.losses import _common
 from circle_jax.losses import engine
-from circle_jax.losses import forms
 from circle_jax.losses import miners
 from circle_jax.losses import ranges
 
@@ -65,7 +65,7 @@ def _margin_weights(pos, neg, pair_weights):
   return jnp.where(pos, w, 0.0), jnp.where(neg, w, 0.0)
 
 
-@forms.declaration
+@dataclasses.dataclass(frozen=True)
 class Margin:
   """The margin loss's hyperparameters, the defaults of both its forms: the
   margin ``m`` (the paper's ``alpha``) and the weight ``nu`` of the ``beta``
@@ -75,13 +75,13 @@ class Margin:
   nu: float = 0.0
 
 
-@forms.takes(Margin, into="hp")
 def margin_loss_from_distance(
     distance: Array,
     labels: Array,
     beta: Array,
     *,
-    hp: Margin,
+    margin: float = Margin.margin,
+    nu: float = Margin.nu,
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None,
     pair_weights: Optional[Array] = None,
@@ -95,19 +95,20 @@ def margin_loss_from_distance(
                                                 neg_mask, "distance")
   pos_w, neg_w = _margin_weights(pos, neg, pair_weights)
   return _margin_core(dist, pos_w, neg_w, _beta_rows(beta, labels),
-                      **forms.keywords(hp), axis_name=None)
+                      margin=margin, nu=nu, axis_name=None)
 
 
-@forms.takes(Margin, into="hp")
-@forms.takes(miners.DistanceWeighted, into="sampler")
 def margin_loss(
     embeddings: Array,
     labels: Array,
     beta: Array,
     *,
-    hp: Margin,
+    margin: float = Margin.margin,
+    nu: float = Margin.nu,
     key: Optional[Array] = None,
-    sampler: miners.DistanceWeighted,
+    cutoff: float = miners.DistanceWeighted.cutoff,
+    nonzero_loss_cutoff: float = (
+        miners.DistanceWeighted.nonzero_loss_cutoff),
     pair_weights: Optional[Array] = None,
     **options,
 ) -> Array:
@@ -168,7 +169,7 @@ def margin_loss(
     raise ValueError(
         "Pass either `key` (sample negatives) or `pair_weights` (already "
         "sampled), not both.")
-  ranges.check_range(hp.margin, "margin", ranges.NONNEGATIVE_RANGE)
+  ranges.check_range(margin, "margin", ranges.NONNEGATIVE_RANGE)
   axis_name = options.get("axis_name")
   rows, _, dist, pos, neg = engine.dense_block(
       embeddings, labels, loss="margin loss", reason=_NOT_A_RULE,
@@ -183,7 +184,8 @@ def margin_loss(
     num_rows = m if axis_name is None else m * jax.lax.axis_size(axis_name)
     pair_weights = miners.distance_weighted_weights(
         dist, pos, neg, _common.local_row_offset(m, axis_name), key, dim,
-        **forms.keywords(sampler), num_rows=num_rows)
+        cutoff=cutoff, nonzero_loss_cutoff=nonzero_loss_cutoff,
+        num_rows=num_rows)
   pos_w, neg_w = _margin_weights(pos, neg, pair_weights)
   return _margin_core(dist, pos_w, neg_w, _beta_rows(beta, rows.labels),
-                      **forms.keywords(hp), axis_name=axis_name)
+                      margin=margin, nu=nu, axis_name=axis_name)

@@ -25,13 +25,13 @@ Distances are Euclidean distances between L2-normalised embeddings,
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 
 from circle_jax import ops
-from circle_jax.losses import forms
 from circle_jax.losses import ranges
 from circle_jax.losses import _common
 from circle_jax.losses import engine
@@ -347,7 +347,7 @@ def pair_margin_miner(
                            pos_margin=pos_margin, neg_margin=neg_margin)
 
 
-@forms.declaration
+@dataclasses.dataclass(frozen=True)
 class DistanceWeighted:
   """The distance-weighted sampler's parameters, the defaults of
   :func:`distance_weighted_miner` and of the margin loss's sampler (the
@@ -358,13 +358,13 @@ class DistanceWeighted:
   nonzero_loss_cutoff: float = 1.4
 
 
-@forms.takes(DistanceWeighted, into="sampler")
 def distance_weighted_miner(
     embeddings: Array,
     labels: Array,
     key: Array,
     *,
-    sampler: DistanceWeighted,
+    cutoff: float = DistanceWeighted.cutoff,
+    nonzero_loss_cutoff: float = DistanceWeighted.nonzero_loss_cutoff,
     axis_name: Optional[str] = None,
 ) -> Array:
   r"""Distance-weighted negative sampling (Wu et al. 2017, Sec. 4).
@@ -402,9 +402,9 @@ def distance_weighted_miner(
     Wu, Manmatha, Smola, Kraehenbuehl, "Sampling Matters in Deep Embedding
     Learning", ICCV 2017, eq. 4 and Sec. 4.
   """
-  ranges.check_range(sampler.cutoff, "cutoff", ranges.NONNEGATIVE_RANGE)
+  ranges.check_range(cutoff, "cutoff", ranges.NONNEGATIVE_RANGE)
   sim, pos, neg, offset = _block(embeddings, labels, axis_name)
   dist = ops.euclidean_from_cosine(sim)
   return distance_weighted_weights(
-      dist, pos, neg, offset, key, embeddings.shape[1],
-      **forms.keywords(sampler))
+      dist, pos, neg, offset, key, embeddings.shape[1], cutoff=cutoff,
+      nonzero_loss_cutoff=nonzero_loss_cutoff)

@@ -13,12 +13,13 @@ normalised). The L2 penalty on the embeddings is added outside the pair term.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import jax
 import jax.numpy as jnp
 
 from circle_jax.losses import _common
 from circle_jax.losses import engine
-from circle_jax.losses import forms
 from circle_jax.losses import ranges
 
 Array = jax.Array
@@ -59,13 +60,21 @@ class NPair(engine.PositivePairMean):
             jnp.zeros_like(u))
 
 
-n_pair_loss_from_similarity = forms.matrix_form(
-    NPair, "n_pair_loss_from_similarity",
-    """Multi-class N-pair loss of a square ``[B, B]`` inner-product matrix.
+def n_pair_loss_from_similarity(
+    similarity: Array,
+    labels: Array,
+    *,
+    pos_mask: Optional[Array] = None,
+    neg_mask: Optional[Array] = None,
+) -> Array:
+  """Multi-class N-pair loss of a square ``[B, B]`` inner-product matrix.
 
   The tuplet term of :func:`n_pair_loss` without the L2 penalty (which
   depends on the embeddings, not on their similarities).
-  """)
+  """
+  rule = NPair()
+  return engine.matrix_loss(rule, similarity, labels, pos_mask=pos_mask,
+                            neg_mask=neg_mask)
 
 
 def n_pair_loss(

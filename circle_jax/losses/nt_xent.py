@@ -21,7 +21,6 @@ import jax
 
 from circle_jax.losses import _common
 from circle_jax.losses import engine
-from circle_jax.losses import forms
 from circle_jax.losses import supcon
 
 Array = jax.Array
@@ -41,9 +40,14 @@ class NTXent(supcon.SupCon):
     return _common.ratio_of_sums(*terms, axis_name)
 
 
-nt_xent_loss = forms.embedding_form(
-    NTXent, "nt_xent_loss",
-    r"""NT-Xent / InfoNCE (Chen et al., ICML 2020; van den Oord et al. 2018).
+def nt_xent_loss(
+    embeddings: Array,
+    labels: Array,
+    *,
+    tau: float = NTXent.tau,
+    **options,
+) -> Array:
+  r"""NT-Xent / InfoNCE (Chen et al., ICML 2020; van den Oord et al. 2018).
 
   .. math::
 
@@ -82,4 +86,6 @@ nt_xent_loss = forms.embedding_form(
     Learning of Visual Representations", ICML 2020. van den Oord, Li,
     Vinyals, "Representation Learning with Contrastive Predictive Coding",
     arXiv:1807.03748, 2018.
-  """)
+  """
+  rule = NTXent(tau=tau)
+  return engine.embedding_loss(rule, embeddings, labels, **options)

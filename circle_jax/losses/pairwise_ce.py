@@ -30,7 +30,6 @@ from __future__ import annotations
 import jax
 
 from circle_jax.losses import engine
-from circle_jax.losses import forms
 from circle_jax.losses import hyperbolic
 from circle_jax.losses import nt_xent
 
@@ -42,9 +41,13 @@ PAIRWISE_CE_TAU = 0.2
 HYP_VIT_BALL = hyperbolic.Poincare()
 
 
-@forms.takes(nt_xent.NTXent, defaults=nt_xent.NTXent(tau=PAIRWISE_CE_TAU))
-def pairwise_ce_loss(embeddings: Array, labels: Array, *, rule,
-                     **options) -> Array:
+def pairwise_ce_loss(
+    embeddings: Array,
+    labels: Array,
+    *,
+    tau: float = PAIRWISE_CE_TAU,
+    **options,
+) -> Array:
   r"""Hyp-ViT's pairwise cross-entropy (Ermolov et al., CVPR 2022).
 
   .. math::
@@ -79,4 +82,5 @@ def pairwise_ce_loss(embeddings: Array, labels: Array, *, rule,
     Transformers: Combining Improvements in Metric Learning", CVPR 2022.
   """
   options.setdefault("geometry", HYP_VIT_BALL)
+  rule = nt_xent.NTXent(tau=tau)
   return engine.embedding_loss(rule, embeddings, labels, **options)

@@ -30,7 +30,6 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax.losses import engine
-from circle_jax.losses import forms
 from circle_jax.losses import ranges
 
 Array = jax.Array
@@ -65,9 +64,15 @@ class PairwiseSigmoid(engine.PairRule):
     return total, jnp.ones(total.shape, bool)
 
 
-pairwise_sigmoid_loss = forms.embedding_form(
-    PairwiseSigmoid, "pairwise_sigmoid_loss",
-    r"""Pairwise sigmoid loss with label positives (Zhai et al., ICCV 2023).
+def pairwise_sigmoid_loss(
+    embeddings: Array,
+    labels: Array,
+    *,
+    t: float = PairwiseSigmoid.t,
+    b: float = PairwiseSigmoid.b,
+    **options,
+) -> Array:
+  r"""Pairwise sigmoid loss with label positives (Zhai et al., ICCV 2023).
 
   .. math::
 
@@ -97,4 +102,6 @@ pairwise_sigmoid_loss = forms.embedding_form(
   References:
     Zhai, Mustafa, Kolesnikov, Beyer, "Sigmoid Loss for Language Image
     Pre-Training", ICCV 2023.
-  """)
+  """
+  rule = PairwiseSigmoid(t=t, b=b)
+  return engine.embedding_loss(rule, embeddings, labels, **options)

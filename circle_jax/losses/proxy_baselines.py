@@ -28,13 +28,11 @@ import jax.numpy as jnp
 
 from circle_jax import ops
 from circle_jax.losses import class_shard
-from circle_jax.losses import forms
 from circle_jax.losses import ranges
 
 Array = jax.Array
 
 
-@forms.takes(class_shard.Layout, into="layout")
 def proxy_nca_loss(
     embeddings: Array,
     labels: Array,
@@ -43,7 +41,10 @@ def proxy_nca_loss(
     scale: float = 32.0,
     include_positive: bool = False,
     axis_name: Optional[str] = None,
-    layout: class_shard.Layout,
+    shard_classes: bool = class_shard.Layout.shard_classes,
+    num_classes: Optional[int] = class_shard.Layout.num_classes,
+    sample_rate: float = class_shard.Layout.sample_rate,
+    key: Optional[Array] = class_shard.Layout.key,
 ) -> Array:
   r"""Proxy-NCA (Movshovitz-Attias et al. 2017), scaled and normalised.
 
@@ -84,6 +85,9 @@ def proxy_nca_loss(
     Learning using Proxies", ICCV 2017, eq. 5. Teh, DeVries, Taylor,
     "ProxyNCA++", ECCV 2020.
   """
+  layout = class_shard.Layout(shard_classes=shard_classes,
+                              num_classes=num_classes, sample_rate=sample_rate,
+                              key=key)
   ranges.check_range(scale, "scale", ranges.POSITIVE_RANGE)
   x, labels, p, block = class_shard.class_block(
       embeddings, labels, proxies, name="proxies", axis_name=axis_name,
@@ -121,7 +125,6 @@ def _center_spread(centers: Array, k: int) -> Array:
   return jnp.sum(jnp.where(upper[None], dist, 0.0), axis=(1, 2))
 
 
-@forms.takes(class_shard.Layout, into="layout")
 def soft_triple_loss(
     embeddings: Array,
     labels: Array,
@@ -133,7 +136,10 @@ def soft_triple_loss(
     margin: float = 0.01,
     tau: float = 0.2,
     axis_name: Optional[str] = None,
-    layout: class_shard.Layout,
+    shard_classes: bool = class_shard.Layout.shard_classes,
+    num_classes: Optional[int] = class_shard.Layout.num_classes,
+    sample_rate: float = class_shard.Layout.sample_rate,
+    key: Optional[Array] = class_shard.Layout.key,
 ) -> Array:
   r"""SoftTriple loss (Qian et al. 2019): ``K`` centers per class.
 
@@ -176,6 +182,9 @@ def soft_triple_loss(
     Without Triplet Sampling", ICCV 2019, eqs. 8-12 (official defaults
     ``la=20, gamma=0.1, tau=0.2, margin=0.01, K=10``).
   """
+  layout = class_shard.Layout(shard_classes=shard_classes,
+                              num_classes=num_classes, sample_rate=sample_rate,
+                              key=key)
   if not isinstance(centers_per_class, int) or centers_per_class < 1:
     raise ValueError(
         f"`centers_per_class` must be a positive Python int; got "

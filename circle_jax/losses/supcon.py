@@ -25,7 +25,6 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax.losses import engine
-from circle_jax.losses import forms
 from circle_jax.losses import ranges
 
 Array = jax.Array
@@ -67,9 +66,14 @@ class SupCon(engine.PairRule):
     return total / jnp.maximum(count, 1.0), valid
 
 
-supcon_loss = forms.embedding_form(
-    SupCon, "supcon_loss",
-    r"""Supervised contrastive loss ``L^sup_out`` (Khosla et al., NeurIPS 2020).
+def supcon_loss(
+    embeddings: Array,
+    labels: Array,
+    *,
+    tau: float = SupCon.tau,
+    **options,
+) -> Array:
+  r"""Supervised contrastive loss ``L^sup_out`` (Khosla et al., NeurIPS 2020).
 
   .. math::
 
@@ -106,4 +110,6 @@ supcon_loss = forms.embedding_form(
   References:
     Khosla, Teterwak, Wang, Sarna, Tian, Isola, Maschinot, Liu, Krishnan,
     "Supervised Contrastive Learning", NeurIPS 2020.
-  """)
+  """
+  rule = SupCon(tau=tau)
+  return engine.embedding_loss(rule, embeddings, labels, **options)
