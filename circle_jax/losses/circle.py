@@ -31,6 +31,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from circle_jax.losses import entries
 from circle_jax.losses import ranges
 from circle_jax.losses import engine
 
@@ -380,3 +381,23 @@ def unified_loss_class_level(
   """
   rule = Unified(gamma=gamma, margin=margin)
   return engine.class_level_loss(rule, embeddings, labels, class_weights)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+_CIRCLE_PAPER = ("Sun et al., \"Circle Loss: A Unified Perspective of Pair "
+                 "Similarity Optimization\", CVPR 2020")
+_BOTH_SETS = "mean over anchors with >= 1 positive and >= 1 negative"
+
+REGISTRY = (
+    entries.entry("circle", circle_loss, "pair", rule=Circle,
+        paper=_CIRCLE_PAPER + " (eq. 6)", reduction=_BOTH_SETS),
+    entries.entry("unified", unified_loss, "pair", rule=Unified,
+        paper=_CIRCLE_PAPER + " (eq. 1)", reduction=_BOTH_SETS),
+    entries.entry("circle_class_level", circle_loss_class_level,
+        "classifier", param_name="class_weights",
+        init=entries.normal(0.01), param_init="normal, std 0.01",
+        rule=Circle,
+        paper="Sun et al., CVPR 2020 (class-level labels)",
+        reduction="mean over samples"),
+)

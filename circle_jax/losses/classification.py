@@ -30,9 +30,10 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax import ops
+from circle_jax.losses import entries
 from circle_jax.losses import class_shard
 from circle_jax.losses import ranges
-from circle_jax.losses import _common
+from circle_jax.losses import checks
 
 Array = jax.Array
 
@@ -66,7 +67,7 @@ def softmax_loss(
       embeddings, labels, class_weights, axis_name=axis_name)
   logits = jnp.matmul(x, w.T, precision=jax.lax.Precision.HIGHEST)
   if bias is not None:
-    bias = _common.check_shape(
+    bias = checks.check_shape(
         bias, (w.shape[0],), f"`bias` must have shape [num_classes] = "
         f"({w.shape[0]},); got {jnp.shape(bias)}.")
     logits = logits + bias.astype(jnp.float32)
@@ -337,3 +338,28 @@ def _subcenter_arcface(embeddings, labels, class_weights, hp, axis_name,
   logits = _arcface_logits(cos, onehot, margin=hp.margin, scale=hp.scale,
                            easy_margin=hp.easy_margin)
   return block.cross_entropy(logits, onehot)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.classifier("normface", normface_loss,
+        paper="Wang et al., \"NormFace: L2 Hypersphere Embedding "
+              "for Face Verification\", ACM MM 2017"),
+    entries.classifier("cosface", cosface_loss,
+        paper="Wang et al., \"CosFace: Large Margin Cosine Loss for "
+              "Deep Face Recognition\", CVPR 2018 (= AM-Softmax)"),
+    entries.classifier("arcface", arcface_loss,
+        param_init="normal, std 0.01 (insightface)",
+        paper="Deng et al., \"ArcFace: Additive Angular Margin Loss "
+              "for Deep Face Recognition\", CVPR 2019"),
+    entries.classifier("subcenter_arcface", subcenter_arcface_loss,
+        init=entries.subcenters_normal(0.01),
+        param_init="normal, std 0.01, [C K, D]",
+        paper="Deng, Guo, Liu, Zafeiriou, Kotsia, \"Sub-center "
+              "ArcFace: Boosting Face Recognition by Large-scale "
+              "Noisy Web Faces\", ECCV 2020"),
+    entries.classifier("softmax", softmax_loss,
+        init=entries.glorot_uniform, param_init="glorot (xavier) uniform",
+        paper="softmax cross-entropy on a linear classifier"),
+)

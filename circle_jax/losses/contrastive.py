@@ -14,7 +14,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from circle_jax.losses import _common
+from circle_jax.losses import entries
+from circle_jax.losses.engine import reductions
 from circle_jax.losses import engine
 from circle_jax.losses import ranges
 
@@ -67,8 +68,8 @@ class Contrastive(engine.PairRule):
   def reduce(self, terms, valid, axis_name):
     del valid
     sum_p, count_p, sum_n, count_n = terms
-    return (_common.ratio_of_sums(sum_p, count_p, axis_name)
-            + _common.ratio_of_sums(sum_n, count_n, axis_name))
+    return (reductions.ratio_of_sums(sum_p, count_p, axis_name)
+            + reductions.ratio_of_sums(sum_n, count_n, axis_name))
 
 
 def contrastive_loss_from_distance(
@@ -137,3 +138,16 @@ def contrastive_loss(
   """
   rule = Contrastive(pos_margin=pos_margin, neg_margin=neg_margin)
   return engine.embedding_loss(rule, embeddings, labels, **options)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("contrastive", contrastive_loss, "pair",
+        rule=Contrastive,
+        paper="Hadsell, Chopra, LeCun, CVPR 2006; two-margin form of "
+              "Musgrave et al., \"A Metric Learning Reality Check\", "
+              "ECCV 2020",
+        reduction="mean over non-zero positive pairs + mean over "
+                  "non-zero negative pairs"),
+)

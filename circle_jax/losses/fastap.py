@@ -63,6 +63,7 @@ import types
 import jax
 import jax.numpy as jnp
 
+from circle_jax.losses import entries
 from circle_jax.losses import engine
 from circle_jax.losses import ranges
 from circle_jax.losses import ranking
@@ -185,3 +186,13 @@ def fastap_loss(
                               block=block.block)
   valid = jnp.any(block.pos, axis=1)
   return ranking.mean_loss(1.0 - fast_ap, valid, options.get("axis_name"))
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("fastap", fastap_loss, "pair", rule=FastAP,
+        paper="Cakir, He, Xia, Kulis, Sclaroff, \"Deep Metric Learning "
+              "to Rank\", CVPR 2019",
+        reduction="mean over anchors with >= 1 positive"),
+)

@@ -21,6 +21,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from circle_jax.losses import entries
 from circle_jax.losses import engine
 
 Array = jax.Array
@@ -160,3 +161,13 @@ def lifted_structure_loss(
   """
   rule = LiftedStructure(margin=margin)
   return engine.embedding_loss(rule, embeddings, labels, **options)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("lifted_structure", lifted_structure_loss, "pair",
+        paper="Oh Song et al., \"Deep Metric Learning via Lifted "
+              "Structured Feature Embedding\", CVPR 2016 (smooth form)",
+        reduction="sum over ordered positive pairs of [J]_+^2 / (2 #pairs)"),
+)

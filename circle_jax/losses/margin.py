@@ -22,7 +22,9 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from circle_jax.losses import _common
+from circle_jax.losses import entries
+from circle_jax.losses import checks
+from circle_jax.losses.engine import reductions
 from circle_jax.losses import engine
 from circle_jax.losses import miners
 from circle_jax.losses import ranges
@@ -34,11 +36,11 @@ _NOT_A_RULE = ("a learnable per-anchor boundary and weighted pairs")
 
 def _beta_rows(beta, labels):
   beta = jnp.asarray(beta)
-  _common.check_floating(beta, f"`beta` must be a floating array; got "
+  checks.check_floating(beta, f"`beta` must be a floating array; got "
                                f"{beta.dtype}.")
   if beta.ndim == 0:
     return jnp.broadcast_to(beta.astype(jnp.float32), labels.shape)
-  _common.check_rank(beta, 1, f"`beta` must be a scalar or a [num_classes] "
+  checks.check_rank(beta, 1, f"`beta` must be a scalar or a [num_classes] "
                               f"vector; got shape {beta.shape}.")
   return beta.astype(jnp.float32)[labels]
 
@@ -51,13 +53,13 @@ def _margin_core(dist, pos_w, neg_w, beta_rows, *, margin, nu, axis_name):
            + nu * jnp.sum(pos_w * b))
   count = (jnp.sum(jnp.where(pos_loss > 0, pos_w, 0.0))
            + jnp.sum(jnp.where(neg_loss > 0, neg_w, 0.0)))
-  return _common.ratio_of_sums(total, count, axis_name)
+  return reductions.ratio_of_sums(total, count, axis_name)
 
 
 def _margin_weights(pos, neg, pair_weights):
   if pair_weights is None:
     return pos.astype(jnp.float32), neg.astype(jnp.float32)
-  pair_weights = _common.check_shape(
+  pair_weights = checks.check_shape(
       pair_weights, pos.shape,
       f"`pair_weights` must have the shape of the distance block "
       f"{pos.shape}; got {jnp.shape(pair_weights)}.")
@@ -183,9 +185,23 @@ def margin_loss(
     m, dim = rows.z.shape
     num_rows = m if axis_name is None else m * jax.lax.axis_size(axis_name)
     pair_weights = miners.distance_weighted_weights(
-        dist, pos, neg, _common.local_row_offset(m, axis_name), key, dim,
+        dist, pos, neg, reductions.local_row_offset(m, axis_name), key, dim,
         cutoff=cutoff, nonzero_loss_cutoff=nonzero_loss_cutoff,
         num_rows=num_rows)
   pos_w, neg_w = _margin_weights(pos, neg, pair_weights)
   return _margin_core(dist, pos_w, neg_w, _beta_rows(beta, rows.labels),
                       margin=margin, nu=nu, axis_name=axis_name)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("margin", margin_loss, "pair", param_name="beta",
+        tiled=False,
+        init=entries.margin_beta, param_init="constant 1.2 per class",
+        needs_key=True,
+        paper="Wu et al., \"Sampling Matters in Deep Embedding "
+              "Learning\", ICCV 2017",
+        reduction="sum over (sampled) pairs / #pairs with non-zero "
+                  "loss"),
+)

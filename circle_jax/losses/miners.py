@@ -33,7 +33,7 @@ import jax.numpy as jnp
 
 from circle_jax import ops
 from circle_jax.losses import ranges
-from circle_jax.losses import _common
+from circle_jax.losses.engine import reductions
 from circle_jax.losses import engine
 from circle_jax.losses.multi_similarity import MultiSimilarity
 
@@ -47,7 +47,7 @@ def _block(embeddings, labels, axis_name):
   """Stop-gradient cosine block ``[M, N]`` and its label masks."""
   rows, _, sim, pos, neg = engine.pair_block(embeddings, labels,
                                              axis_name=axis_name)
-  offset = _common.local_row_offset(rows.z.shape[0], axis_name)
+  offset = reductions.local_row_offset(rows.z.shape[0], axis_name)
   return jax.lax.stop_gradient(sim), pos, neg, offset
 
 

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax import ops
+from circle_jax.losses import entries
 from circle_jax.losses import ranges
 from circle_jax.losses import engine
 
@@ -277,3 +278,15 @@ def multi_similarity_weights(
 
   logit_p, logit_n = rule.logits(s)
   return weights(logit_p, pos), weights(logit_n, neg)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("multi_similarity", multi_similarity_loss,
+        "pair", rule=MultiSimilarity,
+        paper="Wang et al., \"Multi-Similarity Loss with General Pair "
+              "Weighting for Deep Metric Learning\", CVPR 2019",
+        reduction="sum over anchors / batch size (mined-out anchors "
+                  "count as 0)"),
+)

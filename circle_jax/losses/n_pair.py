@@ -18,7 +18,9 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from circle_jax.losses import _common
+from circle_jax.losses import entries
+from circle_jax.losses import checks
+from circle_jax.losses.engine import reductions
 from circle_jax.losses import engine
 from circle_jax.losses import ranges
 
@@ -127,7 +129,18 @@ def n_pair_loss(
   """
   ranges.check_range(l2_reg, "l2_reg", ranges.NONNEGATIVE_RANGE)
   tuplet = engine.embedding_loss(NPair(), embeddings, labels, **options)
-  x = _common.check_embeddings(embeddings)
-  penalty = _common.sum_over_batch(jnp.sum(x * x, axis=1),
+  x = checks.check_embeddings(embeddings)
+  penalty = reductions.sum_over_batch(jnp.sum(x * x, axis=1),
                                    options.get("axis_name"))
   return tuplet + l2_reg * penalty
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("n_pair", n_pair_loss, "pair", geometry="dot",
+        paper="Sohn, \"Improved Deep Metric Learning with Multi-class "
+              "N-pair Loss Objective\", NeurIPS 2016",
+        reduction="mean over positive pairs + l2_reg * mean squared "
+                  "norm"),
+)

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import jax
 
-from circle_jax.losses import _common
+from circle_jax.losses import entries
+from circle_jax.losses.engine import reductions
 from circle_jax.losses import engine
 from circle_jax.losses import supcon
 
@@ -37,7 +38,7 @@ class NTXent(supcon.SupCon):
 
   def reduce(self, terms, valid, axis_name):
     del valid
-    return _common.ratio_of_sums(*terms, axis_name)
+    return reductions.ratio_of_sums(*terms, axis_name)
 
 
 def nt_xent_loss(
@@ -89,3 +90,14 @@ def nt_xent_loss(
   """
   rule = NTXent(tau=tau)
   return engine.embedding_loss(rule, embeddings, labels, **options)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("nt_xent", nt_xent_loss, "pair", rule=NTXent,
+        paper="Chen et al., \"A Simple Framework for Contrastive "
+              "Learning of Visual Representations\", ICML 2020; van den "
+              "Oord et al., arXiv 2018 (InfoNCE); labels give the views",
+        reduction="mean over positive pairs"),
+)

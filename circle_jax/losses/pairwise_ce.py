@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import jax
 
+from circle_jax.losses import entries
 from circle_jax.losses import engine
 from circle_jax.losses import hyperbolic
 from circle_jax.losses import nt_xent
@@ -84,3 +85,14 @@ def pairwise_ce_loss(
   options.setdefault("geometry", HYP_VIT_BALL)
   rule = nt_xent.NTXent(tau=tau)
   return engine.embedding_loss(rule, embeddings, labels, **options)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("pairwise_ce", pairwise_ce_loss, "pair",
+        rule=nt_xent.NTXent, geometry="poincare",
+        paper="Ermolov et al., \"Hyperbolic Vision Transformers: "
+              "Combining Improvements in Metric Learning\", CVPR 2022",
+        reduction="mean over positive pairs"),
+)

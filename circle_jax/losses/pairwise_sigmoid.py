@@ -29,6 +29,7 @@ import types
 import jax
 import jax.numpy as jnp
 
+from circle_jax.losses import entries
 from circle_jax.losses import engine
 from circle_jax.losses import ranges
 
@@ -105,3 +106,14 @@ def pairwise_sigmoid_loss(
   """
   rule = PairwiseSigmoid(t=t, b=b)
   return engine.embedding_loss(rule, embeddings, labels, **options)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("pairwise_sigmoid", pairwise_sigmoid_loss,
+        "pair", rule=PairwiseSigmoid,
+        paper="Zhai et al., \"Sigmoid Loss for Language Image "
+              "Pre-Training\", ICCV 2023 (label positives, fixed t, b)",
+        reduction="sum over pairs / batch size"),
+)

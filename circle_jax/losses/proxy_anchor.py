@@ -39,9 +39,11 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax import ops
+from circle_jax.losses import entries
 from circle_jax.losses import class_shard
 from circle_jax.losses import ranges
-from circle_jax.losses import _common
+from circle_jax.losses import checks
+from circle_jax.losses.engine import reductions
 from circle_jax.losses import ranked_list as _ranked_list
 
 Array = jax.Array
@@ -75,9 +77,9 @@ class RankedProxyAnchor:
 
 def _check_sample_to_proxy(matrix, labels, name: str):
   """Checks a ``[B, C]`` sample-to-proxy block and its ``[B]`` labels."""
-  matrix = _common.check_matrix(
+  matrix = checks.check_matrix(
       matrix, name, "[batch, num_classes]: samples against proxies")
-  labels = _common.check_labels(labels, matrix.shape[0])
+  labels = checks.check_labels(labels, matrix.shape[0])
   return matrix, labels
 
 
@@ -197,7 +199,7 @@ def _proxy_anchor(similarity, labels, hp: ProxyAnchor, block) -> Array:
   num_valid = _num_proxies_with_positives(pos, block)
   loss = (block.class_sum(jnp.sum(pos_terms)) / jnp.maximum(num_valid, 1.0)
           + block.class_sum(jnp.sum(neg_terms)) / block.num_classes)
-  return _common.to_float32_scalar(loss)
+  return reductions.to_float32_scalar(loss)
 
 
 def proxy_anchor_loss(
@@ -347,7 +349,7 @@ def _ranked_proxy_anchor(distance, labels, hp: RankedProxyAnchor,
       jnp.sum(jnp.where(neg_set, w * neg_hinge, 0.0), axis=0), axis_name)
   neg_per_proxy = neg_num / jnp.where(w_sum == 0, 1.0, w_sum)
   neg_term = block.class_sum(jnp.sum(neg_per_proxy)) / block.num_classes
-  return _common.to_float32_scalar(pos_term + neg_term)
+  return reductions.to_float32_scalar(pos_term + neg_term)
 
 
 def ranked_proxy_anchor_loss(
@@ -443,3 +445,30 @@ def ranked_proxy_anchor_loss(
   else:
     dist = 1.0 - similarity
   return _ranked_proxy_anchor(dist, labels, hp, block)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+_PROXY_ANCHOR_PAPER = (
+    "Kim, Kim, Cho, Kwak, \"Proxy Anchor Loss for Deep Metric Learning\", "
+    "CVPR 2020")
+
+REGISTRY = (
+    entries.entry("proxy_anchor", proxy_anchor_loss, "proxy",
+        param_name="proxies", init=entries.kaiming_normal_fan_out,
+        param_init="kaiming normal, fan_out (std sqrt(2/C))",
+        paper=_PROXY_ANCHOR_PAPER,
+        reduction="positive term / #proxies with positives + negative "
+                  "term / #classes"),
+    entries.entry("ranked_proxy_anchor", ranked_proxy_anchor_loss,
+        "proxy", param_name="proxies", init=entries.kaiming_normal_fan_out,
+        rule=_ranked_list.RankedList,
+        param_init="kaiming normal, fan_out (std sqrt(2/C))",
+        paper="Zhang, Chen, Hou, Yuan, Liu (Nanjing University of "
+              "Aeronautics and Astronautics), Ranked Proxy-Anchor loss "
+              "(Chinese-language journal paper; equations reconstructed "
+              "from its prose, Ranked List and Proxy-Anchor), built on " +
+              _PROXY_ANCHOR_PAPER,
+        reduction="positive term / #proxies with positives + negative "
+                  "term / #classes"),
+)

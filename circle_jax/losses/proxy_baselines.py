@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax import ops
+from circle_jax.losses import entries
 from circle_jax.losses import class_shard
 from circle_jax.losses import ranges
 
@@ -208,3 +209,22 @@ def soft_triple_loss(
     per_sample = per_sample + tau * block.class_sum(jnp.sum(spread)) / (
         block.num_classes * k * (k - 1.0))
   return block.batch_mean(per_sample)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("proxy_nca", proxy_nca_loss, "proxy",
+        param_name="proxies", init=entries.normal(1.0),
+        param_init="standard normal",
+        paper="Movshovitz-Attias et al., \"No Fuss Distance Metric "
+              "Learning using Proxies\", ICCV 2017",
+        reduction="mean over samples"),
+    entries.entry("soft_triple", soft_triple_loss, "proxy",
+        param_name="centers", init=entries.soft_triple_centers,
+        param_init="uniform +-1/sqrt(C K) (official kaiming_uniform, "
+                   "a=sqrt(5)), [C K, D]",
+        paper="Qian et al., \"SoftTriple Loss: Deep Metric Learning "
+              "Without Triplet Sampling\", ICCV 2019",
+        reduction="mean over samples + tau * center regulariser"),
+)

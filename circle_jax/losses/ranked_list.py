@@ -33,6 +33,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from circle_jax.losses import entries
 from circle_jax.losses import ranges
 from circle_jax.losses import engine
 
@@ -275,3 +276,14 @@ def ranked_list_loss(
                     t_pos=t_pos,
                     imbalance=imbalance)
   return engine.embedding_loss(rule, embeddings, labels, **options)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("ranked_list", ranked_list_loss, "pair",
+        rule=RankedList,
+        paper="Wang et al., \"Ranked List Loss for Deep Metric "
+              "Learning\", CVPR 2019",
+        reduction="mean over all anchors"),
+)

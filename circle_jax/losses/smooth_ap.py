@@ -78,6 +78,7 @@ import types
 import jax
 import jax.numpy as jnp
 
+from circle_jax.losses import entries
 from circle_jax.losses import ranges
 from circle_jax.losses import ranking
 
@@ -275,3 +276,14 @@ def smooth_ap_loss(
   ap = smooth_ap_per_anchor(block.s, block.pos, block.cand, tau, block.block)
   valid = jnp.any(block.pos, axis=1)
   return ranking.mean_loss(1.0 - ap, valid, options.get("axis_name"))
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("smooth_ap", smooth_ap_loss, "pair",
+        rule=SmoothAP,
+        paper="Brown, Xie, Kalogeiton, Zisserman, \"Smooth-AP: Smoothing "
+              "the Path Towards Large-Scale Image Retrieval\", ECCV 2020",
+        reduction="mean over anchors with >= 1 positive"),
+)

@@ -24,6 +24,7 @@ import types
 import jax
 import jax.numpy as jnp
 
+from circle_jax.losses import entries
 from circle_jax.losses import engine
 from circle_jax.losses import ranges
 
@@ -113,3 +114,13 @@ def supcon_loss(
   """
   rule = SupCon(tau=tau)
   return engine.embedding_loss(rule, embeddings, labels, **options)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("supcon", supcon_loss, "pair", rule=SupCon,
+        paper="Khosla et al., \"Supervised Contrastive Learning\", "
+              "NeurIPS 2020 (L_out, eq. 2)",
+        reduction="mean over anchors with >= 1 positive"),
+)

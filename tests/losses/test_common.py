@@ -10,7 +10,8 @@ from jax.sharding import Mesh, PartitionSpec as P
 from scipy.special import logsumexp as sp_logsumexp
 
 from circle_jax import ops
-from circle_jax.losses import _common
+from circle_jax.losses import checks
+from circle_jax.losses.engine import reductions
 from circle_jax.losses import engine
 
 
@@ -165,27 +166,27 @@ def test_pair_masks_exclude_self_and_respect_ids_and_miner_masks():
 
 def test_input_checks_name_the_argument():
   with pytest.raises(ValueError, match="embeddings"):
-    _common.check_embeddings(jnp.ones((3,)))
+    checks.check_embeddings(jnp.ones((3,)))
   with pytest.raises(TypeError, match="embeddings"):
-    _common.check_embeddings(jnp.ones((3, 2), jnp.int32))
+    checks.check_embeddings(jnp.ones((3, 2), jnp.int32))
   with pytest.raises(TypeError, match="labels"):
-    _common.check_labels(jnp.ones((3,)), 3)
+    checks.check_labels(jnp.ones((3,)), 3)
   with pytest.raises(ValueError, match="length 2"):
-    _common.check_labels(jnp.ones((2,), jnp.int32), 3)
+    checks.check_labels(jnp.ones((2,), jnp.int32), 3)
   with pytest.raises(ValueError, match="dimension 5"):
-    _common.check_class_vectors(jnp.ones((4, 5)), 3)
+    checks.check_class_vectors(jnp.ones((4, 5)), 3)
 
 
 def _toy_global_loss(x, labels):
   _, _, s, pos, neg = engine.pair_block(x, labels)
   per = ops.log1p_sum_exp(10 * s, neg) + ops.log1p_sum_exp(-10 * s, pos)
-  return _common.mean_over_valid(per, pos.any(1))
+  return reductions.mean_over_valid(per, pos.any(1))
 
 
 def _toy_local_loss(x, labels, axis_name):
   _, _, s, pos, neg = engine.pair_block(x, labels, axis_name=axis_name)
   per = ops.log1p_sum_exp(10 * s, neg) + ops.log1p_sum_exp(-10 * s, pos)
-  return _common.mean_over_valid(per, pos.any(1), axis_name)
+  return reductions.mean_over_valid(per, pos.any(1), axis_name)
 
 
 @pytest.mark.parametrize("mode", ["shard_map", "pmap"])

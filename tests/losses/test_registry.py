@@ -193,3 +193,96 @@ def test_apply_routes_axis_name_inside_shard_map():
       in_specs=(P("d"), P("d")), out_specs=P()))(_X, _Y)
   np.testing.assert_allclose(float(got), float(jax.jit(entry.apply)(_X, _Y)),
                              rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------
+# Defaults written once (issue 39): the signature, the rule, the registry.
+# ----------------------------------------------------------------------------
+
+
+class _Built(Exception):
+  """Carries the rule a loss hands to an engine front end."""
+
+  def __init__(self, rule):
+    super().__init__()
+    self.rule = rule
+
+
+def _rule_built_by(entry, monkeypatch):
+  """The rule ``entry.fn`` builds from its own defaults (None: no engine)."""
+  from circle_jax.losses import engine
+
+  def capture(rule, *args, **kwargs):
+    raise _Built(rule)
+
+  for front in ("embedding_loss", "matrix_loss", "class_level_loss"):
+    monkeypatch.setattr(engine, front, capture)
+  x, y = jnp.ones((4, 3)), jnp.array([0, 0, 1, 1])
+  args = (x, y) if entry.param_name is None else (x, y, jnp.ones((2, 3)))
+  try:
+    entry.fn(*args, **({"key": None} if entry.needs_key else {}))
+  except _Built as built:
+    return built.rule
+  return None
+
+
+def _public_losses():
+  """Every public function of ``circle_jax.losses`` defined in a loss
+  module (the losses, their matrix forms, the pair weights, the miners)."""
+  return [fn for name, fn in vars(losses).items()
+          if inspect.isfunction(fn) and not name.startswith("_")
+          and fn.__module__.startswith("circle_jax.losses.")
+          and fn.__module__ != "circle_jax.losses.registry"]
+
+
+@pytest.mark.parametrize("fn", _public_losses(), ids=lambda f: f.__name__)
+def test_a_public_loss_is_a_plain_def_reading_its_defaults_from_one_place(
+    fn):
+  """``def name(...)`` in its module, and each default that is a field of a
+  rule or declaration (``margin: float = Circle.margin``) is read from the
+  field of the same name, with that field's value."""
+  import ast
+  import dataclasses
+
+  source = inspect.getsource(fn)
+  assert source.startswith(f"def {fn.__name__}("), source[:80]
+  tree = ast.parse(source).body[0]
+  params = inspect.signature(fn).parameters
+  for arg, default in zip(tree.args.kwonlyargs, tree.args.kw_defaults):
+    if isinstance(default, ast.Attribute):
+      owner = eval(ast.unparse(default.value), fn.__globals__)  # noqa: S307
+      assert dataclasses.is_dataclass(owner), (fn.__name__, arg.arg)
+      assert default.attr == arg.arg, (fn.__name__, arg.arg, default.attr)
+      assert params[arg.arg].default == getattr(owner, default.attr)
+
+
+@pytest.mark.parametrize("name", list(losses.LOSSES))
+def test_signature_rule_and_registry_defaults_agree(name, monkeypatch):
+  """The registry's defaults are the signature's hyperparameters, and the
+  rule a loss builds from them carries exactly those values: every field of
+  the rule (but the shared ``geometry`` option and the form's
+  ``on_distance``) is a keyword of the public loss."""
+  entry = losses.get_loss(name)
+  params = inspect.signature(entry.fn).parameters
+  for key, value in entry.defaults.items():
+    assert params[key].default == value, (name, key)
+  rule = _rule_built_by(entry, monkeypatch)
+  if rule is None:  # a loss written without a rule (e.g. the classifiers)
+    return
+  import dataclasses
+  fields = {f.name: getattr(rule, f.name) for f in dataclasses.fields(rule)
+            if f.name not in ("geometry", "on_distance")}
+  missing = sorted(set(fields) - set(entry.defaults))
+  assert not missing, (name, missing)
+  for key, value in fields.items():
+    assert value == entry.defaults[key], (name, key, value)
+
+
+def test_the_rule_based_losses_are_checked_by_the_test_above(monkeypatch):
+  """The agreement test reaches the rule of every loss that has one (it
+  cannot pass vacuously)."""
+  with_rule = [name for name, entry in losses.LOSSES.items()
+               if _rule_built_by(entry, monkeypatch) is not None]
+  assert {"circle", "unified", "circle_class_level", "multi_similarity",
+          "ranked_list", "contrastive", "supcon", "nt_xent", "pairwise_ce",
+          "pairwise_sigmoid", "smooth_ap", "fastap"} <= set(with_rule)
