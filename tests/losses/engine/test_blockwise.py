@@ -35,7 +35,9 @@ def _pairs(labels, i, pos_mask=None, neg_mask=None):
 
 
 def circle_ref(x, labels, margin=0.4, gamma=80.0, pos_mask=None, neg_mask=None):
-  """Returns (loss, dL/dx) with the paper's gradient (alpha_p, alpha_n constant)."""
+  """Returns (loss, dL/dx): the loss of the float64 reference
+  (``reference.ref_circle_anchor``) and the paper's closed-form gradient
+  (alpha_p, alpha_n constant)."""
   z = ref.l2n(x)
   s = z @ z.T
   b = len(labels)
@@ -50,7 +52,7 @@ def circle_ref(x, labels, margin=0.4, gamma=80.0, pos_mask=None, neg_mask=None):
     l_p = -gamma * a_p * (s[i, pos] - (1 - margin))
     l_n = gamma * a_n * (s[i, neg] - margin)
     lse_p, lse_n = ref.logsumexp(l_p), ref.logsumexp(l_n)
-    total += ref.softplus(lse_p + lse_n)
+    total += ref.ref_circle_anchor(s[i, pos], s[i, neg], margin, gamma)
     count += 1
     sig = 1 / (1 + np.exp(-(lse_p + lse_n)))
     g[i, pos] = -sig * np.exp(l_p - lse_p) * gamma * a_p
