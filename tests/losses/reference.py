@@ -74,3 +74,125 @@ def ref_class_level(anchor_fn, x, labels, w, **hyper):
     sn = np.array([s[i, j] for j in range(w.shape[0]) if j != y])
     losses.append(anchor_fn(np.array([s[i, y]]), sn, **hyper))
   return float(np.mean(losses))
+
+
+def dist64(x):
+  u = l2n(x)
+  return np.sqrt(np.maximum(((u[:, None, :] - u[None, :, :]) ** 2).sum(-1),
+                            0.0))
+
+
+def _pairs(y, i, pos_mask=None, neg_mask=None):
+  b = len(y)
+  pos = [j for j in range(b) if y[j] == y[i] and j != i
+         and (pos_mask is None or pos_mask[i, j])]
+  neg = [j for j in range(b) if y[j] != y[i]
+         and (neg_mask is None or neg_mask[i, j])]
+  return pos, neg
+
+
+def _mean_nonzero(values):
+  values = [v for v in values if v > 0]
+  return float(np.mean(values)) if values else 0.0
+
+
+def contrastive_ref(x, y, pos_margin, neg_margin, pos_mask=None,
+                    neg_mask=None):
+  d = dist64(x)
+  pos_terms, neg_terms = [], []
+  for i in range(len(y)):
+    pos, neg = _pairs(y, i, pos_mask, neg_mask)
+    pos_terms += [max(0.0, d[i, j] - pos_margin) for j in pos]
+    neg_terms += [max(0.0, neg_margin - d[i, j]) for j in neg]
+  return _mean_nonzero(pos_terms) + _mean_nonzero(neg_terms)
+
+
+def triplet_ref(x, y, margin, mining, pos_mask=None, neg_mask=None):
+  d = dist64(x)
+  terms = []
+  for a in range(len(y)):
+    pos, neg = _pairs(y, a, pos_mask, neg_mask)
+    if mining == "all":
+      terms += [max(0.0, d[a, p] - d[a, n] + margin) for p in pos for n in neg]
+    elif mining == "batch_hard":
+      if pos and neg:
+        terms.append(max(0.0, max(d[a, p] for p in pos)
+                         - min(d[a, n] for n in neg) + margin))
+    else:  # semi_hard, TF-Addons rule
+      if not neg:
+        continue
+      for p in pos:
+        farther = [d[a, n] for n in neg if d[a, n] > d[a, p]]
+        d_n = min(farther) if farther else max(d[a, n] for n in neg)
+        terms.append(max(0.0, d[a, p] - d_n + margin))
+  if mining == "all":
+    return _mean_nonzero(terms)
+  return float(np.mean(terms)) if terms else 0.0
+
+
+def lifted_ref_paper(x, y, margin):
+  """The paper's unordered-pair form (eq. 4), no masks."""
+  d = dist64(x)
+  b = len(y)
+  total, count = 0.0, 0
+  for i in range(b):
+    for j in range(i + 1, b):
+      if y[i] != y[j]:
+        continue
+      s = sum(np.exp(margin - d[i, k]) for k in range(b) if y[k] != y[i])
+      s += sum(np.exp(margin - d[j, l]) for l in range(b) if y[l] != y[j])
+      jij = np.log(s) + d[i, j] if s > 0 else -np.inf
+      total += max(0.0, jij) ** 2
+      count += 1
+  return total / (2 * count) if count else 0.0
+
+
+def lifted_ref_ordered(x, y, margin, pos_mask=None, neg_mask=None):
+  d = dist64(x)
+  total, count = 0.0, 0
+  for i in range(len(y)):
+    pos, neg_i = _pairs(y, i, pos_mask, neg_mask)
+    for j in pos:
+      _, neg_j = _pairs(y, j, pos_mask, neg_mask)
+      terms = [margin - d[i, k] for k in neg_i] + [margin - d[j, l]
+                                                   for l in neg_j]
+      if terms:
+        total += max(0.0, logsumexp(terms) + d[i, j]) ** 2
+      count += 1
+  return 0.5 * total / count if count else 0.0
+
+
+def n_pair_ref(x, y, l2_reg, pos_mask=None, neg_mask=None):
+  f = np.asarray(x, np.float64)
+  s = f @ f.T
+  terms = []
+  for a in range(len(y)):
+    pos, neg = _pairs(y, a, pos_mask, neg_mask)
+    if not neg:
+      continue
+    for p in pos:
+      terms.append(np.log1p(sum(np.exp(s[a, n] - s[a, p]) for n in neg)))
+  tuplet = float(np.mean(terms)) if terms else 0.0
+  return tuplet + l2_reg * float(np.mean((f * f).sum(1)))
+
+
+def margin_ref(x, y, beta, margin, nu, weights=None, pos_mask=None,
+               neg_mask=None):
+  d = dist64(x)
+  b = len(y)
+  beta = np.broadcast_to(np.asarray(beta, np.float64), (int(y.max()) + 1,))
+  total, count = 0.0, 0.0
+  for a in range(b):
+    pos, neg = _pairs(y, a, pos_mask, neg_mask)
+    ba = beta[y[a]]
+    for p in pos:
+      w = 1.0 if weights is None else weights[a, p]
+      lp = max(0.0, d[a, p] - ba + margin)
+      total += w * (lp + nu * ba)
+      count += w * (lp > 0)
+    for n in neg:
+      w = 1.0 if weights is None else weights[a, n]
+      ln = max(0.0, ba - d[a, n] + margin)
+      total += w * ln
+      count += w * (ln > 0)
+  return total / max(count, 1.0)

@@ -18,7 +18,7 @@ from tests.losses import reference as ref
 from tests.losses.engine_checks import close
 from tests.losses.engine_checks import sharded_vg as _sharded_vg
 from tests.losses.engine_checks import vg as _vg
-from tests.losses.test_pair_baselines import contrastive_ref, triplet_ref
+from tests.losses.reference import contrastive_ref, triplet_ref
 
 # 16 samples, 2 per device; label 9 has no positive.
 LABELS = np.array([0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 4, 4, 9, 0], np.int32)
