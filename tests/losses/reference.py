@@ -196,3 +196,79 @@ def margin_ref(x, y, beta, margin, nu, weights=None, pos_mask=None,
       total += w * ln
       count += w * (ln > 0)
   return total / max(count, 1.0)
+
+
+def poincare_ref(x, c, r):
+  """Clip, exponential map at 0 and hyptorch's projection, float64."""
+  x = np.asarray(x, np.float64)
+  n = np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-5)
+  x = x * np.minimum(1.0, r / n)
+  n = np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-5)
+  z = np.tanh(np.sqrt(c) * n) * x / (np.sqrt(c) * n)
+  n = np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-5)
+  top = (1 - 1e-3) / np.sqrt(c)
+  return np.where(n > top, z / n * top, z)
+
+
+def mobius_distance_ref(a, b, c):
+  """Hyp-ViT's form: 2/sqrt(c) artanh(sqrt(c) |(-a) (+)_c b|), float64."""
+  x = -np.asarray(a, np.float64)[:, None, :]
+  y = np.asarray(b, np.float64)[None, :, :]
+  xy, x2, y2 = (x * y).sum(-1), (x * x).sum(-1), (y * y).sum(-1)
+  num = (1 + 2 * c * xy + c * y2)[..., None] * x + (1 - c * x2)[..., None] * y
+  add = num / (1 + 2 * c * xy + c * c * x2 * y2)[..., None]
+  return 2 / np.sqrt(c) * np.arctanh(np.sqrt(c) * np.linalg.norm(add, axis=-1))
+
+
+def similarity_ref(x, cols=None, geometry="cosine", c=0.1, r=2.3):
+  cols = x if cols is None else cols
+  if geometry == "cosine":
+    return cos(x, cols)
+  return -mobius_distance_ref(poincare_ref(x, c, r), poincare_ref(cols, c, r),
+                              c)
+
+
+def masks_ref(y, col_y=None, pos_mask=None, neg_mask=None):
+  """Same / other label, no self pair (when the columns are the batch)."""
+  col_y = y if col_y is None else col_y
+  same = y[:, None] == col_y[None, :]
+  usable = np.ones_like(same)
+  if col_y is y:
+    np.fill_diagonal(usable, False)
+  pos, neg = same & usable, ~same & usable
+  if pos_mask is not None:
+    pos, neg = pos & pos_mask, neg & neg_mask
+  return pos, neg
+
+
+def supcon_ref(s, pos, neg, tau, pair_mean=False):
+  total, count = 0.0, 0
+  for i in range(len(s)):
+    p, a = np.flatnonzero(pos[i]), np.flatnonzero(pos[i] | neg[i])
+    if not len(p):
+      continue
+    terms = [logsumexp(s[i, a] / tau) - s[i, j] / tau for j in p]
+    total += sum(terms) if pair_mean else np.mean(terms)
+    count += len(p) if pair_mean else 1
+  return total / max(count, 1)
+
+
+def sigmoid_ref(s, pos, neg, t, b):
+  total = 0.0
+  for i in range(len(s)):
+    total += sum(softplus(-(t * s[i, j] + b)) for j in np.flatnonzero(pos[i]))
+    total += sum(softplus(t * s[i, j] + b) for j in np.flatnonzero(neg[i]))
+  return total / len(s)
+
+
+def loss_ref(name, x, y, hyper, cols=None, col_y=None, pos_mask=None,
+             neg_mask=None):
+  geo = {k: hyper[k] for k in ("geometry", "c", "r") if k in hyper}
+  if name == "pairwise_ce":
+    geo.setdefault("geometry", "poincare")
+  s = similarity_ref(x, cols, **geo)
+  pos, neg = masks_ref(y, col_y, pos_mask, neg_mask)
+  if name == "pairwise_sigmoid":
+    return sigmoid_ref(s, pos, neg, hyper.get("t", 10.0), hyper.get("b", -10.0))
+  tau = hyper.get("tau", 0.2 if name == "pairwise_ce" else 0.1)
+  return supcon_ref(s, pos, neg, tau, pair_mean=name != "supcon")
