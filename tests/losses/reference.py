@@ -272,3 +272,74 @@ def loss_ref(name, x, y, hyper, cols=None, col_y=None, pos_mask=None,
     return sigmoid_ref(s, pos, neg, hyper.get("t", 10.0), hyper.get("b", -10.0))
   tau = hyper.get("tau", 0.2 if name == "pairwise_ce" else 0.1)
   return supcon_ref(s, pos, neg, tau, pair_mean=name != "supcon")
+
+
+def unit64(x):
+  x = np.asarray(x, np.float64)
+  return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def ranking_sets(y, col_y, i, pos_mask, neg_mask, self_pairs):
+  """Anchor ``i``'s positives and candidates (lists of column indices)."""
+  pos, cand = [], []
+  for k in range(len(col_y)):
+    if self_pairs and k == i:
+      continue
+    if col_y[k] == y[i] and (pos_mask is None or pos_mask[i, k]):
+      pos.append(k)
+      cand.append(k)
+    elif col_y[k] != y[i] and (neg_mask is None or neg_mask[i, k]):
+      cand.append(k)
+  return pos, cand
+
+
+def smooth_ap_ref(x, y, tau, pos_mask=None, neg_mask=None, cols=None,
+                  col_y=None):
+  """Brown et al.'s Smooth-AP, every (i, j, k) by hand, float64."""
+  rows = unit64(x)
+  self_pairs = cols is None
+  cols, col_y = (rows, y) if self_pairs else (unit64(cols), col_y)
+  s = rows @ cols.T
+  sig = lambda v: 0.5 * (1.0 + np.tanh(0.5 * v))  # no overflow
+  total, count = 0.0, 0
+  for i in range(len(y)):
+    pos, cand = ranking_sets(y, col_y, i, pos_mask, neg_mask, self_pairs)
+    if not pos:
+      continue
+    ap = 0.0
+    for j in pos:
+      num = 1.0 + sum(sig((s[i, k] - s[i, j]) / tau) for k in pos if k != j)
+      den = 1.0 + sum(sig((s[i, k] - s[i, j]) / tau) for k in cand if k != j)
+      ap += num / den
+    total += 1.0 - ap / len(pos)
+    count += 1
+  return total / max(count, 1)
+
+
+def fastap_ref(x, y, L, pos_mask=None, neg_mask=None, cols=None, col_y=None):
+  """Cakir et al.'s FastAP: triangular histograms by hand, float64."""
+  rows = unit64(x)
+  self_pairs = cols is None
+  cols, col_y = (rows, y) if self_pairs else (unit64(cols), col_y)
+  d = np.clip(2.0 - 2.0 * rows @ cols.T, 0.0, 4.0)
+  delta = 4.0 / L
+  total, count = 0.0, 0
+  for i in range(len(y)):
+    pos, cand = ranking_sets(y, col_y, i, pos_mask, neg_mask, self_pairs)
+    if not pos:
+      continue
+    h_pos, h_all = np.zeros(L + 1), np.zeros(L + 1)
+    for l in range(L + 1):
+      for k in cand:
+        pulse = max(0.0, 1.0 - abs(d[i, k] - l * delta) / delta)
+        h_all[l] += pulse
+        h_pos[l] += pulse if k in pos else 0.0
+    ap, cum_pos, cum_all = 0.0, 0.0, 0.0
+    for l in range(L + 1):
+      cum_pos += h_pos[l]
+      cum_all += h_all[l]
+      if cum_all > 0:
+        ap += h_pos[l] * cum_pos / cum_all
+    total += 1.0 - ap / len(pos)
+    count += 1
+  return total / max(count, 1)
