@@ -115,15 +115,11 @@ _UNIFIED_CLASS_LEVEL = Unified(gamma=64.0, margin=0.35)
 # ----------------------------------------------------------------------------
 
 
-def circle_loss_from_similarity(
-    similarity: Array,
-    labels: Array,
-    *,
-    margin: float = Circle.margin,
-    gamma: float = Circle.gamma,
-    pos_mask: Optional[Array] = None,
-    neg_mask: Optional[Array] = None,
-) -> Array:
+def circle_loss_from_similarity(similarity: Array, labels: Array, *,
+                                margin: float = Circle.margin,
+                                gamma: float = Circle.gamma,
+                                pos_mask: Optional[Array] = None,
+                                neg_mask: Optional[Array] = None) -> Array:
   r"""Pair-wise Circle loss of a square similarity matrix.
 
   Row ``i`` is an anchor; its positives ``P_i`` are the other samples with its
@@ -167,14 +163,9 @@ def circle_loss_from_similarity(
                             neg_mask=neg_mask)
 
 
-def circle_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    margin: float = Circle.margin,
-    gamma: float = Circle.gamma,
-    **options,
-) -> Array:
+def circle_loss(embeddings: Array, labels: Array, *,
+                margin: float = Circle.margin, gamma: float = Circle.gamma,
+                **options) -> Array:
   r"""Pair-wise Circle loss of a batch of embeddings.
 
   The embeddings are L2-normalised (zero vectors stay zero) and compared by
@@ -209,14 +200,10 @@ def circle_loss(
   return engine.embedding_loss(rule, embeddings, labels, **options)
 
 
-def circle_loss_class_level(
-    embeddings: Array,
-    labels: Array,
-    class_weights: Array,
-    *,
-    margin: float = _CIRCLE_CLASS_LEVEL.margin,
-    gamma: float = _CIRCLE_CLASS_LEVEL.gamma,
-) -> Array:
+def circle_loss_class_level(embeddings: Array, labels: Array,
+                            class_weights: Array, *,
+                            margin: float = _CIRCLE_CLASS_LEVEL.margin,
+                            gamma: float = _CIRCLE_CLASS_LEVEL.gamma) -> Array:
   r"""Circle loss with class-level labels (face recognition / re-ID form).
 
   Each sample has one positive similarity ``s_p = cos(x, W_y)`` to its own
@@ -258,15 +245,11 @@ def circle_loss_class_level(
 # ----------------------------------------------------------------------------
 
 
-def unified_loss_from_similarity(
-    similarity: Array,
-    labels: Array,
-    *,
-    gamma: float = Unified.gamma,
-    margin: float = Unified.margin,
-    pos_mask: Optional[Array] = None,
-    neg_mask: Optional[Array] = None,
-) -> Array:
+def unified_loss_from_similarity(similarity: Array, labels: Array, *,
+                                 gamma: float = Unified.gamma,
+                                 margin: float = Unified.margin,
+                                 pos_mask: Optional[Array] = None,
+                                 neg_mask: Optional[Array] = None) -> Array:
   r"""Unified loss of pair similarity (eq. 1) of a square similarity matrix.
 
   .. math::
@@ -301,14 +284,9 @@ def unified_loss_from_similarity(
                             neg_mask=neg_mask)
 
 
-def unified_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    gamma: float = Unified.gamma,
-    margin: float = Unified.margin,
-    **options,
-) -> Array:
+def unified_loss(embeddings: Array, labels: Array, *,
+                 gamma: float = Unified.gamma, margin: float = Unified.margin,
+                 **options) -> Array:
   r"""Unified loss of pair similarity (eq. 1) with pair-wise labels.
 
   Cosine similarities of the L2-normalised embeddings; per anchor
@@ -341,13 +319,9 @@ def unified_loss(
 
 
 def unified_loss_class_level(
-    embeddings: Array,
-    labels: Array,
-    class_weights: Array,
-    *,
+    embeddings: Array, labels: Array, class_weights: Array, *,
     gamma: float = _UNIFIED_CLASS_LEVEL.gamma,
-    margin: float = _UNIFIED_CLASS_LEVEL.margin,
-) -> Array:
+    margin: float = _UNIFIED_CLASS_LEVEL.margin) -> Array:
   r"""Unified loss (eq. 1) with class-level labels: AM-Softmax (eq. 2).
 
   With one positive ``s_p = cos(x, W_y)`` and ``C - 1`` negatives

@@ -38,14 +38,9 @@ from circle_jax.losses import checks
 Array = jax.Array
 
 
-def softmax_loss(
-    embeddings: Array,
-    labels: Array,
-    class_weights: Array,
-    *,
-    bias: Optional[Array] = None,
-    axis_name: Optional[str] = None,
-) -> Array:
+def softmax_loss(embeddings: Array, labels: Array, class_weights: Array, *,
+                 bias: Optional[Array] = None,
+                 axis_name: Optional[str] = None) -> Array:
   r"""Softmax cross-entropy on a linear classifier of the raw embeddings.
 
   .. math::
@@ -75,19 +70,9 @@ def softmax_loss(
   return block.cross_entropy(logits, onehot)
 
 
-def cosface_loss(
-    embeddings: Array,
-    labels: Array,
-    class_weights: Array,
-    *,
-    margin: float = 0.35,
-    scale: float = 64.0,
-    axis_name: Optional[str] = None,
-    shard_classes: bool = class_shard.Layout.shard_classes,
-    num_classes: Optional[int] = class_shard.Layout.num_classes,
-    sample_rate: float = class_shard.Layout.sample_rate,
-    key: Optional[Array] = class_shard.Layout.key,
-) -> Array:
+def cosface_loss(embeddings: Array, labels: Array, class_weights: Array, *,
+                 margin: float = 0.35, scale: float = 64.0,
+                 axis_name: Optional[str] = None, **layout) -> Array:
   r"""CosFace / AM-Softmax: additive cosine margin (Wang et al. 2018).
 
   With ``cos_c = \hat x \cdot \hat W_c``:
@@ -105,8 +90,10 @@ def cosface_loss(
       this device's ``[ceil(C / n), D]`` rows.
     margin: ``m``.
     scale: ``s``.
-    axis_name, shard_classes, num_classes, sample_rate, key: the global
-      batch and the sharded class matrix (module docstring).
+    axis_name: the global batch (module docstring).
+    **layout: the class matrix's layout (``shard_classes``, ``num_classes``,
+      ``sample_rate``, ``key``), documented once at
+      :class:`circle_jax.losses.class_shard.Layout`.
 
   Returns:
     float32 scalar: the mean over the (global) batch.
@@ -116,9 +103,7 @@ def cosface_loss(
     Recognition", CVPR 2018, eq. 4. Wang, Cheng, Liu, Liu, "Additive Margin
     Softmax for Face Verification", IEEE SPL 2018.
   """
-  layout = class_shard.Layout(shard_classes=shard_classes,
-                              num_classes=num_classes, sample_rate=sample_rate,
-                              key=key)
+  layout = class_shard.Layout(**layout)
   ranges.check_range(scale, "scale", ranges.POSITIVE_RANGE)
   x, labels, w, block = class_shard.class_block(
       embeddings, labels, class_weights, axis_name=axis_name, layout=layout)
@@ -128,18 +113,9 @@ def cosface_loss(
   return block.cross_entropy(logits, onehot)
 
 
-def normface_loss(
-    embeddings: Array,
-    labels: Array,
-    class_weights: Array,
-    *,
-    scale: float = 20.0,
-    axis_name: Optional[str] = None,
-    shard_classes: bool = class_shard.Layout.shard_classes,
-    num_classes: Optional[int] = class_shard.Layout.num_classes,
-    sample_rate: float = class_shard.Layout.sample_rate,
-    key: Optional[Array] = class_shard.Layout.key,
-) -> Array:
+def normface_loss(embeddings: Array, labels: Array, class_weights: Array, *,
+                  scale: float = 20.0, axis_name: Optional[str] = None,
+                  **layout) -> Array:
   r"""NormFace: softmax on scaled cosines (Wang et al. 2017).
 
   .. math::
@@ -154,8 +130,8 @@ def normface_loss(
   normalised-softmax baseline of Zhai & Wu (2019) for metric learning.
 
   Args:
-    embeddings, labels, class_weights, axis_name, shard_classes,
-      num_classes, sample_rate, key: as :func:`cosface_loss`.
+    embeddings, labels, class_weights, axis_name, **layout: as
+      :func:`cosface_loss`.
     scale: ``s``.
 
   Returns:
@@ -168,8 +144,7 @@ def normface_loss(
   """
   return cosface_loss(
       embeddings, labels, class_weights, margin=0.0, scale=scale,
-      axis_name=axis_name, shard_classes=shard_classes,
-      num_classes=num_classes, sample_rate=sample_rate, key=key)
+      axis_name=axis_name, **layout)
 
 
 def _arcface_logits(cos, onehot, *, margin, scale, easy_margin):
@@ -198,20 +173,11 @@ class SubCenterArcFace:
   easy_margin: bool = False
 
 
-def arcface_loss(
-    embeddings: Array,
-    labels: Array,
-    class_weights: Array,
-    *,
-    margin: float = SubCenterArcFace.margin,
-    scale: float = SubCenterArcFace.scale,
-    easy_margin: bool = SubCenterArcFace.easy_margin,
-    axis_name: Optional[str] = None,
-    shard_classes: bool = class_shard.Layout.shard_classes,
-    num_classes: Optional[int] = class_shard.Layout.num_classes,
-    sample_rate: float = class_shard.Layout.sample_rate,
-    key: Optional[Array] = class_shard.Layout.key,
-) -> Array:
+def arcface_loss(embeddings: Array, labels: Array, class_weights: Array, *,
+                 margin: float = SubCenterArcFace.margin,
+                 scale: float = SubCenterArcFace.scale,
+                 easy_margin: bool = SubCenterArcFace.easy_margin,
+                 axis_name: Optional[str] = None, **layout) -> Array:
   r"""ArcFace: additive angular margin (Deng et al. 2019).
 
   With ``\theta_c = \arccos(\hat x \cdot \hat W_c)`` the target logit is
@@ -240,8 +206,7 @@ def arcface_loss(
     margin: ``m`` in radians.
     scale: ``s``.
     easy_margin: the official code's ``easy_margin`` switch.
-    axis_name, shard_classes, num_classes, sample_rate, key: the global
-      batch and the sharded class matrix (module docstring).
+    axis_name, **layout: as :func:`cosface_loss`.
 
   Returns:
     float32 scalar: the mean over the (global) batch.
@@ -252,28 +217,18 @@ def arcface_loss(
   """
   hp = SubCenterArcFace(margin=margin, scale=scale, easy_margin=easy_margin,
                         centers_per_class=1)
-  layout = class_shard.Layout(shard_classes=shard_classes,
-                              num_classes=num_classes, sample_rate=sample_rate,
-                              key=key)
+  layout = class_shard.Layout(**layout)
   return _subcenter_arcface(embeddings, labels, class_weights, hp,
                             axis_name, layout)
 
 
 def subcenter_arcface_loss(
-    embeddings: Array,
-    labels: Array,
-    class_weights: Array,
-    *,
+    embeddings: Array, labels: Array, class_weights: Array, *,
     centers_per_class: int = SubCenterArcFace.centers_per_class,
     margin: float = SubCenterArcFace.margin,
     scale: float = SubCenterArcFace.scale,
     easy_margin: bool = SubCenterArcFace.easy_margin,
-    axis_name: Optional[str] = None,
-    shard_classes: bool = class_shard.Layout.shard_classes,
-    num_classes: Optional[int] = class_shard.Layout.num_classes,
-    sample_rate: float = class_shard.Layout.sample_rate,
-    key: Optional[Array] = class_shard.Layout.key,
-) -> Array:
+    axis_name: Optional[str] = None, **layout) -> Array:
   r"""Sub-center ArcFace: ``K`` sub-centres per class (Deng et al. 2020).
 
   Each class ``c`` has ``K`` sub-centres ``W_c^k`` (row ``c K + k`` of
@@ -302,8 +257,7 @@ def subcenter_arcface_loss(
     margin: ``m`` in radians (paper: 0.5).
     scale: ``s`` (paper: 64).
     easy_margin: the insightface code's ``easy_margin`` switch.
-    axis_name, shard_classes, num_classes, sample_rate, key: as for
-      :func:`arcface_loss`.
+    axis_name, **layout: as for :func:`arcface_loss`.
 
   Returns:
     A float32 scalar, the mean of the per-sample terms over the global batch.
@@ -314,9 +268,7 @@ def subcenter_arcface_loss(
   """
   hp = SubCenterArcFace(centers_per_class=centers_per_class, margin=margin,
                         scale=scale, easy_margin=easy_margin)
-  layout = class_shard.Layout(shard_classes=shard_classes,
-                              num_classes=num_classes, sample_rate=sample_rate,
-                              key=key)
+  layout = class_shard.Layout(**layout)
   return _subcenter_arcface(embeddings, labels, class_weights, hp,
                             axis_name, layout)
 

@@ -72,35 +72,26 @@ class Contrastive(engine.PairRule):
             + reductions.ratio_of_sums(sum_n, count_n, axis_name))
 
 
-def contrastive_loss_from_distance(
-    distance: Array,
-    labels: Array,
-    *,
-    pos_margin: float = Contrastive.pos_margin,
-    neg_margin: float = Contrastive.neg_margin,
-    pos_mask: Optional[Array] = None,
-    neg_mask: Optional[Array] = None,
-) -> Array:
+def contrastive_loss_from_distance(distance: Array, labels: Array, *,
+                                   pos_margin: float = Contrastive.pos_margin,
+                                   neg_margin: float = Contrastive.neg_margin,
+                                   pos_mask: Optional[Array] = None,
+                                   neg_mask: Optional[Array] = None) -> Array:
   """Contrastive loss of a square ``[B, B]`` distance matrix.
 
   See :func:`contrastive_loss`; ``distance`` replaces the Euclidean distances
   of the normalised embeddings.
   """
-  rule = Contrastive(pos_margin=pos_margin,
-                     neg_margin=neg_margin,
+  rule = Contrastive(pos_margin=pos_margin, neg_margin=neg_margin,
                      on_distance=True)
   return engine.matrix_loss(rule, distance, labels, pos_mask=pos_mask,
                             neg_mask=neg_mask, name="distance")
 
 
-def contrastive_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    pos_margin: float = Contrastive.pos_margin,
-    neg_margin: float = Contrastive.neg_margin,
-    **options,
-) -> Array:
+def contrastive_loss(embeddings: Array, labels: Array, *,
+                     pos_margin: float = Contrastive.pos_margin,
+                     neg_margin: float = Contrastive.neg_margin,
+                     **options) -> Array:
   r"""Two-margin contrastive loss (Hadsell et al. 2006; Musgrave et al. 2020).
 
   On Euclidean distances ``d`` between L2-normalised embeddings:

@@ -125,14 +125,24 @@ def margin_beta(key, num_classes, embedding_dim, **hyper):
 # ----------------------------------------------------------------------------
 
 
+# The keywords a loss's ``**name`` stands for: the pair losses' shared
+# ``**options`` and the class matrix's ``**layout``.
+_VAR_KEYWORDS = {
+    "options": engine.OPTIONS,
+    "layout": tuple(f.name for f in dataclasses.fields(class_shard.Layout)),
+}
+
+
 def _keywords(fn):
-  """``fn``'s keyword-only names, with the pair options of ``**options``
-  (:data:`circle_jax.losses.engine.OPTIONS`)."""
+  """``fn``'s keyword-only names, with those its ``**options``
+  (:data:`circle_jax.losses.engine.OPTIONS`) or ``**layout``
+  (:class:`circle_jax.losses.class_shard.Layout`) stand for."""
   params = inspect.signature(fn).parameters
   names = [name for name, p in params.items()
            if p.kind is inspect.Parameter.KEYWORD_ONLY]
-  if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-    names += [o for o in engine.OPTIONS if o not in names]
+  for name, p in params.items():
+    if p.kind is inspect.Parameter.VAR_KEYWORD:
+      names += [o for o in _VAR_KEYWORDS[name] if o not in names]
   return names, params
 
 
@@ -177,9 +187,9 @@ class LossEntry:
     execution_options: keyword options of ``fn`` that change how the loss is
       computed but not its value (``block_size``, ``collective``), accepted
       by ``apply``.
-    hyper_ranges: the documented range (:class:`circle_jax.losses.ranges.HyperRange`) of each
-      hyperparameter that has one (read-only; empty for a loss without
-      documented ranges).
+    hyper_ranges: the documented range
+      (:class:`circle_jax.losses.ranges.HyperRange`) of each hyperparameter
+      that has one (read-only; empty for a loss without documented ranges).
     supports_ref: whether ``fn`` takes reference embeddings (``ref``, a
       :class:`circle_jax.losses.Candidates`; every pair loss, no proxy or
       classifier loss).

@@ -131,13 +131,8 @@ def fastap_per_anchor(d, pos, cand, *, L: int, block: int) -> Array:
   return jnp.sum(terms, axis=1) / jnp.maximum(count, 1.0)
 
 
-def fastap_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    L: int = FastAP.L,
-    **options,
-) -> Array:
+def fastap_loss(embeddings: Array, labels: Array, *, L: int = FastAP.L,
+                **options) -> Array:
   r"""FastAP loss (Cakir et al., CVPR 2019), without a ``[B, B, L]`` tensor.
 
   .. math::

@@ -95,13 +95,9 @@ class LiftedStructure(engine.PositivePairMean):
 
 
 def lifted_structure_loss_from_distance(
-    distance: Array,
-    labels: Array,
-    *,
-    margin: float = LiftedStructure.margin,
+    distance: Array, labels: Array, *, margin: float = LiftedStructure.margin,
     pos_mask: Optional[Array] = None,
-    neg_mask: Optional[Array] = None,
-) -> Array:
+    neg_mask: Optional[Array] = None) -> Array:
   """Lifted structure loss of a square ``[B, B]`` distance matrix.
 
   See :func:`lifted_structure_loss`.
@@ -111,13 +107,9 @@ def lifted_structure_loss_from_distance(
                             neg_mask=neg_mask, name="distance")
 
 
-def lifted_structure_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    margin: float = LiftedStructure.margin,
-    **options,
-) -> Array:
+def lifted_structure_loss(embeddings: Array, labels: Array, *,
+                          margin: float = LiftedStructure.margin,
+                          **options) -> Array:
   r"""Smooth lifted structured embedding loss (Oh Song et al. 2016, eq. 4).
 
   On Euclidean distances ``D`` between L2-normalised embeddings, for every

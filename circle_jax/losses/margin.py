@@ -77,17 +77,12 @@ class Margin:
   nu: float = 0.0
 
 
-def margin_loss_from_distance(
-    distance: Array,
-    labels: Array,
-    beta: Array,
-    *,
-    margin: float = Margin.margin,
-    nu: float = Margin.nu,
-    pos_mask: Optional[Array] = None,
-    neg_mask: Optional[Array] = None,
-    pair_weights: Optional[Array] = None,
-) -> Array:
+def margin_loss_from_distance(distance: Array, labels: Array, beta: Array, *,
+                              margin: float = Margin.margin,
+                              nu: float = Margin.nu,
+                              pos_mask: Optional[Array] = None,
+                              neg_mask: Optional[Array] = None,
+                              pair_weights: Optional[Array] = None) -> Array:
   """Margin loss of a square ``[B, B]`` distance matrix (no sampling).
 
   See :func:`margin_loss`; pass a sampler's ``pair_weights`` to reproduce

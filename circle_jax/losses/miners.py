@@ -211,12 +211,9 @@ def distance_weighted_weights(dist, pos, neg, row_start, key, dim: int, *,
 
 
 def multi_similarity_miner(
-    embeddings: Array,
-    labels: Array,
-    *,
+    embeddings: Array, labels: Array, *,
     epsilon: float = MultiSimilarity.epsilon,
-    axis_name: Optional[str] = None,
-) -> Tuple[Array, Array]:
+    axis_name: Optional[str] = None) -> Tuple[Array, Array]:
   r"""Multi-Similarity pair mining (Wang et al. 2019, Sec. 4.1).
 
   With cosine similarities ``S``, for each anchor ``i``:
@@ -247,12 +244,8 @@ def multi_similarity_miner(
   return engine.selected_pairs(rule, sim, pos, neg)
 
 
-def batch_hard_miner(
-    embeddings: Array,
-    labels: Array,
-    *,
-    axis_name: Optional[str] = None,
-) -> Tuple[Array, Array]:
+def batch_hard_miner(embeddings: Array, labels: Array, *,
+                     axis_name: Optional[str] = None) -> Tuple[Array, Array]:
   r"""Batch-hard mining (Hermans et al. 2017): one positive, one negative.
 
   For each anchor, the farthest positive ``argmax_{p \in P_i} d_{ip}`` and the
@@ -276,13 +269,8 @@ def batch_hard_miner(
   return batch_hard_masks(ops.euclidean_from_cosine(sim), pos, neg)
 
 
-def semi_hard_miner(
-    embeddings: Array,
-    labels: Array,
-    *,
-    margin: float = 0.2,
-    axis_name: Optional[str] = None,
-) -> Tuple[Array, Array]:
+def semi_hard_miner(embeddings: Array, labels: Array, *, margin: float = 0.2,
+                    axis_name: Optional[str] = None) -> Tuple[Array, Array]:
   r"""Pairs of the semi-hard triplets (Schroff et al. 2015).
 
   A triplet ``(a, p, n)`` is semi-hard when ``d_ap < d_an < d_ap + margin``:
@@ -313,14 +301,9 @@ def semi_hard_miner(
                          margin=margin)
 
 
-def pair_margin_miner(
-    embeddings: Array,
-    labels: Array,
-    *,
-    pos_margin: float = 0.2,
-    neg_margin: float = 0.8,
-    axis_name: Optional[str] = None,
-) -> Tuple[Array, Array]:
+def pair_margin_miner(embeddings: Array, labels: Array, *,
+                      pos_margin: float = 0.2, neg_margin: float = 0.8,
+                      axis_name: Optional[str] = None) -> Tuple[Array, Array]:
   r"""Pairs that violate a contrastive margin.
 
   Keeps positives with ``d_ap > pos_margin`` and negatives with
@@ -359,14 +342,10 @@ class DistanceWeighted:
 
 
 def distance_weighted_miner(
-    embeddings: Array,
-    labels: Array,
-    key: Array,
-    *,
+    embeddings: Array, labels: Array, key: Array, *,
     cutoff: float = DistanceWeighted.cutoff,
     nonzero_loss_cutoff: float = DistanceWeighted.nonzero_loss_cutoff,
-    axis_name: Optional[str] = None,
-) -> Array:
+    axis_name: Optional[str] = None) -> Array:
   r"""Distance-weighted negative sampling (Wu et al. 2017, Sec. 4).
 
   Pairwise distances of points uniform on the unit sphere in ``R^n`` follow

@@ -96,17 +96,11 @@ class MultiSimilarity(engine.PairRule):
 
 
 def multi_similarity_loss_from_similarity(
-    similarity: Array,
-    labels: Array,
-    *,
-    alpha: float = MultiSimilarity.alpha,
-    beta: float = MultiSimilarity.beta,
-    base: float = MultiSimilarity.base,
+    similarity: Array, labels: Array, *, alpha: float = MultiSimilarity.alpha,
+    beta: float = MultiSimilarity.beta, base: float = MultiSimilarity.base,
     epsilon: float = MultiSimilarity.epsilon,
-    mining: bool = MultiSimilarity.mining,
-    pos_mask: Optional[Array] = None,
-    neg_mask: Optional[Array] = None,
-) -> Array:
+    mining: bool = MultiSimilarity.mining, pos_mask: Optional[Array] = None,
+    neg_mask: Optional[Array] = None) -> Array:
   r"""Multi-Similarity loss of a square similarity matrix.
 
   Row ``i`` is an anchor with positives ``P_i`` (same label, not ``i``) and
@@ -157,26 +151,19 @@ def multi_similarity_loss_from_similarity(
     Wang et al., "Multi-Similarity Loss with General Pair Weighting for Deep
     Metric Learning", CVPR 2019.
   """
-  rule = MultiSimilarity(alpha=alpha,
-                         beta=beta,
-                         base=base,
-                         epsilon=epsilon,
+  rule = MultiSimilarity(alpha=alpha, beta=beta, base=base, epsilon=epsilon,
                          mining=mining)
   return engine.matrix_loss(rule, similarity, labels, pos_mask=pos_mask,
                             neg_mask=neg_mask)
 
 
-def multi_similarity_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    alpha: float = MultiSimilarity.alpha,
-    beta: float = MultiSimilarity.beta,
-    base: float = MultiSimilarity.base,
-    epsilon: float = MultiSimilarity.epsilon,
-    mining: bool = MultiSimilarity.mining,
-    **options,
-) -> Array:
+def multi_similarity_loss(embeddings: Array, labels: Array, *,
+                          alpha: float = MultiSimilarity.alpha,
+                          beta: float = MultiSimilarity.beta,
+                          base: float = MultiSimilarity.base,
+                          epsilon: float = MultiSimilarity.epsilon,
+                          mining: bool = MultiSimilarity.mining,
+                          **options) -> Array:
   r"""Multi-Similarity loss of a batch of embeddings.
 
   Cosine similarities ``S`` of the L2-normalised embeddings; per anchor
@@ -210,26 +197,17 @@ def multi_similarity_loss(
     Wang et al., "Multi-Similarity Loss with General Pair Weighting for Deep
     Metric Learning", CVPR 2019.
   """
-  rule = MultiSimilarity(alpha=alpha,
-                         beta=beta,
-                         base=base,
-                         epsilon=epsilon,
+  rule = MultiSimilarity(alpha=alpha, beta=beta, base=base, epsilon=epsilon,
                          mining=mining)
   return engine.embedding_loss(rule, embeddings, labels, **options)
 
 
 def multi_similarity_weights(
-    similarity: Array,
-    labels: Array,
-    *,
-    alpha: float = MultiSimilarity.alpha,
-    beta: float = MultiSimilarity.beta,
-    base: float = MultiSimilarity.base,
+    similarity: Array, labels: Array, *, alpha: float = MultiSimilarity.alpha,
+    beta: float = MultiSimilarity.beta, base: float = MultiSimilarity.base,
     epsilon: float = MultiSimilarity.epsilon,
-    mining: bool = MultiSimilarity.mining,
-    pos_mask: Optional[Array] = None,
-    neg_mask: Optional[Array] = None,
-) -> Tuple[Array, Array]:
+    mining: bool = MultiSimilarity.mining, pos_mask: Optional[Array] = None,
+    neg_mask: Optional[Array] = None) -> Tuple[Array, Array]:
   r"""The MS loss's closed-form pair weights ``w+`` and ``w-``.
 
   For a mined positive ``j`` and negative ``j`` of a valid anchor ``i``:

@@ -62,13 +62,9 @@ class NPair(engine.PositivePairMean):
             jnp.zeros_like(u))
 
 
-def n_pair_loss_from_similarity(
-    similarity: Array,
-    labels: Array,
-    *,
-    pos_mask: Optional[Array] = None,
-    neg_mask: Optional[Array] = None,
-) -> Array:
+def n_pair_loss_from_similarity(similarity: Array, labels: Array, *,
+                                pos_mask: Optional[Array] = None,
+                                neg_mask: Optional[Array] = None) -> Array:
   """Multi-class N-pair loss of a square ``[B, B]`` inner-product matrix.
 
   The tuplet term of :func:`n_pair_loss` without the L2 penalty (which
@@ -79,13 +75,8 @@ def n_pair_loss_from_similarity(
                             neg_mask=neg_mask)
 
 
-def n_pair_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    l2_reg: float = 0.02,
-    **options,
-) -> Array:
+def n_pair_loss(embeddings: Array, labels: Array, *, l2_reg: float = 0.02,
+                **options) -> Array:
   r"""Multi-class N-pair loss (Sohn 2016), for any batch with repeated labels.
 
   On raw inner products ``s_ij = f_i . f_j`` (embeddings are *not*

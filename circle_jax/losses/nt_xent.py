@@ -41,13 +41,8 @@ class NTXent(supcon.SupCon):
     return reductions.ratio_of_sums(*terms, axis_name)
 
 
-def nt_xent_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    tau: float = NTXent.tau,
-    **options,
-) -> Array:
+def nt_xent_loss(embeddings: Array, labels: Array, *, tau: float = NTXent.tau,
+                 **options) -> Array:
   r"""NT-Xent / InfoNCE (Chen et al., ICML 2020; van den Oord et al. 2018).
 
   .. math::

@@ -42,13 +42,8 @@ PAIRWISE_CE_TAU = 0.2
 HYP_VIT_BALL = hyperbolic.Poincare()
 
 
-def pairwise_ce_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    tau: float = PAIRWISE_CE_TAU,
-    **options,
-) -> Array:
+def pairwise_ce_loss(embeddings: Array, labels: Array, *,
+                     tau: float = PAIRWISE_CE_TAU, **options) -> Array:
   r"""Hyp-ViT's pairwise cross-entropy (Ermolov et al., CVPR 2022).
 
   .. math::

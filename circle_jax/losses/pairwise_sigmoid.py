@@ -65,14 +65,9 @@ class PairwiseSigmoid(engine.PairRule):
     return total, jnp.ones(total.shape, bool)
 
 
-def pairwise_sigmoid_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    t: float = PairwiseSigmoid.t,
-    b: float = PairwiseSigmoid.b,
-    **options,
-) -> Array:
+def pairwise_sigmoid_loss(embeddings: Array, labels: Array, *,
+                          t: float = PairwiseSigmoid.t,
+                          b: float = PairwiseSigmoid.b, **options) -> Array:
   r"""Pairwise sigmoid loss with label positives (Zhai et al., ICCV 2023).
 
   .. math::

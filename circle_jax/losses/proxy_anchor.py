@@ -146,14 +146,10 @@ def _num_proxies_with_positives(pos: Array, block) -> Array:
 # ----------------------------------------------------------------------------
 
 
-def proxy_anchor_loss_from_similarity(
-    similarity: Array,
-    labels: Array,
-    *,
-    margin: float = ProxyAnchor.margin,
-    alpha: float = ProxyAnchor.alpha,
-    axis_name=None,
-) -> Array:
+def proxy_anchor_loss_from_similarity(similarity: Array, labels: Array, *,
+                                      margin: float = ProxyAnchor.margin,
+                                      alpha: float = ProxyAnchor.alpha,
+                                      axis_name=None) -> Array:
   r"""Proxy-Anchor loss of a ``[B, C]`` sample-to-proxy similarity block.
 
   .. math::
@@ -203,16 +199,10 @@ def _proxy_anchor(similarity, labels, hp: ProxyAnchor, block) -> Array:
 
 
 def proxy_anchor_loss(
-    embeddings: Array,
-    labels: Array,
-    proxies: Array,
-    *,
-    margin: float = ProxyAnchor.margin,
-    alpha: float = ProxyAnchor.alpha,
-    axis_name=None,
-    shard_classes: bool = class_shard.Layout.shard_classes,
-    num_classes: Optional[int] = class_shard.Layout.num_classes,
-) -> Array:
+    embeddings: Array, labels: Array, proxies: Array, *,
+    margin: float = ProxyAnchor.margin, alpha: float = ProxyAnchor.alpha,
+    axis_name=None, shard_classes: bool = class_shard.Layout.shard_classes,
+    num_classes: Optional[int] = class_shard.Layout.num_classes) -> Array:
   r"""Proxy-Anchor loss: each class proxy is an anchor over the whole batch.
 
   With :math:`s(x, p)` the cosine similarity of a sample and a proxy,
@@ -271,14 +261,9 @@ def proxy_anchor_loss(
 
 
 def ranked_proxy_anchor_loss_from_distance(
-    distance: Array,
-    labels: Array,
-    *,
-    alpha: float = RankedProxyAnchor.alpha,
+    distance: Array, labels: Array, *, alpha: float = RankedProxyAnchor.alpha,
     margin: float = RankedProxyAnchor.margin,
-    t_neg: float = RankedProxyAnchor.t_neg,
-    axis_name=None,
-) -> Array:
+    t_neg: float = RankedProxyAnchor.t_neg, axis_name=None) -> Array:
   r"""Ranked Proxy-Anchor loss of a ``[B, C]`` sample-to-proxy distance block.
 
   .. math::
@@ -353,18 +338,12 @@ def _ranked_proxy_anchor(distance, labels, hp: RankedProxyAnchor,
 
 
 def ranked_proxy_anchor_loss(
-    embeddings: Array,
-    labels: Array,
-    proxies: Array,
-    *,
+    embeddings: Array, labels: Array, proxies: Array, *,
     alpha: float = RankedProxyAnchor.alpha,
     margin: float = RankedProxyAnchor.margin,
-    t_neg: float = RankedProxyAnchor.t_neg,
-    distance: str = "euclidean",
-    axis_name=None,
-    shard_classes: bool = class_shard.Layout.shard_classes,
-    num_classes: Optional[int] = class_shard.Layout.num_classes,
-) -> Array:
+    t_neg: float = RankedProxyAnchor.t_neg, distance: str = "euclidean",
+    axis_name=None, shard_classes: bool = class_shard.Layout.shard_classes,
+    num_classes: Optional[int] = class_shard.Layout.num_classes) -> Array:
   r"""Ranked Proxy-Anchor loss (RPAL): RLL's boundaries with proxies as anchors.
 
   Each proxy is an anchor over the batch. Its positives farther than

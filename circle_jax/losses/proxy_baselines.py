@@ -34,19 +34,9 @@ from circle_jax.losses import ranges
 Array = jax.Array
 
 
-def proxy_nca_loss(
-    embeddings: Array,
-    labels: Array,
-    proxies: Array,
-    *,
-    scale: float = 32.0,
-    include_positive: bool = False,
-    axis_name: Optional[str] = None,
-    shard_classes: bool = class_shard.Layout.shard_classes,
-    num_classes: Optional[int] = class_shard.Layout.num_classes,
-    sample_rate: float = class_shard.Layout.sample_rate,
-    key: Optional[Array] = class_shard.Layout.key,
-) -> Array:
+def proxy_nca_loss(embeddings: Array, labels: Array, proxies: Array, *,
+                   scale: float = 32.0, include_positive: bool = False,
+                   axis_name: Optional[str] = None, **layout) -> Array:
   r"""Proxy-NCA (Movshovitz-Attias et al. 2017), scaled and normalised.
 
   With L2-normalised embeddings ``x`` and proxies ``p_c`` and the scaled
@@ -75,8 +65,10 @@ def proxy_nca_loss(
       this device's ``[ceil(C / n), D]`` rows.
     scale: inverse temperature on the squared distances.
     include_positive: whether the positive proxy is in the denominator.
-    axis_name, shard_classes, num_classes, sample_rate, key: the global
-      batch and the sharded class matrix (module docstring).
+    axis_name: the global batch (module docstring).
+    **layout: the class matrix's layout (``shard_classes``, ``num_classes``,
+      ``sample_rate``, ``key``), documented once at
+      :class:`circle_jax.losses.class_shard.Layout`.
 
   Returns:
     float32 scalar.
@@ -86,9 +78,7 @@ def proxy_nca_loss(
     Learning using Proxies", ICCV 2017, eq. 5. Teh, DeVries, Taylor,
     "ProxyNCA++", ECCV 2020.
   """
-  layout = class_shard.Layout(shard_classes=shard_classes,
-                              num_classes=num_classes, sample_rate=sample_rate,
-                              key=key)
+  layout = class_shard.Layout(**layout)
   ranges.check_range(scale, "scale", ranges.POSITIVE_RANGE)
   x, labels, p, block = class_shard.class_block(
       embeddings, labels, proxies, name="proxies", axis_name=axis_name,
@@ -126,22 +116,10 @@ def _center_spread(centers: Array, k: int) -> Array:
   return jnp.sum(jnp.where(upper[None], dist, 0.0), axis=(1, 2))
 
 
-def soft_triple_loss(
-    embeddings: Array,
-    labels: Array,
-    centers: Array,
-    *,
-    centers_per_class: int = 10,
-    la: float = 20.0,
-    gamma: float = 0.1,
-    margin: float = 0.01,
-    tau: float = 0.2,
-    axis_name: Optional[str] = None,
-    shard_classes: bool = class_shard.Layout.shard_classes,
-    num_classes: Optional[int] = class_shard.Layout.num_classes,
-    sample_rate: float = class_shard.Layout.sample_rate,
-    key: Optional[Array] = class_shard.Layout.key,
-) -> Array:
+def soft_triple_loss(embeddings: Array, labels: Array, centers: Array, *,
+                     centers_per_class: int = 10, la: float = 20.0,
+                     gamma: float = 0.1, margin: float = 0.01, tau: float = 0.2,
+                     axis_name: Optional[str] = None, **layout) -> Array:
   r"""SoftTriple loss (Qian et al. 2019): ``K`` centers per class.
 
   With normalised embeddings ``x`` and centers ``w_c^k`` (row ``c K + k`` of
@@ -172,8 +150,7 @@ def soft_triple_loss(
     gamma: ``gamma``, the temperature of the soft assignment to centers.
     margin: ``delta``, the margin on the target class.
     tau: ``tau``, the weight of the center regulariser.
-    axis_name, shard_classes, num_classes, sample_rate, key: the global
-      batch and the sharded class matrix (module docstring).
+    axis_name, **layout: as :func:`proxy_nca_loss`.
 
   Returns:
     float32 scalar.
@@ -183,9 +160,7 @@ def soft_triple_loss(
     Without Triplet Sampling", ICCV 2019, eqs. 8-12 (official defaults
     ``la=20, gamma=0.1, tau=0.2, margin=0.01, K=10``).
   """
-  layout = class_shard.Layout(shard_classes=shard_classes,
-                              num_classes=num_classes, sample_rate=sample_rate,
-                              key=key)
+  layout = class_shard.Layout(**layout)
   if not isinstance(centers_per_class, int) or centers_per_class < 1:
     raise ValueError(
         f"`centers_per_class` must be a positive Python int; got "

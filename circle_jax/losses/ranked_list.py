@@ -106,18 +106,14 @@ class RankedList(engine.PairRule):
     return loss, jnp.ones(loss.shape, bool)
 
 
-def ranked_list_loss_from_distance(
-    distance: Array,
-    labels: Array,
-    *,
-    alpha: float = RankedList.alpha,
-    margin: float = RankedList.margin,
-    t_neg: float = RankedList.t_neg,
-    t_pos: float = RankedList.t_pos,
-    imbalance: float = RankedList.imbalance,
-    pos_mask: Optional[Array] = None,
-    neg_mask: Optional[Array] = None,
-) -> Array:
+def ranked_list_loss_from_distance(distance: Array, labels: Array, *,
+                                   alpha: float = RankedList.alpha,
+                                   margin: float = RankedList.margin,
+                                   t_neg: float = RankedList.t_neg,
+                                   t_pos: float = RankedList.t_pos,
+                                   imbalance: float = RankedList.imbalance,
+                                   pos_mask: Optional[Array] = None,
+                                   neg_mask: Optional[Array] = None) -> Array:
   r"""Ranked List Loss of a square distance matrix.
 
   For anchor :math:`i` with non-trivial positives
@@ -165,28 +161,20 @@ def ranked_list_loss_from_distance(
     Wang et al., "Ranked List Loss for Deep Metric Learning", CVPR 2019 and
     TPAMI 2021.
   """
-  rule = RankedList(alpha=alpha,
-                    margin=margin,
-                    t_neg=t_neg,
-                    t_pos=t_pos,
-                    imbalance=imbalance,
-                    on_distance=True)
+  rule = RankedList(alpha=alpha, margin=margin, t_neg=t_neg, t_pos=t_pos,
+                    imbalance=imbalance, on_distance=True)
   return engine.matrix_loss(rule, distance, labels, pos_mask=pos_mask,
                             neg_mask=neg_mask, name="distance")
 
 
-def ranked_list_loss_from_similarity(
-    similarity: Array,
-    labels: Array,
-    *,
-    alpha: float = RankedList.alpha,
-    margin: float = RankedList.margin,
-    t_neg: float = RankedList.t_neg,
-    t_pos: float = RankedList.t_pos,
-    imbalance: float = RankedList.imbalance,
-    pos_mask: Optional[Array] = None,
-    neg_mask: Optional[Array] = None,
-) -> Array:
+def ranked_list_loss_from_similarity(similarity: Array, labels: Array, *,
+                                     alpha: float = RankedList.alpha,
+                                     margin: float = RankedList.margin,
+                                     t_neg: float = RankedList.t_neg,
+                                     t_pos: float = RankedList.t_pos,
+                                     imbalance: float = RankedList.imbalance,
+                                     pos_mask: Optional[Array] = None,
+                                     neg_mask: Optional[Array] = None) -> Array:
   r"""Ranked List Loss of a square cosine-similarity matrix.
 
   The same loss as :func:`ranked_list_loss_from_distance` on the Euclidean
@@ -204,26 +192,19 @@ def ranked_list_loss_from_similarity(
   Returns:
     A float32 scalar: the mean over all ``B`` anchors.
   """
-  rule = RankedList(alpha=alpha,
-                    margin=margin,
-                    t_neg=t_neg,
-                    t_pos=t_pos,
+  rule = RankedList(alpha=alpha, margin=margin, t_neg=t_neg, t_pos=t_pos,
                     imbalance=imbalance)
   return engine.matrix_loss(rule, similarity, labels, pos_mask=pos_mask,
                             neg_mask=neg_mask)
 
 
-def ranked_list_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    alpha: float = RankedList.alpha,
-    margin: float = RankedList.margin,
-    t_neg: float = RankedList.t_neg,
-    t_pos: float = RankedList.t_pos,
-    imbalance: float = RankedList.imbalance,
-    **options,
-) -> Array:
+def ranked_list_loss(embeddings: Array, labels: Array, *,
+                     alpha: float = RankedList.alpha,
+                     margin: float = RankedList.margin,
+                     t_neg: float = RankedList.t_neg,
+                     t_pos: float = RankedList.t_pos,
+                     imbalance: float = RankedList.imbalance,
+                     **options) -> Array:
   r"""Ranked List Loss (RLL) on the Euclidean distance of normalised embeddings.
 
   Each anchor's positives should lie within :math:`\alpha - m` and its
@@ -270,10 +251,7 @@ def ranked_list_loss(
     Wang et al., "Ranked List Loss for Deep Metric Learning", CVPR 2019,
     https://arxiv.org/abs/1903.03238, and TPAMI 2021.
   """
-  rule = RankedList(alpha=alpha,
-                    margin=margin,
-                    t_neg=t_neg,
-                    t_pos=t_pos,
+  rule = RankedList(alpha=alpha, margin=margin, t_neg=t_neg, t_pos=t_pos,
                     imbalance=imbalance)
   return engine.embedding_loss(rule, embeddings, labels, **options)
 

@@ -219,13 +219,8 @@ smooth_ap_per_anchor.defvjp(
     _backward)
 
 
-def smooth_ap_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    tau: float = SmoothAP.tau,
-    **options,
-) -> Array:
+def smooth_ap_loss(embeddings: Array, labels: Array, *,
+                   tau: float = SmoothAP.tau, **options) -> Array:
   r"""Smooth-AP loss (Brown et al., ECCV 2020), without a ``B^3`` tensor.
 
   .. math::

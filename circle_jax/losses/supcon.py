@@ -67,13 +67,8 @@ class SupCon(engine.PairRule):
     return total / jnp.maximum(count, 1.0), valid
 
 
-def supcon_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    tau: float = SupCon.tau,
-    **options,
-) -> Array:
+def supcon_loss(embeddings: Array, labels: Array, *, tau: float = SupCon.tau,
+                **options) -> Array:
   r"""Supervised contrastive loss ``L^sup_out`` (Khosla et al., NeurIPS 2020).
 
   .. math::

@@ -152,15 +152,11 @@ def _dense_core(dist, pos, neg, *, margin, mining, axis_name):
   return reductions.ratio_of_sums(loss, valid, axis_name)
 
 
-def triplet_margin_loss_from_distance(
-    distance: Array,
-    labels: Array,
-    *,
-    margin: float = BatchHard.margin,
-    mining: str = "all",
-    pos_mask: Optional[Array] = None,
-    neg_mask: Optional[Array] = None,
-) -> Array:
+def triplet_margin_loss_from_distance(distance: Array, labels: Array, *,
+                                      margin: float = BatchHard.margin,
+                                      mining: str = "all",
+                                      pos_mask: Optional[Array] = None,
+                                      neg_mask: Optional[Array] = None) -> Array:
   """Triplet margin loss of a square ``[B, B]`` distance matrix.
 
   See :func:`triplet_margin_loss`.
@@ -175,14 +171,9 @@ def triplet_margin_loss_from_distance(
                      axis_name=None)
 
 
-def triplet_margin_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    margin: float = BatchHard.margin,
-    mining: str = "all",
-    **options,
-) -> Array:
+def triplet_margin_loss(embeddings: Array, labels: Array, *,
+                        margin: float = BatchHard.margin, mining: str = "all",
+                        **options) -> Array:
   r"""Triplet margin loss with in-batch mining (Schroff et al.; Hermans et al.).
 
   On Euclidean distances ``d`` between L2-normalised embeddings, a triplet
