@@ -343,3 +343,226 @@ def fastap_ref(x, y, L, pos_mask=None, neg_mask=None, cols=None, col_y=None):
     total += 1.0 - ap / len(pos)
     count += 1
   return total / max(count, 1)
+
+
+def mined_sets(s, labels, i, epsilon, mining=True, pos_mask=None,
+               neg_mask=None):
+  """Indices of anchor i's (mined) positives and negatives."""
+  n = len(labels)
+  pos = [j for j in range(n) if labels[j] == labels[i] and j != i
+         and (pos_mask is None or pos_mask[i, j])]
+  neg = [j for j in range(n) if labels[j] != labels[i]
+         and (neg_mask is None or neg_mask[i, j])]
+  if mining:
+    if not pos or not neg:
+      return [], []
+    min_pos = min(s[i, j] for j in pos)
+    max_neg = max(s[i, j] for j in neg)
+    neg, pos = ([j for j in neg if s[i, j] + epsilon > min_pos],
+                [j for j in pos if s[i, j] - epsilon < max_neg])
+  return pos, neg
+
+
+def ref_ms(s, labels, alpha=2.0, beta=50.0, base=0.5, epsilon=0.1,
+           mining=True, pos_mask=None, neg_mask=None):
+  total = 0.0
+  for i in range(len(labels)):
+    pos, neg = mined_sets(s, labels, i, epsilon, mining, pos_mask, neg_mask)
+    if not pos or not neg:
+      continue
+    sp, sn = s[i, pos], s[i, neg]
+    total += np.log(1 + np.sum(np.exp(-alpha * (sp - base)))) / alpha
+    total += np.log(1 + np.sum(np.exp(beta * (sn - base)))) / beta
+  return total / len(labels)
+
+
+def ref_ms_weights(s, labels, alpha=2.0, beta=50.0, base=0.5, epsilon=0.1,
+                   mining=True):
+  """The paper's closed-form w+_ij, w-_ij, literally (no 1/B)."""
+  n = len(labels)
+  w_pos, w_neg = np.zeros((n, n)), np.zeros((n, n))
+  for i in range(n):
+    pos, neg = mined_sets(s, labels, i, epsilon, mining)
+    if not pos or not neg:
+      continue
+    for j in pos:
+      w_pos[i, j] = 1.0 / (np.exp(alpha * (s[i, j] - base)) +
+                           sum(np.exp(alpha * (s[i, j] - s[i, k]))
+                               for k in pos))
+    for j in neg:
+      w_neg[i, j] = 1.0 / (np.exp(-beta * (s[i, j] - base)) +
+                           sum(np.exp(beta * (s[i, k] - s[i, j]))
+                               for k in neg))
+  return w_pos, w_neg
+
+
+def rll_reference(dist, labels, *, alpha, margin, t_neg, t_pos, imbalance,
+                  pos_mask=None, neg_mask=None):
+  """Float64 RLL value and dL/dd (normalised weights held constant)."""
+  dist = np.asarray(dist, np.float64)
+  labels = np.asarray(labels)
+  b = len(labels)
+  total = 0.0
+  grad = np.zeros_like(dist)
+  for i in range(b):
+    pos_j, pos_h, neg_j, neg_h = [], [], [], []
+    for j in range(b):
+      if labels[j] == labels[i]:
+        if j == i or (pos_mask is not None and not pos_mask[i, j]):
+          continue
+        if dist[i, j] > alpha - margin:
+          pos_j.append(j)
+          pos_h.append(dist[i, j] - (alpha - margin))
+      else:
+        if neg_mask is not None and not neg_mask[i, j]:
+          continue
+        if dist[i, j] < alpha:
+          neg_j.append(j)
+          neg_h.append(alpha - dist[i, j])
+    total += ((1 - imbalance) * _weighted_mean(pos_h, t_pos)
+              + imbalance * _weighted_mean(neg_h, t_neg))
+    for js, hs, t, sign, lam in ((pos_j, pos_h, t_pos, 1.0, 1 - imbalance),
+                                 (neg_j, neg_h, t_neg, -1.0, imbalance)):
+      if js:
+        h = np.array(hs)
+        w = np.exp(t * h - np.max(t * h))
+        grad[i, js] += sign * lam * (w / w.sum()) / b
+  return total / b, grad
+
+
+def pa_reference(sim, labels, *, margin, alpha):
+  """Float64 Proxy-Anchor value and dL/ds (the paper's eq. 4 gradient)."""
+  sim = np.asarray(sim, np.float64)
+  b, c = sim.shape
+  pos_terms, neg_total = [], 0.0
+  grad = np.zeros_like(sim)
+  with_pos = sum(1 for p in range(c) if _members(labels, p, c)[0])
+  for p in range(c):
+    pos, neg = _members(labels, p, c)
+    if pos:
+      z = -alpha * (sim[pos, p] - margin)
+      pos_terms.append(np.logaddexp(0.0, logsumexp(z)))
+      grad[pos, p] = (-alpha * np.exp(z - np.logaddexp(0.0, logsumexp(z)))
+                      / with_pos)
+    if neg:
+      z = alpha * (sim[neg, p] + margin)
+      neg_total += np.logaddexp(0.0, logsumexp(z))
+      grad[neg, p] = alpha * np.exp(z - np.logaddexp(0.0, logsumexp(z))) / c
+  return sum(pos_terms) / max(len(pos_terms), 1) + neg_total / c, grad
+
+
+def rpal_reference(dist, labels, *, alpha, margin, t_neg):
+  """Float64 RPAL value and dL/dd (normalised weights held constant)."""
+  dist = np.asarray(dist, np.float64)
+  b, c = dist.shape
+  grad = np.zeros_like(dist)
+  with_pos = [p for p in range(c) if _members(labels, p, c)[0]]
+  pos_total, neg_total = 0.0, 0.0
+  for p in range(c):
+    pos, neg = _members(labels, p, c)
+    hard_pos = [i for i in pos if dist[i, p] > alpha - margin]
+    hard_neg = [i for i in neg if dist[i, p] < alpha]
+    if hard_pos:
+      pos_total += np.mean(dist[hard_pos, p] - (alpha - margin))
+      grad[hard_pos, p] = 1.0 / (len(hard_pos) * len(with_pos))
+    if hard_neg:
+      h = alpha - dist[hard_neg, p]
+      w = np.exp(t_neg * h - np.max(t_neg * h))
+      neg_total += np.sum(w * h) / np.sum(w)
+      grad[hard_neg, p] = -(w / w.sum()) / c
+  return pos_total / max(len(with_pos), 1) + neg_total / c, grad
+
+
+def softmax_ref(x, y, w, bias=None):
+  logits = np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
+  if bias is not None:
+    logits = logits + bias
+  return _mean_ce(logits, y)
+
+
+def cosface_ref(x, y, w, margin, scale):
+  c = cos(x, w)
+  logits = []
+  for i in range(len(y)):
+    l = scale * c[i].copy()
+    l[y[i]] = scale * (c[i, y[i]] - margin)
+    logits.append(l)
+  return _mean_ce(logits, y)
+
+
+def arcface_ref(x, y, w, margin, scale, easy_margin=False):
+  c = np.clip(cos(x, w), -1, 1)
+  logits = []
+  for i in range(len(y)):
+    l = scale * c[i].copy()
+    cy = c[i, y[i]]
+    theta = np.arccos(cy)
+    if easy_margin:
+      target = np.cos(theta + margin) if cy > 0 else cy
+    elif theta + margin <= np.pi:
+      target = np.cos(theta + margin)
+    else:
+      target = cy - margin * np.sin(margin)
+    l[y[i]] = scale * target
+    logits.append(l)
+  return _mean_ce(logits, y)
+
+
+def proxy_nca_ref(x, y, proxies, scale, include_positive):
+  xn, pn = l2n(x), l2n(proxies)
+  out = []
+  for i in range(len(y)):
+    d = scale * ((xn[i] - pn) ** 2).sum(1)  # squared distances, directly
+    others = [-d[c] for c in range(len(pn))
+              if include_positive or c != y[i]]
+    out.append(d[y[i]] + logsumexp(others) if others else 0.0)
+  return float(np.mean(out))
+
+
+def soft_triple_reg_ref(centers, k):
+  w = l2n(centers)
+  c = len(w) // k
+  total = 0.0
+  for cls in range(c):
+    for t in range(k):
+      for s in range(t + 1, k):
+        total += np.sqrt(2 + 1e-5 - 2 * w[cls * k + t] @ w[cls * k + s])
+  return total / (c * k * (k - 1))
+
+
+def soft_triple_ref(x, y, centers, k, la, gamma, margin, tau):
+  xn, w = l2n(x), l2n(centers)
+  c = len(w) // k
+  out = []
+  for i in range(len(y)):
+    s_class = np.zeros(c)
+    for cls in range(c):
+      sims = np.array([xn[i] @ w[cls * k + t] for t in range(k)])
+      a = np.exp(sims / gamma - (sims / gamma).max())
+      s_class[cls] = (a / a.sum()) @ sims
+    logits = la * s_class
+    logits[y[i]] -= la * margin
+    out.append(logsumexp(logits) - logits[y[i]])
+  reg = soft_triple_reg_ref(centers, k) if (tau > 0 and k > 1) else 0.0
+  return float(np.mean(out)) + tau * reg
+
+
+def _mean_ce(all_logits, y):
+  return float(np.mean([logsumexp(l) - l[t]
+                        for l, t in zip(all_logits, y)]))
+
+
+def _members(labels, p, num_classes):
+  pos = [b for b in range(len(labels)) if labels[b] == p]
+  neg = [b for b in range(len(labels))
+         if 0 <= labels[b] < num_classes and labels[b] != p]
+  return pos, neg
+
+
+def _weighted_mean(hinges, t):
+  """sum_j w_j h_j / sum_j w_j with w_j = exp(t h_j); 0 for an empty list."""
+  if not hinges:
+    return 0.0
+  h = np.array(hinges, np.float64)
+  w = np.exp(t * h - np.max(t * h))
+  return float(np.sum(w * h) / np.sum(w))
