@@ -3,7 +3,7 @@
 Every loss is a pure function of embeddings (or of a similarity/distance
 matrix) and integer labels: jit- and vmap-able, float32 compute, a float32
 scalar out. Pair-based losses take ``axis_name`` to see the global batch
-across devices. See ``_common`` for the shared conventions,
+across devices. See :mod:`circle_jax.losses.checks` for the shared conventions,
 :mod:`circle_jax.losses.engine` for how the pair losses' rules are run
 (dense, blockwise, device ring) and the keywords they share, and
 :mod:`circle_jax.ops` for the public numerical building blocks.
@@ -40,7 +40,7 @@ from circle_jax.losses.proxy_anchor import (
     ranked_proxy_anchor_loss,
     ranked_proxy_anchor_loss_from_distance,
 )
-from circle_jax.losses.validation import (
+from circle_jax.losses.checks import (
     validate_labels,
 )
 from circle_jax.losses.contrastive import (

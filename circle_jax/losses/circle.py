@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import types
 
+from typing import Optional
+
 import jax
 import jax.numpy as jnp
 
-from circle_jax.losses import forms
+from circle_jax.losses import entries
 from circle_jax.losses import ranges
 from circle_jax.losses import engine
 
@@ -113,9 +115,12 @@ _UNIFIED_CLASS_LEVEL = Unified(gamma=64.0, margin=0.35)
 # ----------------------------------------------------------------------------
 
 
-circle_loss_from_similarity = forms.matrix_form(
-    Circle, "circle_loss_from_similarity",
-    r"""Pair-wise Circle loss of a square similarity matrix.
+def circle_loss_from_similarity(similarity: Array, labels: Array, *,
+                                margin: float = Circle.margin,
+                                gamma: float = Circle.gamma,
+                                pos_mask: Optional[Array] = None,
+                                neg_mask: Optional[Array] = None) -> Array:
+  r"""Pair-wise Circle loss of a square similarity matrix.
 
   Row ``i`` is an anchor; its positives ``P_i`` are the other samples with its
   label and its negatives ``N_i`` the samples with another label (intersected
@@ -152,12 +157,16 @@ circle_loss_from_similarity = forms.matrix_form(
   References:
     Sun et al., "Circle Loss: A Unified Perspective of Pair Similarity
     Optimization", CVPR 2020, eqs. (6), (9), (10).
-  """)
+  """
+  rule = Circle(margin=margin, gamma=gamma)
+  return engine.matrix_loss(rule, similarity, labels, pos_mask=pos_mask,
+                            neg_mask=neg_mask)
 
 
-circle_loss = forms.embedding_form(
-    Circle, "circle_loss",
-    r"""Pair-wise Circle loss of a batch of embeddings.
+def circle_loss(embeddings: Array, labels: Array, *,
+                margin: float = Circle.margin, gamma: float = Circle.gamma,
+                **options) -> Array:
+  r"""Pair-wise Circle loss of a batch of embeddings.
 
   The embeddings are L2-normalised (zero vectors stay zero) and compared by
   cosine similarity; see :func:`circle_loss_from_similarity` for the math:
@@ -186,12 +195,16 @@ circle_loss = forms.embedding_form(
   References:
     Sun et al., "Circle Loss: A Unified Perspective of Pair Similarity
     Optimization", CVPR 2020, eq. (6).
-  """)
+  """
+  rule = Circle(margin=margin, gamma=gamma)
+  return engine.embedding_loss(rule, embeddings, labels, **options)
 
 
-circle_loss_class_level = forms.class_level_form(
-    Circle, "circle_loss_class_level",
-    r"""Circle loss with class-level labels (face recognition / re-ID form).
+def circle_loss_class_level(embeddings: Array, labels: Array,
+                            class_weights: Array, *,
+                            margin: float = _CIRCLE_CLASS_LEVEL.margin,
+                            gamma: float = _CIRCLE_CLASS_LEVEL.gamma) -> Array:
+  r"""Circle loss with class-level labels (face recognition / re-ID form).
 
   Each sample has one positive similarity ``s_p = cos(x, W_y)`` to its own
   class weight and ``C - 1`` negative similarities ``s_n^j = cos(x, W_j)``:
@@ -222,7 +235,9 @@ circle_loss_class_level = forms.class_level_form(
   References:
     Sun et al., "Circle Loss: A Unified Perspective of Pair Similarity
     Optimization", CVPR 2020, eq. (6) with class-level labels.
-  """, defaults=_CIRCLE_CLASS_LEVEL)
+  """
+  rule = Circle(margin=margin, gamma=gamma)
+  return engine.class_level_loss(rule, embeddings, labels, class_weights)
 
 
 # ----------------------------------------------------------------------------
@@ -230,9 +245,12 @@ circle_loss_class_level = forms.class_level_form(
 # ----------------------------------------------------------------------------
 
 
-unified_loss_from_similarity = forms.matrix_form(
-    Unified, "unified_loss_from_similarity",
-    r"""Unified loss of pair similarity (eq. 1) of a square similarity matrix.
+def unified_loss_from_similarity(similarity: Array, labels: Array, *,
+                                 gamma: float = Unified.gamma,
+                                 margin: float = Unified.margin,
+                                 pos_mask: Optional[Array] = None,
+                                 neg_mask: Optional[Array] = None) -> Array:
+  r"""Unified loss of pair similarity (eq. 1) of a square similarity matrix.
 
   .. math::
 
@@ -260,12 +278,16 @@ unified_loss_from_similarity = forms.matrix_form(
   References:
     Sun et al., "Circle Loss: A Unified Perspective of Pair Similarity
     Optimization", CVPR 2020, eqs. (1) and (3).
-  """)
+  """
+  rule = Unified(gamma=gamma, margin=margin)
+  return engine.matrix_loss(rule, similarity, labels, pos_mask=pos_mask,
+                            neg_mask=neg_mask)
 
 
-unified_loss = forms.embedding_form(
-    Unified, "unified_loss",
-    r"""Unified loss of pair similarity (eq. 1) with pair-wise labels.
+def unified_loss(embeddings: Array, labels: Array, *,
+                 gamma: float = Unified.gamma, margin: float = Unified.margin,
+                 **options) -> Array:
+  r"""Unified loss of pair similarity (eq. 1) with pair-wise labels.
 
   Cosine similarities of the L2-normalised embeddings; per anchor
 
@@ -291,12 +313,16 @@ unified_loss = forms.embedding_form(
   References:
     Sun et al., "Circle Loss: A Unified Perspective of Pair Similarity
     Optimization", CVPR 2020, eq. (1).
-  """)
+  """
+  rule = Unified(gamma=gamma, margin=margin)
+  return engine.embedding_loss(rule, embeddings, labels, **options)
 
 
-unified_loss_class_level = forms.class_level_form(
-    Unified, "unified_loss_class_level",
-    r"""Unified loss (eq. 1) with class-level labels: AM-Softmax (eq. 2).
+def unified_loss_class_level(
+    embeddings: Array, labels: Array, class_weights: Array, *,
+    gamma: float = _UNIFIED_CLASS_LEVEL.gamma,
+    margin: float = _UNIFIED_CLASS_LEVEL.margin) -> Array:
+  r"""Unified loss (eq. 1) with class-level labels: AM-Softmax (eq. 2).
 
   With one positive ``s_p = cos(x, W_y)`` and ``C - 1`` negatives
   ``s_n^j = cos(x, W_j)``:
@@ -326,4 +352,26 @@ unified_loss_class_level = forms.class_level_form(
     Sun et al., "Circle Loss: A Unified Perspective of Pair Similarity
     Optimization", CVPR 2020, eqs. (1)-(2). Wang et al., "Additive Margin
     Softmax for Face Verification", IEEE SPL 2018.
-  """, defaults=_UNIFIED_CLASS_LEVEL)
+  """
+  rule = Unified(gamma=gamma, margin=margin)
+  return engine.class_level_loss(rule, embeddings, labels, class_weights)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+_CIRCLE_PAPER = ("Sun et al., \"Circle Loss: A Unified Perspective of Pair "
+                 "Similarity Optimization\", CVPR 2020")
+_BOTH_SETS = "mean over anchors with >= 1 positive and >= 1 negative"
+
+REGISTRY = (
+    entries.entry("circle", circle_loss, "pair", rule=Circle,
+        paper=_CIRCLE_PAPER + " (eq. 6)", reduction=_BOTH_SETS),
+    entries.entry("unified", unified_loss, "pair", rule=Unified,
+        paper=_CIRCLE_PAPER + " (eq. 1)", reduction=_BOTH_SETS),
+    entries.entry("circle_class_level", circle_loss_class_level,
+        "classifier", param_name="class_weights",
+        init=entries.normal(0.01), param_init="normal, std 0.01",
+        rule=Circle,
+        paper="Sun et al., CVPR 2020 (class-level labels)",
+        reduction="mean over samples"),
+)

@@ -71,13 +71,18 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax import ops
-from circle_jax.losses import forms
-from circle_jax.losses import _common
+from circle_jax.losses import checks
+from circle_jax.losses.engine import reductions
 
 Array = jax.Array
 
+# The keywords of a loss's class-matrix layout (:class:`Layout`, less the
+# step's ``key``): the config fields, the registry's options that are not
+# hyperparameters.
+CLASS_LAYOUT_OPTIONS = ("shard_classes", "num_classes", "sample_rate")
 
-@forms.declaration
+
+@dataclasses.dataclass(frozen=True)
 class Layout:
   """How a loss holds its class matrix: the keywords every proxy and
   classifier loss with a class matrix takes (module docstring).
@@ -145,7 +150,7 @@ class ClassBlock:
 
   def batch_mean(self, per_sample: Array) -> Array:
     """Mean over the (global) batch."""
-    return _common.sum_over_batch(per_sample, self.batch_axis)
+    return reductions.sum_over_batch(per_sample, self.batch_axis)
 
   def cross_entropy(self, logits: Array, onehot: Array) -> Array:
     """Mean softmax cross-entropy over the (global) batch."""
@@ -237,9 +242,9 @@ def class_block(embeddings, labels, vectors, *, name: str = "class_weights",
   """
   shard_classes, num_classes = layout.shard_classes, layout.num_classes
   sample_rate, key = layout.sample_rate, layout.key
-  x = _common.check_embeddings(embeddings)
-  labels = _common.check_labels(labels, x.shape[0])
-  w = _common.check_class_vectors(vectors, x.shape[1], name)
+  x = checks.check_embeddings(embeddings)
+  labels = checks.check_labels(labels, x.shape[0])
+  w = checks.check_class_vectors(vectors, x.shape[1], name)
   if w.shape[0] % per_class:
     raise ValueError(
         f"`{name}` has {w.shape[0]} rows, not a multiple of "

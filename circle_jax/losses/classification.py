@@ -23,29 +23,24 @@ whole matrix.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
 from circle_jax import ops
+from circle_jax.losses import entries
 from circle_jax.losses import class_shard
-from circle_jax.losses import forms
 from circle_jax.losses import ranges
-from circle_jax.losses import _common
+from circle_jax.losses import checks
 
 Array = jax.Array
-_LAYOUT = forms.takes(class_shard.Layout, into="layout")
 
 
-def softmax_loss(
-    embeddings: Array,
-    labels: Array,
-    class_weights: Array,
-    *,
-    bias: Optional[Array] = None,
-    axis_name: Optional[str] = None,
-) -> Array:
+def softmax_loss(embeddings: Array, labels: Array, class_weights: Array, *,
+                 bias: Optional[Array] = None,
+                 axis_name: Optional[str] = None) -> Array:
   r"""Softmax cross-entropy on a linear classifier of the raw embeddings.
 
   .. math::
@@ -67,7 +62,7 @@ def softmax_loss(
       embeddings, labels, class_weights, axis_name=axis_name)
   logits = jnp.matmul(x, w.T, precision=jax.lax.Precision.HIGHEST)
   if bias is not None:
-    bias = _common.check_shape(
+    bias = checks.check_shape(
         bias, (w.shape[0],), f"`bias` must have shape [num_classes] = "
         f"({w.shape[0]},); got {jnp.shape(bias)}.")
     logits = logits + bias.astype(jnp.float32)
@@ -75,17 +70,9 @@ def softmax_loss(
   return block.cross_entropy(logits, onehot)
 
 
-@_LAYOUT
-def cosface_loss(
-    embeddings: Array,
-    labels: Array,
-    class_weights: Array,
-    *,
-    margin: float = 0.35,
-    scale: float = 64.0,
-    axis_name: Optional[str] = None,
-    layout: class_shard.Layout,
-) -> Array:
+def cosface_loss(embeddings: Array, labels: Array, class_weights: Array, *,
+                 margin: float = 0.35, scale: float = 64.0,
+                 axis_name: Optional[str] = None, **layout) -> Array:
   r"""CosFace / AM-Softmax: additive cosine margin (Wang et al. 2018).
 
   With ``cos_c = \hat x \cdot \hat W_c``:
@@ -103,8 +90,10 @@ def cosface_loss(
       this device's ``[ceil(C / n), D]`` rows.
     margin: ``m``.
     scale: ``s``.
-    axis_name, shard_classes, num_classes, sample_rate, key: the global
-      batch and the sharded class matrix (module docstring).
+    axis_name: the global batch (module docstring).
+    **layout: the class matrix's layout (``shard_classes``, ``num_classes``,
+      ``sample_rate``, ``key``), documented once at
+      :class:`circle_jax.losses.class_shard.Layout`.
 
   Returns:
     float32 scalar: the mean over the (global) batch.
@@ -114,6 +103,7 @@ def cosface_loss(
     Recognition", CVPR 2018, eq. 4. Wang, Cheng, Liu, Liu, "Additive Margin
     Softmax for Face Verification", IEEE SPL 2018.
   """
+  layout = class_shard.Layout(**layout)
   ranges.check_range(scale, "scale", ranges.POSITIVE_RANGE)
   x, labels, w, block = class_shard.class_block(
       embeddings, labels, class_weights, axis_name=axis_name, layout=layout)
@@ -123,16 +113,9 @@ def cosface_loss(
   return block.cross_entropy(logits, onehot)
 
 
-@_LAYOUT
-def normface_loss(
-    embeddings: Array,
-    labels: Array,
-    class_weights: Array,
-    *,
-    scale: float = 20.0,
-    axis_name: Optional[str] = None,
-    layout: class_shard.Layout,
-) -> Array:
+def normface_loss(embeddings: Array, labels: Array, class_weights: Array, *,
+                  scale: float = 20.0, axis_name: Optional[str] = None,
+                  **layout) -> Array:
   r"""NormFace: softmax on scaled cosines (Wang et al. 2017).
 
   .. math::
@@ -147,8 +130,8 @@ def normface_loss(
   normalised-softmax baseline of Zhai & Wu (2019) for metric learning.
 
   Args:
-    embeddings, labels, class_weights, axis_name, shard_classes,
-      num_classes, sample_rate, key: as :func:`cosface_loss`.
+    embeddings, labels, class_weights, axis_name, **layout: as
+      :func:`cosface_loss`.
     scale: ``s``.
 
   Returns:
@@ -161,7 +144,7 @@ def normface_loss(
   """
   return cosface_loss(
       embeddings, labels, class_weights, margin=0.0, scale=scale,
-      axis_name=axis_name, **forms.keywords(layout))
+      axis_name=axis_name, **layout)
 
 
 def _arcface_logits(cos, onehot, *, margin, scale, easy_margin):
@@ -178,7 +161,7 @@ def _arcface_logits(cos, onehot, *, margin, scale, easy_margin):
   return scale * jnp.where(onehot, phi, cos)
 
 
-@forms.declaration
+@dataclasses.dataclass(frozen=True)
 class SubCenterArcFace:
   """(Sub-center) ArcFace's hyperparameters and their defaults (the
   papers'): ``K`` sub-centres per class, the angular margin ``m``, the scale
@@ -190,11 +173,11 @@ class SubCenterArcFace:
   easy_margin: bool = False
 
 
-@_LAYOUT
-@forms.takes(SubCenterArcFace, into="hp", centers_per_class=1)
 def arcface_loss(embeddings: Array, labels: Array, class_weights: Array, *,
-                 hp: SubCenterArcFace, axis_name: Optional[str] = None,
-                 layout: class_shard.Layout) -> Array:
+                 margin: float = SubCenterArcFace.margin,
+                 scale: float = SubCenterArcFace.scale,
+                 easy_margin: bool = SubCenterArcFace.easy_margin,
+                 axis_name: Optional[str] = None, **layout) -> Array:
   r"""ArcFace: additive angular margin (Deng et al. 2019).
 
   With ``\theta_c = \arccos(\hat x \cdot \hat W_c)`` the target logit is
@@ -223,8 +206,7 @@ def arcface_loss(embeddings: Array, labels: Array, class_weights: Array, *,
     margin: ``m`` in radians.
     scale: ``s``.
     easy_margin: the official code's ``easy_margin`` switch.
-    axis_name, shard_classes, num_classes, sample_rate, key: the global
-      batch and the sharded class matrix (module docstring).
+    axis_name, **layout: as :func:`cosface_loss`.
 
   Returns:
     float32 scalar: the mean over the (global) batch.
@@ -233,16 +215,20 @@ def arcface_loss(embeddings: Array, labels: Array, class_weights: Array, *,
     Deng, Guo, Xue, Zafeiriou, "ArcFace: Additive Angular Margin Loss for
     Deep Face Recognition", CVPR 2019, eq. 3 (and the insightface code).
   """
+  hp = SubCenterArcFace(margin=margin, scale=scale, easy_margin=easy_margin,
+                        centers_per_class=1)
+  layout = class_shard.Layout(**layout)
   return _subcenter_arcface(embeddings, labels, class_weights, hp,
                             axis_name, layout)
 
 
-@_LAYOUT
-@forms.takes(SubCenterArcFace, into="hp")
-def subcenter_arcface_loss(embeddings: Array, labels: Array,
-                           class_weights: Array, *, hp: SubCenterArcFace,
-                           axis_name: Optional[str] = None,
-                           layout: class_shard.Layout) -> Array:
+def subcenter_arcface_loss(
+    embeddings: Array, labels: Array, class_weights: Array, *,
+    centers_per_class: int = SubCenterArcFace.centers_per_class,
+    margin: float = SubCenterArcFace.margin,
+    scale: float = SubCenterArcFace.scale,
+    easy_margin: bool = SubCenterArcFace.easy_margin,
+    axis_name: Optional[str] = None, **layout) -> Array:
   r"""Sub-center ArcFace: ``K`` sub-centres per class (Deng et al. 2020).
 
   Each class ``c`` has ``K`` sub-centres ``W_c^k`` (row ``c K + k`` of
@@ -271,8 +257,7 @@ def subcenter_arcface_loss(embeddings: Array, labels: Array,
     margin: ``m`` in radians (paper: 0.5).
     scale: ``s`` (paper: 64).
     easy_margin: the insightface code's ``easy_margin`` switch.
-    axis_name, shard_classes, num_classes, sample_rate, key: as for
-      :func:`arcface_loss`.
+    axis_name, **layout: as for :func:`arcface_loss`.
 
   Returns:
     A float32 scalar, the mean of the per-sample terms over the global batch.
@@ -281,6 +266,9 @@ def subcenter_arcface_loss(embeddings: Array, labels: Array,
     Deng, Guo, Liu, Zafeiriou, Kotsia, "Sub-center ArcFace: Boosting Face
     Recognition by Large-scale Noisy Web Faces", ECCV 2020.
   """
+  hp = SubCenterArcFace(centers_per_class=centers_per_class, margin=margin,
+                        scale=scale, easy_margin=easy_margin)
+  layout = class_shard.Layout(**layout)
   return _subcenter_arcface(embeddings, labels, class_weights, hp,
                             axis_name, layout)
 
@@ -302,3 +290,28 @@ def _subcenter_arcface(embeddings, labels, class_weights, hp, axis_name,
   logits = _arcface_logits(cos, onehot, margin=hp.margin, scale=hp.scale,
                            easy_margin=hp.easy_margin)
   return block.cross_entropy(logits, onehot)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.classifier("normface", normface_loss,
+        paper="Wang et al., \"NormFace: L2 Hypersphere Embedding "
+              "for Face Verification\", ACM MM 2017"),
+    entries.classifier("cosface", cosface_loss,
+        paper="Wang et al., \"CosFace: Large Margin Cosine Loss for "
+              "Deep Face Recognition\", CVPR 2018 (= AM-Softmax)"),
+    entries.classifier("arcface", arcface_loss,
+        param_init="normal, std 0.01 (insightface)",
+        paper="Deng et al., \"ArcFace: Additive Angular Margin Loss "
+              "for Deep Face Recognition\", CVPR 2019"),
+    entries.classifier("subcenter_arcface", subcenter_arcface_loss,
+        init=entries.subcenters_normal(0.01),
+        param_init="normal, std 0.01, [C K, D]",
+        paper="Deng, Guo, Liu, Zafeiriou, Kotsia, \"Sub-center "
+              "ArcFace: Boosting Face Recognition by Large-scale "
+              "Noisy Web Faces\", ECCV 2020"),
+    entries.classifier("softmax", softmax_loss,
+        init=entries.glorot_uniform, param_init="glorot (xavier) uniform",
+        paper="softmax cross-entropy on a linear classifier"),
+)

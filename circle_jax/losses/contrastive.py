@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import types
 
+from typing import Optional
+
 import jax
 import jax.numpy as jnp
 
-from circle_jax.losses import _common
+from circle_jax.losses import entries
+from circle_jax.losses.engine import reductions
 from circle_jax.losses import engine
-from circle_jax.losses import forms
 from circle_jax.losses import ranges
 
 Array = jax.Array
@@ -66,22 +68,31 @@ class Contrastive(engine.PairRule):
   def reduce(self, terms, valid, axis_name):
     del valid
     sum_p, count_p, sum_n, count_n = terms
-    return (_common.ratio_of_sums(sum_p, count_p, axis_name)
-            + _common.ratio_of_sums(sum_n, count_n, axis_name))
+    return (reductions.ratio_of_sums(sum_p, count_p, axis_name)
+            + reductions.ratio_of_sums(sum_n, count_n, axis_name))
 
 
-contrastive_loss_from_distance = forms.matrix_form(
-    Contrastive, "contrastive_loss_from_distance",
-    """Contrastive loss of a square ``[B, B]`` distance matrix.
+def contrastive_loss_from_distance(distance: Array, labels: Array, *,
+                                   pos_margin: float = Contrastive.pos_margin,
+                                   neg_margin: float = Contrastive.neg_margin,
+                                   pos_mask: Optional[Array] = None,
+                                   neg_mask: Optional[Array] = None) -> Array:
+  """Contrastive loss of a square ``[B, B]`` distance matrix.
 
   See :func:`contrastive_loss`; ``distance`` replaces the Euclidean distances
   of the normalised embeddings.
-  """, on_distance=True)
+  """
+  rule = Contrastive(pos_margin=pos_margin, neg_margin=neg_margin,
+                     on_distance=True)
+  return engine.matrix_loss(rule, distance, labels, pos_mask=pos_mask,
+                            neg_mask=neg_mask, name="distance")
 
 
-contrastive_loss = forms.embedding_form(
-    Contrastive, "contrastive_loss",
-    r"""Two-margin contrastive loss (Hadsell et al. 2006; Musgrave et al. 2020).
+def contrastive_loss(embeddings: Array, labels: Array, *,
+                     pos_margin: float = Contrastive.pos_margin,
+                     neg_margin: float = Contrastive.neg_margin,
+                     **options) -> Array:
+  r"""Two-margin contrastive loss (Hadsell et al. 2006; Musgrave et al. 2020).
 
   On Euclidean distances ``d`` between L2-normalised embeddings:
 
@@ -115,4 +126,19 @@ contrastive_loss = forms.embedding_form(
     Hadsell, Chopra, LeCun, "Dimensionality Reduction by Learning an
     Invariant Mapping", CVPR 2006. Musgrave, Belongie, Lim, "A Metric
     Learning Reality Check", ECCV 2020.
-  """)
+  """
+  rule = Contrastive(pos_margin=pos_margin, neg_margin=neg_margin)
+  return engine.embedding_loss(rule, embeddings, labels, **options)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("contrastive", contrastive_loss, "pair",
+        rule=Contrastive,
+        paper="Hadsell, Chopra, LeCun, CVPR 2006; two-margin form of "
+              "Musgrave et al., \"A Metric Learning Reality Check\", "
+              "ECCV 2020",
+        reduction="mean over non-zero positive pairs + mean over "
+                  "non-zero negative pairs"),
+)

@@ -28,7 +28,7 @@ stores only the ``[M, L + 1]`` histograms per tile. Time ``O(M N L)`` +
 the ``O(B^2 D)`` similarity matmul; memory ``O(B D + M N + M K L)``.
 Measured (XLA's memory analysis of ``jit(value_and_grad)``, D = 512, tiles
 of 128): peak 37 MiB at B = 1,024, 101 MiB at 2,048, 334 MiB at 4,096:
-``python experiments/bench_ranking.py`` (experiments/results/ranking_cpu.md).
+``python -m experiments.bench.ranking`` (experiments/results/bench/ranking_cpu.md).
 
 Published implementations, and what we follow. The official PyTorch layer
 (kunhe/FastAP-metric-learning, ``pytorch/FastAP_loss.py``) and
@@ -63,6 +63,7 @@ import types
 import jax
 import jax.numpy as jnp
 
+from circle_jax.losses import entries
 from circle_jax.losses import engine
 from circle_jax.losses import ranges
 from circle_jax.losses import ranking
@@ -130,13 +131,8 @@ def fastap_per_anchor(d, pos, cand, *, L: int, block: int) -> Array:
   return jnp.sum(terms, axis=1) / jnp.maximum(count, 1.0)
 
 
-def fastap_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    L: int = FastAP.L,
-    **options,
-) -> Array:
+def fastap_loss(embeddings: Array, labels: Array, *, L: int = FastAP.L,
+                **options) -> Array:
   r"""FastAP loss (Cakir et al., CVPR 2019), without a ``[B, B, L]`` tensor.
 
   .. math::
@@ -185,3 +181,13 @@ def fastap_loss(
                               block=block.block)
   valid = jnp.any(block.pos, axis=1)
   return ranking.mean_loss(1.0 - fast_ap, valid, options.get("axis_name"))
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("fastap", fastap_loss, "pair", rule=FastAP,
+        paper="Cakir, He, Xia, Kulis, Sclaroff, \"Deep Metric Learning "
+              "to Rank\", CVPR 2019",
+        reduction="mean over anchors with >= 1 positive"),
+)

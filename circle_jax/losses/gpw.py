@@ -24,12 +24,8 @@ from circle_jax.losses import engine
 Array = jax.Array
 
 
-def pair_weights(
-    loss_fn: Callable[..., Array],
-    similarity: Array,
-    labels: Array,
-    **hyper,
-) -> Tuple[Array, Array]:
+def pair_weights(loss_fn: Callable[..., Array], similarity: Array,
+                 labels: Array, **hyper) -> Tuple[Array, Array]:
   r"""Pair weights ``|dL/dS_ij|`` of a similarity-matrix loss, by autodiff.
 
   .. math::

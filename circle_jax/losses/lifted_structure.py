@@ -16,11 +16,13 @@ the columns are not anchors and there is no ``L_j`` term.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import jax
 import jax.numpy as jnp
 
+from circle_jax.losses import entries
 from circle_jax.losses import engine
-from circle_jax.losses import forms
 
 Array = jax.Array
 
@@ -92,17 +94,23 @@ class LiftedStructure(engine.PositivePairMean):
             jnp.zeros_like(j))
 
 
-lifted_structure_loss_from_distance = forms.matrix_form(
-    LiftedStructure, "lifted_structure_loss_from_distance",
-    """Lifted structure loss of a square ``[B, B]`` distance matrix.
+def lifted_structure_loss_from_distance(
+    distance: Array, labels: Array, *, margin: float = LiftedStructure.margin,
+    pos_mask: Optional[Array] = None,
+    neg_mask: Optional[Array] = None) -> Array:
+  """Lifted structure loss of a square ``[B, B]`` distance matrix.
 
   See :func:`lifted_structure_loss`.
-  """, on_distance=True)
+  """
+  rule = LiftedStructure(margin=margin, on_distance=True)
+  return engine.matrix_loss(rule, distance, labels, pos_mask=pos_mask,
+                            neg_mask=neg_mask, name="distance")
 
 
-lifted_structure_loss = forms.embedding_form(
-    LiftedStructure, "lifted_structure_loss",
-    r"""Smooth lifted structured embedding loss (Oh Song et al. 2016, eq. 4).
+def lifted_structure_loss(embeddings: Array, labels: Array, *,
+                          margin: float = LiftedStructure.margin,
+                          **options) -> Array:
+  r"""Smooth lifted structured embedding loss (Oh Song et al. 2016, eq. 4).
 
   On Euclidean distances ``D`` between L2-normalised embeddings, for every
   positive pair ``(i, j)``:
@@ -142,4 +150,16 @@ lifted_structure_loss = forms.embedding_form(
   References:
     Oh Song, Xiang, Jegelka, Savarese, "Deep Metric Learning via Lifted
     Structured Feature Embedding", CVPR 2016.
-  """)
+  """
+  rule = LiftedStructure(margin=margin)
+  return engine.embedding_loss(rule, embeddings, labels, **options)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("lifted_structure", lifted_structure_loss, "pair",
+        paper="Oh Song et al., \"Deep Metric Learning via Lifted "
+              "Structured Feature Embedding\", CVPR 2016 (smooth form)",
+        reduction="sum over ordered positive pairs of [J]_+^2 / (2 #pairs)"),
+)

@@ -16,14 +16,16 @@ rules' ``**options`` through :func:`circle_jax.losses.engine.dense_block`
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
-from circle_jax.losses import _common
+from circle_jax.losses import entries
+from circle_jax.losses import checks
+from circle_jax.losses.engine import reductions
 from circle_jax.losses import engine
-from circle_jax.losses import forms
 from circle_jax.losses import miners
 from circle_jax.losses import ranges
 
@@ -34,11 +36,11 @@ _NOT_A_RULE = ("a learnable per-anchor boundary and weighted pairs")
 
 def _beta_rows(beta, labels):
   beta = jnp.asarray(beta)
-  _common.check_floating(beta, f"`beta` must be a floating array; got "
+  checks.check_floating(beta, f"`beta` must be a floating array; got "
                                f"{beta.dtype}.")
   if beta.ndim == 0:
     return jnp.broadcast_to(beta.astype(jnp.float32), labels.shape)
-  _common.check_rank(beta, 1, f"`beta` must be a scalar or a [num_classes] "
+  checks.check_rank(beta, 1, f"`beta` must be a scalar or a [num_classes] "
                               f"vector; got shape {beta.shape}.")
   return beta.astype(jnp.float32)[labels]
 
@@ -51,13 +53,13 @@ def _margin_core(dist, pos_w, neg_w, beta_rows, *, margin, nu, axis_name):
            + nu * jnp.sum(pos_w * b))
   count = (jnp.sum(jnp.where(pos_loss > 0, pos_w, 0.0))
            + jnp.sum(jnp.where(neg_loss > 0, neg_w, 0.0)))
-  return _common.ratio_of_sums(total, count, axis_name)
+  return reductions.ratio_of_sums(total, count, axis_name)
 
 
 def _margin_weights(pos, neg, pair_weights):
   if pair_weights is None:
     return pos.astype(jnp.float32), neg.astype(jnp.float32)
-  pair_weights = _common.check_shape(
+  pair_weights = checks.check_shape(
       pair_weights, pos.shape,
       f"`pair_weights` must have the shape of the distance block "
       f"{pos.shape}; got {jnp.shape(pair_weights)}.")
@@ -65,7 +67,7 @@ def _margin_weights(pos, neg, pair_weights):
   return jnp.where(pos, w, 0.0), jnp.where(neg, w, 0.0)
 
 
-@forms.declaration
+@dataclasses.dataclass(frozen=True)
 class Margin:
   """The margin loss's hyperparameters, the defaults of both its forms: the
   margin ``m`` (the paper's ``alpha``) and the weight ``nu`` of the ``beta``
@@ -75,17 +77,12 @@ class Margin:
   nu: float = 0.0
 
 
-@forms.takes(Margin, into="hp")
-def margin_loss_from_distance(
-    distance: Array,
-    labels: Array,
-    beta: Array,
-    *,
-    hp: Margin,
-    pos_mask: Optional[Array] = None,
-    neg_mask: Optional[Array] = None,
-    pair_weights: Optional[Array] = None,
-) -> Array:
+def margin_loss_from_distance(distance: Array, labels: Array, beta: Array, *,
+                              margin: float = Margin.margin,
+                              nu: float = Margin.nu,
+                              pos_mask: Optional[Array] = None,
+                              neg_mask: Optional[Array] = None,
+                              pair_weights: Optional[Array] = None) -> Array:
   """Margin loss of a square ``[B, B]`` distance matrix (no sampling).
 
   See :func:`margin_loss`; pass a sampler's ``pair_weights`` to reproduce
@@ -95,19 +92,20 @@ def margin_loss_from_distance(
                                                 neg_mask, "distance")
   pos_w, neg_w = _margin_weights(pos, neg, pair_weights)
   return _margin_core(dist, pos_w, neg_w, _beta_rows(beta, labels),
-                      **forms.keywords(hp), axis_name=None)
+                      margin=margin, nu=nu, axis_name=None)
 
 
-@forms.takes(Margin, into="hp")
-@forms.takes(miners.DistanceWeighted, into="sampler")
 def margin_loss(
     embeddings: Array,
     labels: Array,
     beta: Array,
     *,
-    hp: Margin,
+    margin: float = Margin.margin,
+    nu: float = Margin.nu,
     key: Optional[Array] = None,
-    sampler: miners.DistanceWeighted,
+    cutoff: float = miners.DistanceWeighted.cutoff,
+    nonzero_loss_cutoff: float = (
+        miners.DistanceWeighted.nonzero_loss_cutoff),
     pair_weights: Optional[Array] = None,
     **options,
 ) -> Array:
@@ -168,7 +166,7 @@ def margin_loss(
     raise ValueError(
         "Pass either `key` (sample negatives) or `pair_weights` (already "
         "sampled), not both.")
-  ranges.check_range(hp.margin, "margin", ranges.NONNEGATIVE_RANGE)
+  ranges.check_range(margin, "margin", ranges.NONNEGATIVE_RANGE)
   axis_name = options.get("axis_name")
   rows, _, dist, pos, neg = engine.dense_block(
       embeddings, labels, loss="margin loss", reason=_NOT_A_RULE,
@@ -182,8 +180,23 @@ def margin_loss(
     m, dim = rows.z.shape
     num_rows = m if axis_name is None else m * jax.lax.axis_size(axis_name)
     pair_weights = miners.distance_weighted_weights(
-        dist, pos, neg, _common.local_row_offset(m, axis_name), key, dim,
-        **forms.keywords(sampler), num_rows=num_rows)
+        dist, pos, neg, reductions.local_row_offset(m, axis_name), key, dim,
+        cutoff=cutoff, nonzero_loss_cutoff=nonzero_loss_cutoff,
+        num_rows=num_rows)
   pos_w, neg_w = _margin_weights(pos, neg, pair_weights)
   return _margin_core(dist, pos_w, neg_w, _beta_rows(beta, rows.labels),
-                      **forms.keywords(hp), axis_name=axis_name)
+                      margin=margin, nu=nu, axis_name=axis_name)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("margin", margin_loss, "pair", param_name="beta",
+        tiled=False,
+        init=entries.margin_beta, param_init="constant 1.2 per class",
+        needs_key=True,
+        paper="Wu et al., \"Sampling Matters in Deep Embedding "
+              "Learning\", ICCV 2017",
+        reduction="sum over (sampled) pairs / #pairs with non-zero "
+                  "loss"),
+)

@@ -25,15 +25,15 @@ Distances are Euclidean distances between L2-normalised embeddings,
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 
 from circle_jax import ops
-from circle_jax.losses import forms
 from circle_jax.losses import ranges
-from circle_jax.losses import _common
+from circle_jax.losses.engine import reductions
 from circle_jax.losses import engine
 from circle_jax.losses.multi_similarity import MultiSimilarity
 
@@ -47,7 +47,7 @@ def _block(embeddings, labels, axis_name):
   """Stop-gradient cosine block ``[M, N]`` and its label masks."""
   rows, _, sim, pos, neg = engine.pair_block(embeddings, labels,
                                              axis_name=axis_name)
-  offset = _common.local_row_offset(rows.z.shape[0], axis_name)
+  offset = reductions.local_row_offset(rows.z.shape[0], axis_name)
   return jax.lax.stop_gradient(sim), pos, neg, offset
 
 
@@ -211,12 +211,9 @@ def distance_weighted_weights(dist, pos, neg, row_start, key, dim: int, *,
 
 
 def multi_similarity_miner(
-    embeddings: Array,
-    labels: Array,
-    *,
+    embeddings: Array, labels: Array, *,
     epsilon: float = MultiSimilarity.epsilon,
-    axis_name: Optional[str] = None,
-) -> Tuple[Array, Array]:
+    axis_name: Optional[str] = None) -> Tuple[Array, Array]:
   r"""Multi-Similarity pair mining (Wang et al. 2019, Sec. 4.1).
 
   With cosine similarities ``S``, for each anchor ``i``:
@@ -247,12 +244,8 @@ def multi_similarity_miner(
   return engine.selected_pairs(rule, sim, pos, neg)
 
 
-def batch_hard_miner(
-    embeddings: Array,
-    labels: Array,
-    *,
-    axis_name: Optional[str] = None,
-) -> Tuple[Array, Array]:
+def batch_hard_miner(embeddings: Array, labels: Array, *,
+                     axis_name: Optional[str] = None) -> Tuple[Array, Array]:
   r"""Batch-hard mining (Hermans et al. 2017): one positive, one negative.
 
   For each anchor, the farthest positive ``argmax_{p \in P_i} d_{ip}`` and the
@@ -276,13 +269,8 @@ def batch_hard_miner(
   return batch_hard_masks(ops.euclidean_from_cosine(sim), pos, neg)
 
 
-def semi_hard_miner(
-    embeddings: Array,
-    labels: Array,
-    *,
-    margin: float = 0.2,
-    axis_name: Optional[str] = None,
-) -> Tuple[Array, Array]:
+def semi_hard_miner(embeddings: Array, labels: Array, *, margin: float = 0.2,
+                    axis_name: Optional[str] = None) -> Tuple[Array, Array]:
   r"""Pairs of the semi-hard triplets (Schroff et al. 2015).
 
   A triplet ``(a, p, n)`` is semi-hard when ``d_ap < d_an < d_ap + margin``:
@@ -313,14 +301,9 @@ def semi_hard_miner(
                          margin=margin)
 
 
-def pair_margin_miner(
-    embeddings: Array,
-    labels: Array,
-    *,
-    pos_margin: float = 0.2,
-    neg_margin: float = 0.8,
-    axis_name: Optional[str] = None,
-) -> Tuple[Array, Array]:
+def pair_margin_miner(embeddings: Array, labels: Array, *,
+                      pos_margin: float = 0.2, neg_margin: float = 0.8,
+                      axis_name: Optional[str] = None) -> Tuple[Array, Array]:
   r"""Pairs that violate a contrastive margin.
 
   Keeps positives with ``d_ap > pos_margin`` and negatives with
@@ -347,7 +330,7 @@ def pair_margin_miner(
                            pos_margin=pos_margin, neg_margin=neg_margin)
 
 
-@forms.declaration
+@dataclasses.dataclass(frozen=True)
 class DistanceWeighted:
   """The distance-weighted sampler's parameters, the defaults of
   :func:`distance_weighted_miner` and of the margin loss's sampler (the
@@ -358,15 +341,11 @@ class DistanceWeighted:
   nonzero_loss_cutoff: float = 1.4
 
 
-@forms.takes(DistanceWeighted, into="sampler")
 def distance_weighted_miner(
-    embeddings: Array,
-    labels: Array,
-    key: Array,
-    *,
-    sampler: DistanceWeighted,
-    axis_name: Optional[str] = None,
-) -> Array:
+    embeddings: Array, labels: Array, key: Array, *,
+    cutoff: float = DistanceWeighted.cutoff,
+    nonzero_loss_cutoff: float = DistanceWeighted.nonzero_loss_cutoff,
+    axis_name: Optional[str] = None) -> Array:
   r"""Distance-weighted negative sampling (Wu et al. 2017, Sec. 4).
 
   Pairwise distances of points uniform on the unit sphere in ``R^n`` follow
@@ -402,9 +381,9 @@ def distance_weighted_miner(
     Wu, Manmatha, Smola, Kraehenbuehl, "Sampling Matters in Deep Embedding
     Learning", ICCV 2017, eq. 4 and Sec. 4.
   """
-  ranges.check_range(sampler.cutoff, "cutoff", ranges.NONNEGATIVE_RANGE)
+  ranges.check_range(cutoff, "cutoff", ranges.NONNEGATIVE_RANGE)
   sim, pos, neg, offset = _block(embeddings, labels, axis_name)
   dist = ops.euclidean_from_cosine(sim)
   return distance_weighted_weights(
-      dist, pos, neg, offset, key, embeddings.shape[1],
-      **forms.keywords(sampler))
+      dist, pos, neg, offset, key, embeddings.shape[1], cutoff=cutoff,
+      nonzero_loss_cutoff=nonzero_loss_cutoff)

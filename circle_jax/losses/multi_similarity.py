@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax import ops
-from circle_jax.losses import forms
+from circle_jax.losses import entries
 from circle_jax.losses import ranges
 from circle_jax.losses import engine
 
@@ -95,9 +95,13 @@ class MultiSimilarity(engine.PairRule):
     return jnp.where(valid, pos_term + neg_term, 0.0), valid
 
 
-multi_similarity_loss_from_similarity = forms.matrix_form(
-    MultiSimilarity, "multi_similarity_loss_from_similarity",
-    r"""Multi-Similarity loss of a square similarity matrix.
+def multi_similarity_loss_from_similarity(
+    similarity: Array, labels: Array, *, alpha: float = MultiSimilarity.alpha,
+    beta: float = MultiSimilarity.beta, base: float = MultiSimilarity.base,
+    epsilon: float = MultiSimilarity.epsilon,
+    mining: bool = MultiSimilarity.mining, pos_mask: Optional[Array] = None,
+    neg_mask: Optional[Array] = None) -> Array:
+  r"""Multi-Similarity loss of a square similarity matrix.
 
   Row ``i`` is an anchor with positives ``P_i`` (same label, not ``i``) and
   negatives ``N_i`` (other labels), intersected with ``pos_mask`` /
@@ -146,12 +150,21 @@ multi_similarity_loss_from_similarity = forms.matrix_form(
   References:
     Wang et al., "Multi-Similarity Loss with General Pair Weighting for Deep
     Metric Learning", CVPR 2019.
-  """)
+  """
+  rule = MultiSimilarity(alpha=alpha, beta=beta, base=base, epsilon=epsilon,
+                         mining=mining)
+  return engine.matrix_loss(rule, similarity, labels, pos_mask=pos_mask,
+                            neg_mask=neg_mask)
 
 
-multi_similarity_loss = forms.embedding_form(
-    MultiSimilarity, "multi_similarity_loss",
-    r"""Multi-Similarity loss of a batch of embeddings.
+def multi_similarity_loss(embeddings: Array, labels: Array, *,
+                          alpha: float = MultiSimilarity.alpha,
+                          beta: float = MultiSimilarity.beta,
+                          base: float = MultiSimilarity.base,
+                          epsilon: float = MultiSimilarity.epsilon,
+                          mining: bool = MultiSimilarity.mining,
+                          **options) -> Array:
+  r"""Multi-Similarity loss of a batch of embeddings.
 
   Cosine similarities ``S`` of the L2-normalised embeddings; per anchor
 
@@ -183,18 +196,18 @@ multi_similarity_loss = forms.embedding_form(
   References:
     Wang et al., "Multi-Similarity Loss with General Pair Weighting for Deep
     Metric Learning", CVPR 2019.
-  """)
+  """
+  rule = MultiSimilarity(alpha=alpha, beta=beta, base=base, epsilon=epsilon,
+                         mining=mining)
+  return engine.embedding_loss(rule, embeddings, labels, **options)
 
 
-@forms.takes(MultiSimilarity)
 def multi_similarity_weights(
-    similarity: Array,
-    labels: Array,
-    *,
-    rule: MultiSimilarity,
-    pos_mask: Optional[Array] = None,
-    neg_mask: Optional[Array] = None,
-) -> Tuple[Array, Array]:
+    similarity: Array, labels: Array, *, alpha: float = MultiSimilarity.alpha,
+    beta: float = MultiSimilarity.beta, base: float = MultiSimilarity.base,
+    epsilon: float = MultiSimilarity.epsilon,
+    mining: bool = MultiSimilarity.mining, pos_mask: Optional[Array] = None,
+    neg_mask: Optional[Array] = None) -> Tuple[Array, Array]:
   r"""The MS loss's closed-form pair weights ``w+`` and ``w-``.
 
   For a mined positive ``j`` and negative ``j`` of a valid anchor ``i``:
@@ -227,6 +240,8 @@ def multi_similarity_weights(
     Wang et al., "Multi-Similarity Loss with General Pair Weighting for Deep
     Metric Learning", CVPR 2019.
   """
+  rule = MultiSimilarity(alpha=alpha, beta=beta, base=base, epsilon=epsilon,
+                         mining=mining)
   similarity, labels, pos, neg = engine.square_block(similarity, labels,
                                                      pos_mask, neg_mask)
   s = jax.lax.stop_gradient(similarity)
@@ -241,3 +256,15 @@ def multi_similarity_weights(
 
   logit_p, logit_n = rule.logits(s)
   return weights(logit_p, pos), weights(logit_n, neg)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("multi_similarity", multi_similarity_loss,
+        "pair", rule=MultiSimilarity,
+        paper="Wang et al., \"Multi-Similarity Loss with General Pair "
+              "Weighting for Deep Metric Learning\", CVPR 2019",
+        reduction="sum over anchors / batch size (mined-out anchors "
+                  "count as 0)"),
+)

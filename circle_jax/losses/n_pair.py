@@ -13,12 +13,15 @@ normalised). The L2 penalty on the embeddings is added outside the pair term.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import jax
 import jax.numpy as jnp
 
-from circle_jax.losses import _common
+from circle_jax.losses import entries
+from circle_jax.losses import checks
+from circle_jax.losses.engine import reductions
 from circle_jax.losses import engine
-from circle_jax.losses import forms
 from circle_jax.losses import ranges
 
 Array = jax.Array
@@ -59,22 +62,21 @@ class NPair(engine.PositivePairMean):
             jnp.zeros_like(u))
 
 
-n_pair_loss_from_similarity = forms.matrix_form(
-    NPair, "n_pair_loss_from_similarity",
-    """Multi-class N-pair loss of a square ``[B, B]`` inner-product matrix.
+def n_pair_loss_from_similarity(similarity: Array, labels: Array, *,
+                                pos_mask: Optional[Array] = None,
+                                neg_mask: Optional[Array] = None) -> Array:
+  """Multi-class N-pair loss of a square ``[B, B]`` inner-product matrix.
 
   The tuplet term of :func:`n_pair_loss` without the L2 penalty (which
   depends on the embeddings, not on their similarities).
-  """)
+  """
+  rule = NPair()
+  return engine.matrix_loss(rule, similarity, labels, pos_mask=pos_mask,
+                            neg_mask=neg_mask)
 
 
-def n_pair_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    l2_reg: float = 0.02,
-    **options,
-) -> Array:
+def n_pair_loss(embeddings: Array, labels: Array, *, l2_reg: float = 0.02,
+                **options) -> Array:
   r"""Multi-class N-pair loss (Sohn 2016), for any batch with repeated labels.
 
   On raw inner products ``s_ij = f_i . f_j`` (embeddings are *not*
@@ -118,7 +120,18 @@ def n_pair_loss(
   """
   ranges.check_range(l2_reg, "l2_reg", ranges.NONNEGATIVE_RANGE)
   tuplet = engine.embedding_loss(NPair(), embeddings, labels, **options)
-  x = _common.check_embeddings(embeddings)
-  penalty = _common.sum_over_batch(jnp.sum(x * x, axis=1),
+  x = checks.check_embeddings(embeddings)
+  penalty = reductions.sum_over_batch(jnp.sum(x * x, axis=1),
                                    options.get("axis_name"))
   return tuplet + l2_reg * penalty
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("n_pair", n_pair_loss, "pair", geometry="dot",
+        paper="Sohn, \"Improved Deep Metric Learning with Multi-class "
+              "N-pair Loss Objective\", NeurIPS 2016",
+        reduction="mean over positive pairs + l2_reg * mean squared "
+                  "norm"),
+)

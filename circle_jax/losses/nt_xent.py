@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import jax
 
-from circle_jax.losses import _common
+from circle_jax.losses import entries
+from circle_jax.losses.engine import reductions
 from circle_jax.losses import engine
-from circle_jax.losses import forms
 from circle_jax.losses import supcon
 
 Array = jax.Array
@@ -38,12 +38,12 @@ class NTXent(supcon.SupCon):
 
   def reduce(self, terms, valid, axis_name):
     del valid
-    return _common.ratio_of_sums(*terms, axis_name)
+    return reductions.ratio_of_sums(*terms, axis_name)
 
 
-nt_xent_loss = forms.embedding_form(
-    NTXent, "nt_xent_loss",
-    r"""NT-Xent / InfoNCE (Chen et al., ICML 2020; van den Oord et al. 2018).
+def nt_xent_loss(embeddings: Array, labels: Array, *, tau: float = NTXent.tau,
+                 **options) -> Array:
+  r"""NT-Xent / InfoNCE (Chen et al., ICML 2020; van den Oord et al. 2018).
 
   .. math::
 
@@ -85,4 +85,17 @@ nt_xent_loss = forms.embedding_form(
     Learning of Visual Representations", ICML 2020. van den Oord, Li,
     Vinyals, "Representation Learning with Contrastive Predictive Coding",
     arXiv:1807.03748, 2018.
-  """)
+  """
+  rule = NTXent(tau=tau)
+  return engine.embedding_loss(rule, embeddings, labels, **options)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("nt_xent", nt_xent_loss, "pair", rule=NTXent,
+        paper="Chen et al., \"A Simple Framework for Contrastive "
+              "Learning of Visual Representations\", ICML 2020; van den "
+              "Oord et al., arXiv 2018 (InfoNCE); labels give the views",
+        reduction="mean over positive pairs"),
+)

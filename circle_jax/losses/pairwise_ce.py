@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import jax
 
+from circle_jax.losses import entries
 from circle_jax.losses import engine
-from circle_jax.losses import forms
 from circle_jax.losses import hyperbolic
 from circle_jax.losses import nt_xent
 
@@ -42,9 +42,8 @@ PAIRWISE_CE_TAU = 0.2
 HYP_VIT_BALL = hyperbolic.Poincare()
 
 
-@forms.takes(nt_xent.NTXent, defaults=nt_xent.NTXent(tau=PAIRWISE_CE_TAU))
-def pairwise_ce_loss(embeddings: Array, labels: Array, *, rule,
-                     **options) -> Array:
+def pairwise_ce_loss(embeddings: Array, labels: Array, *,
+                     tau: float = PAIRWISE_CE_TAU, **options) -> Array:
   r"""Hyp-ViT's pairwise cross-entropy (Ermolov et al., CVPR 2022).
 
   .. math::
@@ -79,4 +78,16 @@ def pairwise_ce_loss(embeddings: Array, labels: Array, *, rule,
     Transformers: Combining Improvements in Metric Learning", CVPR 2022.
   """
   options.setdefault("geometry", HYP_VIT_BALL)
+  rule = nt_xent.NTXent(tau=tau)
   return engine.embedding_loss(rule, embeddings, labels, **options)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("pairwise_ce", pairwise_ce_loss, "pair",
+        rule=nt_xent.NTXent, geometry="poincare",
+        paper="Ermolov et al., \"Hyperbolic Vision Transformers: "
+              "Combining Improvements in Metric Learning\", CVPR 2022",
+        reduction="mean over positive pairs"),
+)

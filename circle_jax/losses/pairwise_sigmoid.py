@@ -29,8 +29,8 @@ import types
 import jax
 import jax.numpy as jnp
 
+from circle_jax.losses import entries
 from circle_jax.losses import engine
-from circle_jax.losses import forms
 from circle_jax.losses import ranges
 
 Array = jax.Array
@@ -65,9 +65,10 @@ class PairwiseSigmoid(engine.PairRule):
     return total, jnp.ones(total.shape, bool)
 
 
-pairwise_sigmoid_loss = forms.embedding_form(
-    PairwiseSigmoid, "pairwise_sigmoid_loss",
-    r"""Pairwise sigmoid loss with label positives (Zhai et al., ICCV 2023).
+def pairwise_sigmoid_loss(embeddings: Array, labels: Array, *,
+                          t: float = PairwiseSigmoid.t,
+                          b: float = PairwiseSigmoid.b, **options) -> Array:
+  r"""Pairwise sigmoid loss with label positives (Zhai et al., ICCV 2023).
 
   .. math::
 
@@ -97,4 +98,17 @@ pairwise_sigmoid_loss = forms.embedding_form(
   References:
     Zhai, Mustafa, Kolesnikov, Beyer, "Sigmoid Loss for Language Image
     Pre-Training", ICCV 2023.
-  """)
+  """
+  rule = PairwiseSigmoid(t=t, b=b)
+  return engine.embedding_loss(rule, embeddings, labels, **options)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("pairwise_sigmoid", pairwise_sigmoid_loss,
+        "pair", rule=PairwiseSigmoid,
+        paper="Zhai et al., \"Sigmoid Loss for Language Image "
+              "Pre-Training\", ICCV 2023 (label positives, fixed t, b)",
+        reduction="sum over pairs / batch size"),
+)

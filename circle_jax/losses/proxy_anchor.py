@@ -32,26 +32,26 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Optional
+
 import jax
 import jax.numpy as jnp
 
 from circle_jax import ops
+from circle_jax.losses import entries
 from circle_jax.losses import class_shard
-from circle_jax.losses import forms
 from circle_jax.losses import ranges
-from circle_jax.losses import _common
+from circle_jax.losses import checks
+from circle_jax.losses.engine import reductions
 from circle_jax.losses import ranked_list as _ranked_list
 
 Array = jax.Array
 
 _DISTANCES = ("euclidean", "cosine")
-# The proxies may be sharded over the devices; no negative-class sampling
-# (every proxy is an anchor of its own term).
-_SHARDABLE = forms.takes(class_shard.Layout, into="layout", sample_rate=1.0,
-                         key=None)
 
 
-@forms.declaration
+@dataclasses.dataclass(frozen=True)
 class ProxyAnchor:
   """Proxy-Anchor's hyperparameters, the defaults of both its forms (the
   paper's): the margin ``delta`` and the scale ``alpha``."""
@@ -60,7 +60,7 @@ class ProxyAnchor:
   alpha: float = 32.0
 
 
-@forms.declaration
+@dataclasses.dataclass(frozen=True)
 class RankedProxyAnchor:
   """Ranked Proxy-Anchor's hyperparameters, the defaults of both its forms:
   RLL's negative boundary ``alpha``, gap ``m`` and temperature ``T_n``."""
@@ -77,9 +77,9 @@ class RankedProxyAnchor:
 
 def _check_sample_to_proxy(matrix, labels, name: str):
   """Checks a ``[B, C]`` sample-to-proxy block and its ``[B]`` labels."""
-  matrix = _common.check_matrix(
+  matrix = checks.check_matrix(
       matrix, name, "[batch, num_classes]: samples against proxies")
-  labels = _common.check_labels(labels, matrix.shape[0])
+  labels = checks.check_labels(labels, matrix.shape[0])
   return matrix, labels
 
 
@@ -146,14 +146,10 @@ def _num_proxies_with_positives(pos: Array, block) -> Array:
 # ----------------------------------------------------------------------------
 
 
-@forms.takes(ProxyAnchor, into="hp")
-def proxy_anchor_loss_from_similarity(
-    similarity: Array,
-    labels: Array,
-    *,
-    hp: ProxyAnchor,
-    axis_name=None,
-) -> Array:
+def proxy_anchor_loss_from_similarity(similarity: Array, labels: Array, *,
+                                      margin: float = ProxyAnchor.margin,
+                                      alpha: float = ProxyAnchor.alpha,
+                                      axis_name=None) -> Array:
   r"""Proxy-Anchor loss of a ``[B, C]`` sample-to-proxy similarity block.
 
   .. math::
@@ -182,6 +178,7 @@ def proxy_anchor_loss_from_similarity(
   Returns:
     A float32 scalar.
   """
+  hp = ProxyAnchor(margin=margin, alpha=alpha)
   similarity, labels = _check_sample_to_proxy(similarity, labels, "similarity")
   return _proxy_anchor(similarity, labels, hp,
                        class_shard.whole(similarity.shape[1], axis_name))
@@ -198,20 +195,14 @@ def _proxy_anchor(similarity, labels, hp: ProxyAnchor, block) -> Array:
   num_valid = _num_proxies_with_positives(pos, block)
   loss = (block.class_sum(jnp.sum(pos_terms)) / jnp.maximum(num_valid, 1.0)
           + block.class_sum(jnp.sum(neg_terms)) / block.num_classes)
-  return _common.to_float32_scalar(loss)
+  return reductions.to_float32_scalar(loss)
 
 
-@_SHARDABLE
-@forms.takes(ProxyAnchor, into="hp")
 def proxy_anchor_loss(
-    embeddings: Array,
-    labels: Array,
-    proxies: Array,
-    *,
-    hp: ProxyAnchor,
-    axis_name=None,
-    layout: class_shard.Layout,
-) -> Array:
+    embeddings: Array, labels: Array, proxies: Array, *,
+    margin: float = ProxyAnchor.margin, alpha: float = ProxyAnchor.alpha,
+    axis_name=None, shard_classes: bool = class_shard.Layout.shard_classes,
+    num_classes: Optional[int] = class_shard.Layout.num_classes) -> Array:
   r"""Proxy-Anchor loss: each class proxy is an anchor over the whole batch.
 
   With :math:`s(x, p)` the cosine similarity of a sample and a proxy,
@@ -254,6 +245,10 @@ def proxy_anchor_loss(
     Kim et al., "Proxy Anchor Loss for Deep Metric Learning", CVPR 2020,
     https://arxiv.org/abs/2003.13911
   """
+  # No negative-class sampling: every proxy is an anchor of its own term.
+  layout = class_shard.Layout(shard_classes=shard_classes,
+                              num_classes=num_classes)
+  hp = ProxyAnchor(margin=margin, alpha=alpha)
   x, labels, p, block = class_shard.class_block(
       embeddings, labels, proxies, name="proxies", axis_name=axis_name,
       layout=layout)
@@ -265,14 +260,10 @@ def proxy_anchor_loss(
 # ----------------------------------------------------------------------------
 
 
-@forms.takes(RankedProxyAnchor, into="hp")
 def ranked_proxy_anchor_loss_from_distance(
-    distance: Array,
-    labels: Array,
-    *,
-    hp: RankedProxyAnchor,
-    axis_name=None,
-) -> Array:
+    distance: Array, labels: Array, *, alpha: float = RankedProxyAnchor.alpha,
+    margin: float = RankedProxyAnchor.margin,
+    t_neg: float = RankedProxyAnchor.t_neg, axis_name=None) -> Array:
   r"""Ranked Proxy-Anchor loss of a ``[B, C]`` sample-to-proxy distance block.
 
   .. math::
@@ -303,6 +294,7 @@ def ranked_proxy_anchor_loss_from_distance(
   Returns:
     A float32 scalar.
   """
+  hp = RankedProxyAnchor(alpha=alpha, margin=margin, t_neg=t_neg)
   # RLL's boundaries, hinges and non-trivial sets, with proxies as anchors
   # (the rule's range checks included).
   distance, labels = _check_sample_to_proxy(distance, labels, "distance")
@@ -313,8 +305,8 @@ def ranked_proxy_anchor_loss_from_distance(
 def _ranked_proxy_anchor(distance, labels, hp: RankedProxyAnchor,
                          block) -> Array:
   """Ranked Proxy-Anchor of a ``[B, R]`` block laid out by ``block``."""
-  rule = _ranked_list.RankedList(**forms.keywords(hp),
-                                 on_distance=True)
+  rule = _ranked_list.RankedList(alpha=hp.alpha, margin=hp.margin,
+                                 t_neg=hp.t_neg, on_distance=True)
   axis_name = block.batch_axis
   pos, neg = _proxy_masks(labels, block)
   pos_hinge, neg_hinge = rule.hinges(distance)
@@ -342,21 +334,16 @@ def _ranked_proxy_anchor(distance, labels, hp: RankedProxyAnchor,
       jnp.sum(jnp.where(neg_set, w * neg_hinge, 0.0), axis=0), axis_name)
   neg_per_proxy = neg_num / jnp.where(w_sum == 0, 1.0, w_sum)
   neg_term = block.class_sum(jnp.sum(neg_per_proxy)) / block.num_classes
-  return _common.to_float32_scalar(pos_term + neg_term)
+  return reductions.to_float32_scalar(pos_term + neg_term)
 
 
-@_SHARDABLE
-@forms.takes(RankedProxyAnchor, into="hp")
 def ranked_proxy_anchor_loss(
-    embeddings: Array,
-    labels: Array,
-    proxies: Array,
-    *,
-    hp: RankedProxyAnchor,
-    distance: str = "euclidean",
-    axis_name=None,
-    layout: class_shard.Layout,
-) -> Array:
+    embeddings: Array, labels: Array, proxies: Array, *,
+    alpha: float = RankedProxyAnchor.alpha,
+    margin: float = RankedProxyAnchor.margin,
+    t_neg: float = RankedProxyAnchor.t_neg, distance: str = "euclidean",
+    axis_name=None, shard_classes: bool = class_shard.Layout.shard_classes,
+    num_classes: Optional[int] = class_shard.Layout.num_classes) -> Array:
   r"""Ranked Proxy-Anchor loss (RPAL): RLL's boundaries with proxies as anchors.
 
   Each proxy is an anchor over the batch. Its positives farther than
@@ -421,6 +408,10 @@ def ranked_proxy_anchor_loss(
     Wang, Hua, Kodirov, Hu, Garnier, Robertson, "Ranked List Loss for Deep
     Metric Learning", CVPR 2019.
   """
+  # No negative-class sampling: every proxy is an anchor of its own term.
+  layout = class_shard.Layout(shard_classes=shard_classes,
+                              num_classes=num_classes)
+  hp = RankedProxyAnchor(alpha=alpha, margin=margin, t_neg=t_neg)
   if distance not in _DISTANCES:
     raise ValueError(
         f"`distance` must be one of {_DISTANCES}; got {distance!r}.")
@@ -433,3 +424,30 @@ def ranked_proxy_anchor_loss(
   else:
     dist = 1.0 - similarity
   return _ranked_proxy_anchor(dist, labels, hp, block)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+_PROXY_ANCHOR_PAPER = (
+    "Kim, Kim, Cho, Kwak, \"Proxy Anchor Loss for Deep Metric Learning\", "
+    "CVPR 2020")
+
+REGISTRY = (
+    entries.entry("proxy_anchor", proxy_anchor_loss, "proxy",
+        param_name="proxies", init=entries.kaiming_normal_fan_out,
+        param_init="kaiming normal, fan_out (std sqrt(2/C))",
+        paper=_PROXY_ANCHOR_PAPER,
+        reduction="positive term / #proxies with positives + negative "
+                  "term / #classes"),
+    entries.entry("ranked_proxy_anchor", ranked_proxy_anchor_loss,
+        "proxy", param_name="proxies", init=entries.kaiming_normal_fan_out,
+        rule=_ranked_list.RankedList,
+        param_init="kaiming normal, fan_out (std sqrt(2/C))",
+        paper="Zhang, Chen, Hou, Yuan, Liu (Nanjing University of "
+              "Aeronautics and Astronautics), Ranked Proxy-Anchor loss "
+              "(Chinese-language journal paper; equations reconstructed "
+              "from its prose, Ranked List and Proxy-Anchor), built on " +
+              _PROXY_ANCHOR_PAPER,
+        reduction="positive term / #proxies with positives + negative "
+                  "term / #classes"),
+)

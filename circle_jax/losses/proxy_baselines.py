@@ -27,24 +27,16 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax import ops
+from circle_jax.losses import entries
 from circle_jax.losses import class_shard
-from circle_jax.losses import forms
 from circle_jax.losses import ranges
 
 Array = jax.Array
 
 
-@forms.takes(class_shard.Layout, into="layout")
-def proxy_nca_loss(
-    embeddings: Array,
-    labels: Array,
-    proxies: Array,
-    *,
-    scale: float = 32.0,
-    include_positive: bool = False,
-    axis_name: Optional[str] = None,
-    layout: class_shard.Layout,
-) -> Array:
+def proxy_nca_loss(embeddings: Array, labels: Array, proxies: Array, *,
+                   scale: float = 32.0, include_positive: bool = False,
+                   axis_name: Optional[str] = None, **layout) -> Array:
   r"""Proxy-NCA (Movshovitz-Attias et al. 2017), scaled and normalised.
 
   With L2-normalised embeddings ``x`` and proxies ``p_c`` and the scaled
@@ -73,8 +65,10 @@ def proxy_nca_loss(
       this device's ``[ceil(C / n), D]`` rows.
     scale: inverse temperature on the squared distances.
     include_positive: whether the positive proxy is in the denominator.
-    axis_name, shard_classes, num_classes, sample_rate, key: the global
-      batch and the sharded class matrix (module docstring).
+    axis_name: the global batch (module docstring).
+    **layout: the class matrix's layout (``shard_classes``, ``num_classes``,
+      ``sample_rate``, ``key``), documented once at
+      :class:`circle_jax.losses.class_shard.Layout`.
 
   Returns:
     float32 scalar.
@@ -84,6 +78,7 @@ def proxy_nca_loss(
     Learning using Proxies", ICCV 2017, eq. 5. Teh, DeVries, Taylor,
     "ProxyNCA++", ECCV 2020.
   """
+  layout = class_shard.Layout(**layout)
   ranges.check_range(scale, "scale", ranges.POSITIVE_RANGE)
   x, labels, p, block = class_shard.class_block(
       embeddings, labels, proxies, name="proxies", axis_name=axis_name,
@@ -121,20 +116,10 @@ def _center_spread(centers: Array, k: int) -> Array:
   return jnp.sum(jnp.where(upper[None], dist, 0.0), axis=(1, 2))
 
 
-@forms.takes(class_shard.Layout, into="layout")
-def soft_triple_loss(
-    embeddings: Array,
-    labels: Array,
-    centers: Array,
-    *,
-    centers_per_class: int = 10,
-    la: float = 20.0,
-    gamma: float = 0.1,
-    margin: float = 0.01,
-    tau: float = 0.2,
-    axis_name: Optional[str] = None,
-    layout: class_shard.Layout,
-) -> Array:
+def soft_triple_loss(embeddings: Array, labels: Array, centers: Array, *,
+                     centers_per_class: int = 10, la: float = 20.0,
+                     gamma: float = 0.1, margin: float = 0.01, tau: float = 0.2,
+                     axis_name: Optional[str] = None, **layout) -> Array:
   r"""SoftTriple loss (Qian et al. 2019): ``K`` centers per class.
 
   With normalised embeddings ``x`` and centers ``w_c^k`` (row ``c K + k`` of
@@ -165,8 +150,7 @@ def soft_triple_loss(
     gamma: ``gamma``, the temperature of the soft assignment to centers.
     margin: ``delta``, the margin on the target class.
     tau: ``tau``, the weight of the center regulariser.
-    axis_name, shard_classes, num_classes, sample_rate, key: the global
-      batch and the sharded class matrix (module docstring).
+    axis_name, **layout: as :func:`proxy_nca_loss`.
 
   Returns:
     float32 scalar.
@@ -176,6 +160,7 @@ def soft_triple_loss(
     Without Triplet Sampling", ICCV 2019, eqs. 8-12 (official defaults
     ``la=20, gamma=0.1, tau=0.2, margin=0.01, K=10``).
   """
+  layout = class_shard.Layout(**layout)
   if not isinstance(centers_per_class, int) or centers_per_class < 1:
     raise ValueError(
         f"`centers_per_class` must be a positive Python int; got "
@@ -199,3 +184,22 @@ def soft_triple_loss(
     per_sample = per_sample + tau * block.class_sum(jnp.sum(spread)) / (
         block.num_classes * k * (k - 1.0))
   return block.batch_mean(per_sample)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("proxy_nca", proxy_nca_loss, "proxy",
+        param_name="proxies", init=entries.normal(1.0),
+        param_init="standard normal",
+        paper="Movshovitz-Attias et al., \"No Fuss Distance Metric "
+              "Learning using Proxies\", ICCV 2017",
+        reduction="mean over samples"),
+    entries.entry("soft_triple", soft_triple_loss, "proxy",
+        param_name="centers", init=entries.soft_triple_centers,
+        param_init="uniform +-1/sqrt(C K) (official kaiming_uniform, "
+                   "a=sqrt(5)), [C K, D]",
+        paper="Qian et al., \"SoftTriple Loss: Deep Metric Learning "
+              "Without Triplet Sampling\", ICCV 2019",
+        reduction="mean over samples + tau * center regulariser"),
+)

@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import types
 
+from typing import Optional
+
 import jax
 import jax.numpy as jnp
 
-from circle_jax.losses import forms
+from circle_jax.losses import entries
 from circle_jax.losses import ranges
 from circle_jax.losses import engine
 
@@ -104,9 +106,15 @@ class RankedList(engine.PairRule):
     return loss, jnp.ones(loss.shape, bool)
 
 
-ranked_list_loss_from_distance = forms.matrix_form(
-    RankedList, "ranked_list_loss_from_distance",
-    r"""Ranked List Loss of a square distance matrix.
+def ranked_list_loss_from_distance(distance: Array, labels: Array, *,
+                                   alpha: float = RankedList.alpha,
+                                   margin: float = RankedList.margin,
+                                   t_neg: float = RankedList.t_neg,
+                                   t_pos: float = RankedList.t_pos,
+                                   imbalance: float = RankedList.imbalance,
+                                   pos_mask: Optional[Array] = None,
+                                   neg_mask: Optional[Array] = None) -> Array:
+  r"""Ranked List Loss of a square distance matrix.
 
   For anchor :math:`i` with non-trivial positives
   :math:`P^*_i = \{j \ne i: y_j = y_i,\ d_{ij} > \alpha - m\}` and
@@ -152,12 +160,22 @@ ranked_list_loss_from_distance = forms.matrix_form(
   References:
     Wang et al., "Ranked List Loss for Deep Metric Learning", CVPR 2019 and
     TPAMI 2021.
-  """, on_distance=True)
+  """
+  rule = RankedList(alpha=alpha, margin=margin, t_neg=t_neg, t_pos=t_pos,
+                    imbalance=imbalance, on_distance=True)
+  return engine.matrix_loss(rule, distance, labels, pos_mask=pos_mask,
+                            neg_mask=neg_mask, name="distance")
 
 
-ranked_list_loss_from_similarity = forms.matrix_form(
-    RankedList, "ranked_list_loss_from_similarity",
-    r"""Ranked List Loss of a square cosine-similarity matrix.
+def ranked_list_loss_from_similarity(similarity: Array, labels: Array, *,
+                                     alpha: float = RankedList.alpha,
+                                     margin: float = RankedList.margin,
+                                     t_neg: float = RankedList.t_neg,
+                                     t_pos: float = RankedList.t_pos,
+                                     imbalance: float = RankedList.imbalance,
+                                     pos_mask: Optional[Array] = None,
+                                     neg_mask: Optional[Array] = None) -> Array:
+  r"""Ranked List Loss of a square cosine-similarity matrix.
 
   The same loss as :func:`ranked_list_loss_from_distance` on the Euclidean
   distance between unit vectors, :math:`d_{ij} = \sqrt{2 - 2 s_{ij}}` (0 with
@@ -173,12 +191,21 @@ ranked_list_loss_from_similarity = forms.matrix_form(
 
   Returns:
     A float32 scalar: the mean over all ``B`` anchors.
-  """)
+  """
+  rule = RankedList(alpha=alpha, margin=margin, t_neg=t_neg, t_pos=t_pos,
+                    imbalance=imbalance)
+  return engine.matrix_loss(rule, similarity, labels, pos_mask=pos_mask,
+                            neg_mask=neg_mask)
 
 
-ranked_list_loss = forms.embedding_form(
-    RankedList, "ranked_list_loss",
-    r"""Ranked List Loss (RLL) on the Euclidean distance of normalised embeddings.
+def ranked_list_loss(embeddings: Array, labels: Array, *,
+                     alpha: float = RankedList.alpha,
+                     margin: float = RankedList.margin,
+                     t_neg: float = RankedList.t_neg,
+                     t_pos: float = RankedList.t_pos,
+                     imbalance: float = RankedList.imbalance,
+                     **options) -> Array:
+  r"""Ranked List Loss (RLL) on the Euclidean distance of normalised embeddings.
 
   Each anchor's positives should lie within :math:`\alpha - m` and its
   negatives beyond :math:`\alpha`; per anchor
@@ -223,4 +250,18 @@ ranked_list_loss = forms.embedding_form(
   References:
     Wang et al., "Ranked List Loss for Deep Metric Learning", CVPR 2019,
     https://arxiv.org/abs/1903.03238, and TPAMI 2021.
-  """)
+  """
+  rule = RankedList(alpha=alpha, margin=margin, t_neg=t_neg, t_pos=t_pos,
+                    imbalance=imbalance)
+  return engine.embedding_loss(rule, embeddings, labels, **options)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("ranked_list", ranked_list_loss, "pair",
+        rule=RankedList,
+        paper="Wang et al., \"Ranked List Loss for Deep Metric "
+              "Learning\", CVPR 2019",
+        reduction="mean over all anchors"),
+)

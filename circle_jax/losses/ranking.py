@@ -21,7 +21,7 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from circle_jax.losses import _common
+from circle_jax.losses.engine import reductions
 from circle_jax.losses import engine
 
 Array = jax.Array
@@ -107,5 +107,5 @@ def row_blocks(x: Array, block: int) -> Array:
 
 def mean_loss(per_anchor: Array, valid: Array, axis_name=None) -> Array:
   """The mean of ``per_anchor`` over the (global) anchors with a positive."""
-  return _common.to_float32_scalar(
-      _common.mean_over_valid(per_anchor, valid, axis_name))
+  return reductions.to_float32_scalar(
+      reductions.mean_over_valid(per_anchor, valid, axis_name))

@@ -30,7 +30,7 @@ the ranks, and ``O(block^2 B)`` for a tile (``R = K = block_size``).
 Measured (XLA's memory analysis of ``jit(value_and_grad)``, D = 512, tiles
 of 128): peak 154 MiB at B = 1,024, 345 MiB at 2,048, 833 MiB at 4,096
 (x2.2, x2.4 per doubling; one tile would need 20 GB, 164 GB, 1.3 TB):
-``python experiments/bench_ranking.py`` (experiments/results/ranking_cpu.md).
+``python -m experiments.bench.ranking`` (experiments/results/bench/ranking_cpu.md).
 
 Gradient. With ``n_j``, ``d_j`` the numerator and denominator of positive
 ``j`` and ``sigma'_jk = sigma(1 - sigma)`` at ``(s_k - s_j) / tau``, let
@@ -78,6 +78,7 @@ import types
 import jax
 import jax.numpy as jnp
 
+from circle_jax.losses import entries
 from circle_jax.losses import ranges
 from circle_jax.losses import ranking
 
@@ -218,13 +219,8 @@ smooth_ap_per_anchor.defvjp(
     _backward)
 
 
-def smooth_ap_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    tau: float = SmoothAP.tau,
-    **options,
-) -> Array:
+def smooth_ap_loss(embeddings: Array, labels: Array, *,
+                   tau: float = SmoothAP.tau, **options) -> Array:
   r"""Smooth-AP loss (Brown et al., ECCV 2020), without a ``B^3`` tensor.
 
   .. math::
@@ -275,3 +271,14 @@ def smooth_ap_loss(
   ap = smooth_ap_per_anchor(block.s, block.pos, block.cand, tau, block.block)
   valid = jnp.any(block.pos, axis=1)
   return ranking.mean_loss(1.0 - ap, valid, options.get("axis_name"))
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("smooth_ap", smooth_ap_loss, "pair",
+        rule=SmoothAP,
+        paper="Brown, Xie, Kalogeiton, Zisserman, \"Smooth-AP: Smoothing "
+              "the Path Towards Large-Scale Image Retrieval\", ECCV 2020",
+        reduction="mean over anchors with >= 1 positive"),
+)

@@ -24,8 +24,8 @@ import types
 import jax
 import jax.numpy as jnp
 
+from circle_jax.losses import entries
 from circle_jax.losses import engine
-from circle_jax.losses import forms
 from circle_jax.losses import ranges
 
 Array = jax.Array
@@ -67,9 +67,9 @@ class SupCon(engine.PairRule):
     return total / jnp.maximum(count, 1.0), valid
 
 
-supcon_loss = forms.embedding_form(
-    SupCon, "supcon_loss",
-    r"""Supervised contrastive loss ``L^sup_out`` (Khosla et al., NeurIPS 2020).
+def supcon_loss(embeddings: Array, labels: Array, *, tau: float = SupCon.tau,
+                **options) -> Array:
+  r"""Supervised contrastive loss ``L^sup_out`` (Khosla et al., NeurIPS 2020).
 
   .. math::
 
@@ -106,4 +106,16 @@ supcon_loss = forms.embedding_form(
   References:
     Khosla, Teterwak, Wang, Sarna, Tian, Isola, Maschinot, Liu, Krishnan,
     "Supervised Contrastive Learning", NeurIPS 2020.
-  """)
+  """
+  rule = SupCon(tau=tau)
+  return engine.embedding_loss(rule, embeddings, labels, **options)
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("supcon", supcon_loss, "pair", rule=SupCon,
+        paper="Khosla et al., \"Supervised Contrastive Learning\", "
+              "NeurIPS 2020 (L_out, eq. 2)",
+        reduction="mean over anchors with >= 1 positive"),
+)

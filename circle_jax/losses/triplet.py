@@ -34,7 +34,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from circle_jax.losses import _common
+from circle_jax.losses import entries
+from circle_jax.losses.engine import reductions
 from circle_jax.losses import engine
 from circle_jax.losses import miners
 from circle_jax.losses import ranges as ranges_lib
@@ -131,7 +132,7 @@ def _dense_core(dist, pos, neg, *, margin, mining, axis_name):
   """``"all"`` and ``"semi_hard"`` on a whole block (module docstring)."""
   if mining == "all":
     sums, counts = _all_triplet_sums(dist + margin, dist, pos, neg)
-    return _common.ratio_of_sums(sums, counts, axis_name)
+    return reductions.ratio_of_sums(sums, counts, axis_name)
   # "semi_hard": for each positive pair the closest negative farther than the
   # positive; if there is none, the farthest negative (FaceNet as implemented
   # by TensorFlow Addons' TripletSemiHardLoss), the lowest column among equal
@@ -148,18 +149,14 @@ def _dense_core(dist, pos, neg, *, margin, mining, axis_name):
   d_an = jnp.take_along_axis(dist, chosen, axis=1)  # [M, P]
   valid = pos & neg.any(1, keepdims=True)
   loss = jnp.where(valid, jax.nn.relu(dist - d_an + margin), 0.0)
-  return _common.ratio_of_sums(loss, valid, axis_name)
+  return reductions.ratio_of_sums(loss, valid, axis_name)
 
 
-def triplet_margin_loss_from_distance(
-    distance: Array,
-    labels: Array,
-    *,
-    margin: float = BatchHard.margin,
-    mining: str = "all",
-    pos_mask: Optional[Array] = None,
-    neg_mask: Optional[Array] = None,
-) -> Array:
+def triplet_margin_loss_from_distance(distance: Array, labels: Array, *,
+                                      margin: float = BatchHard.margin,
+                                      mining: str = "all",
+                                      pos_mask: Optional[Array] = None,
+                                      neg_mask: Optional[Array] = None) -> Array:
   """Triplet margin loss of a square ``[B, B]`` distance matrix.
 
   See :func:`triplet_margin_loss`.
@@ -174,14 +171,9 @@ def triplet_margin_loss_from_distance(
                      axis_name=None)
 
 
-def triplet_margin_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    margin: float = BatchHard.margin,
-    mining: str = "all",
-    **options,
-) -> Array:
+def triplet_margin_loss(embeddings: Array, labels: Array, *,
+                        margin: float = BatchHard.margin, mining: str = "all",
+                        **options) -> Array:
   r"""Triplet margin loss with in-batch mining (Schroff et al.; Hermans et al.).
 
   On Euclidean distances ``d`` between L2-normalised embeddings, a triplet
@@ -241,3 +233,14 @@ def triplet_margin_loss(
       reason=_NOT_A_RULE, distance=True, **options)
   return _dense_core(dist, pos, neg, margin=margin,
                      mining=mining, axis_name=options.get("axis_name"))
+
+
+# The registry's facts of this module's losses (circle_jax.losses.registry
+# collects them).
+REGISTRY = (
+    entries.entry("triplet", triplet_margin_loss, "pair", tiled=False,
+        paper="Schroff et al., \"FaceNet\", CVPR 2015; Hermans et al., "
+              "\"In Defense of the Triplet Loss\", 2017",
+        reduction="all: mean over non-zero triplets; batch_hard: mean "
+                  "over anchors; semi_hard: mean over positive pairs"),
+)

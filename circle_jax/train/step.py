@@ -26,6 +26,7 @@ the same either way.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, Optional
 
@@ -44,43 +45,73 @@ from circle_jax.train.state import TrainState
 PyTree = Any
 AXIS = parallel.AXIS
 
-# loss_fn(embeddings [b, D], labels [b], loss_params, *, key, axis_name,
-#         ref=None) -> scalar
-LossFn = Callable[..., jax.Array]
+@dataclasses.dataclass(frozen=True, eq=False)
+class LossFn:
+  """The step's loss: a registry entry with its hyperparameters bound once,
+  when the step is built (:func:`make_loss_fn`).
 
+  ``loss_fn(embeddings [b, D], labels [b], loss_params, *, key, axis_name,
+  ref=None) -> scalar``; the step itself calls ``fn`` directly, with
+  :meth:`arguments`, so that no adapter frame stands between the step and
+  the loss.
 
-def make_loss_fn(entry, hyper: Optional[dict] = None) -> LossFn:
-  """Adapts a ``circle_jax.losses`` registry entry to the step's loss signature.
-
-  Args:
-    entry: a ``circle_jax.losses.LossEntry`` (``apply``, ``param_name``,
-      ``supports_axis_name``).
-    hyper: the loss hyperparameters (keyword arguments of ``entry.apply``).
-
-  Returns:
-    ``loss_fn(embeddings, labels, loss_params, *, key, axis_name,
-    ref=None)``; ``ref`` is the loss API's reference embeddings
-    (a ``circle_jax.losses.Candidates``; the cross-batch memory's,
-    :mod:`circle_jax.train.xbm`).
-    Losses that cannot see the global batch are averaged over devices (the
-    gradient of that mean is exact under both wrappers, via ``global_sum``).
+  Attributes:
+    entry: the ``circle_jax.losses.LossEntry``.
+    fn: ``fn(embeddings, labels, *args, **kwargs)``: the entry's bound loss
+      (:meth:`circle_jax.losses.LossEntry.bind`), averaged over the devices
+      when the loss cannot see the global batch.
   """
-  hyper = dict(hyper or {})
 
-  def loss_fn(embeddings, labels, loss_params, *, key, axis_name, ref=None):
-    params = None
-    if entry.param_name is not None:
-      params = loss_params[entry.param_name]
+  entry: Any
+  fn: Callable[..., jax.Array]
+
+  def arguments(self, loss_params, *, key, axis_name, ref=None):
+    """``(args, kwargs)`` of :attr:`fn` after the embeddings and labels."""
+    entry = self.entry
+    args = () if entry.param_name is None else (
+        loss_params[entry.param_name],)
     if entry.supports_axis_name or axis_name is None:
-      return entry.apply(embeddings, labels, params, key=key,
-                         axis_name=axis_name, ref=ref, **hyper)
+      return args, entry.routed(key=key, axis_name=axis_name, ref=ref)
     if ref is not None:
       raise ValueError(f"Loss {entry.name!r} cannot see the global batch, so "
                        "it cannot meet a memory sharded over the devices.")
-    local = entry.apply(embeddings, labels, params, key=key, **hyper)
-    return ops.global_sum(local, axis_name) / jax.lax.psum(1, axis_name)
+    return args, {**entry.routed(key=key), "axis_name": axis_name}
 
-  return loss_fn
+  def __call__(self, embeddings, labels, loss_params, *, key, axis_name,
+               ref=None):
+    args, kwargs = self.arguments(loss_params, key=key, axis_name=axis_name,
+                                  ref=ref)
+    return self.fn(embeddings, labels, *args, **kwargs)
+
+
+def make_loss_fn(entry, hyper: Optional[dict] = None) -> LossFn:
+  """Binds a ``circle_jax.losses`` registry entry and its hyperparameters for
+  the step, once (unknown names and bad geometry fields fail here).
+
+  Args:
+    entry: a ``circle_jax.losses.LossEntry``.
+    hyper: the loss hyperparameters (keyword arguments of ``entry.apply``).
+
+  Returns:
+    A :class:`LossFn`, called as ``loss_fn(embeddings, labels, loss_params,
+    *, key, axis_name, ref=None)``; ``ref`` is the loss API's reference
+    embeddings (a ``circle_jax.losses.Candidates``; the cross-batch
+    memory's, :mod:`circle_jax.train.xbm`). Losses that cannot see the global
+    batch are averaged over devices (the gradient of that mean is exact under
+    both wrappers, via ``global_sum``).
+  """
+  fn = entry.bind(**dict(hyper or {}))
+  if not entry.supports_axis_name:
+    fn = functools.partial(_device_mean, fn)
+  return LossFn(entry, fn)
+
+
+def _device_mean(loss, embeddings, labels, *args, axis_name=None, **kwargs):
+  """The mean over the devices of a loss that cannot see the global batch."""
+  local = loss(embeddings, labels, *args, **kwargs)
+  if axis_name is None:
+    return local
+  return ops.global_sum(local, axis_name) / jax.lax.psum(1, axis_name)
 
 
 def _all_finite(tree) -> jax.Array:
@@ -217,8 +248,12 @@ def train_step(
     embeddings, new_stats = embed_fn(params["model"], state.batch_stats,
                                      batch["image"])
     if state.xbm is None:
-      return loss_fn(embeddings, batch["label"], params["loss"], key=key,
-                     axis_name=axis_name), (new_stats, None)
+      # The bound loss itself (not loss_fn's __call__): the step reaches the
+      # loss in one frame.
+      args, kwargs = loss_fn.arguments(params["loss"], key=key,
+                                       axis_name=axis_name)
+      return (loss_fn.fn(embeddings, batch["label"], *args, **kwargs),
+              (new_stats, None))
     loss, memory = xbm_lib.loss_with_memory(
         loss_fn, state.xbm, embeddings, batch["label"], params["loss"],
         key=key, step=state.step, axis_name=axis_name)

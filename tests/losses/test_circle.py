@@ -21,6 +21,8 @@ from circle_jax.losses import (
     unified_loss_from_similarity,
 )
 from tests.losses import reference as ref
+from tests.losses.reference import (ref_circle_anchor, ref_class_level,
+                                    ref_pair_loss, ref_unified_anchor)
 
 LOG2 = float(np.log(2.0))
 
@@ -28,50 +30,6 @@ LOG2 = float(np.log(2.0))
 # ----------------------------------------------------------------------------
 # Float64 references, written naively: one anchor at a time.
 # ----------------------------------------------------------------------------
-
-
-def _anchor_sets(s, labels, i, pos_mask=None, neg_mask=None):
-  sp, sn = [], []
-  for j in range(len(labels)):
-    if labels[j] == labels[i] and j != i:
-      if pos_mask is None or pos_mask[i, j]:
-        sp.append(s[i, j])
-    elif labels[j] != labels[i]:
-      if neg_mask is None or neg_mask[i, j]:
-        sn.append(s[i, j])
-  return np.array(sp, np.float64), np.array(sn, np.float64)
-
-
-def ref_circle_anchor(sp, sn, margin, gamma):
-  alpha_p = np.maximum(1 + margin - sp, 0.0)
-  alpha_n = np.maximum(sn + margin, 0.0)
-  lse_p = ref.logsumexp(-gamma * alpha_p * (sp - (1 - margin)))
-  lse_n = ref.logsumexp(gamma * alpha_n * (sn - margin))
-  return ref.softplus(lse_n + lse_p)
-
-
-def ref_unified_anchor(sp, sn, margin, gamma):
-  # The double sum of eq. (1), literally.
-  terms = [gamma * (n - p + margin) for n in sn for p in sp]
-  return ref.softplus(ref.logsumexp(terms))
-
-
-def ref_pair_loss(anchor_fn, s, labels, pos_mask=None, neg_mask=None, **hyper):
-  losses = []
-  for i in range(len(labels)):
-    sp, sn = _anchor_sets(s, labels, i, pos_mask, neg_mask)
-    if sp.size and sn.size:
-      losses.append(anchor_fn(sp, sn, **hyper))
-  return float(np.mean(losses)) if losses else 0.0
-
-
-def ref_class_level(anchor_fn, x, labels, w, **hyper):
-  s = ref.cos(x, w)
-  losses = []
-  for i, y in enumerate(labels):
-    sn = np.array([s[i, j] for j in range(w.shape[0]) if j != y])
-    losses.append(anchor_fn(np.array([s[i, y]]), sn, **hyper))
-  return float(np.mean(losses))
 
 
 # ----------------------------------------------------------------------------
@@ -246,7 +204,7 @@ def test_unified_over_gamma_tends_to_hard_mined_triplet(batch):
   margin = 0.4
   hinge, log_pairs = [], []
   for i in range(len(labels)):
-    sp, sn = _anchor_sets(s, labels, i)
+    sp, sn = ref.anchor_sets(s, labels, i)
     if sp.size and sn.size:
       hinge.append(max(sn.max() - sp.min() + margin, 0.0))
       log_pairs.append(np.log(sp.size * sn.size) + np.log(2.0))

@@ -11,6 +11,7 @@ from jax.test_util import check_grads
 
 from circle_jax import losses
 from tests.losses import reference as ref
+from tests.losses.reference import arcface_ref, cosface_ref, softmax_ref
 
 _RNG = np.random.default_rng(0)
 _C, _D = 6, 4
@@ -22,46 +23,6 @@ _X = _RNG.normal(size=(16, _D)).astype(np.float32)
 # reach ArcFace's fallback branch.
 _X[0] = -_W[0] + 0.05 * _RNG.normal(size=_D)
 _X[1] = -_W[1]
-
-
-def _mean_ce(all_logits, y):
-  return float(np.mean([ref.logsumexp(l) - l[t]
-                        for l, t in zip(all_logits, y)]))
-
-
-def softmax_ref(x, y, w, bias=None):
-  logits = np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
-  if bias is not None:
-    logits = logits + bias
-  return _mean_ce(logits, y)
-
-
-def cosface_ref(x, y, w, margin, scale):
-  c = ref.cos(x, w)
-  logits = []
-  for i in range(len(y)):
-    l = scale * c[i].copy()
-    l[y[i]] = scale * (c[i, y[i]] - margin)
-    logits.append(l)
-  return _mean_ce(logits, y)
-
-
-def arcface_ref(x, y, w, margin, scale, easy_margin=False):
-  c = np.clip(ref.cos(x, w), -1, 1)
-  logits = []
-  for i in range(len(y)):
-    l = scale * c[i].copy()
-    cy = c[i, y[i]]
-    theta = np.arccos(cy)
-    if easy_margin:
-      target = np.cos(theta + margin) if cy > 0 else cy
-    elif theta + margin <= np.pi:
-      target = np.cos(theta + margin)
-    else:
-      target = cy - margin * np.sin(margin)
-    l[y[i]] = scale * target
-    logits.append(l)
-  return _mean_ce(logits, y)
 
 
 _CASES = {

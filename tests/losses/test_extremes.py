@@ -26,11 +26,11 @@ from circle_jax.losses import multi_similarity as ms_mod
 from circle_jax.losses import contrastive as contrastive_mod
 from circle_jax.losses import ranked_list as rll_mod
 from tests.losses import reference as ref
-from tests.losses.test_circle import (ref_circle_anchor, ref_pair_loss,
-                                      ref_unified_anchor)
-from tests.losses.test_multi_similarity import mined_sets
-from tests.losses.test_pair_baselines import contrastive_ref
-from tests.losses.test_ranked_list import rll_reference
+from tests.losses.reference import (ref_circle_anchor, ref_pair_loss,
+                                    ref_unified_anchor)
+from tests.losses.reference import mined_sets
+from tests.losses.reference import contrastive_ref
+from tests.losses.reference import rll_reference
 
 B, D, BLOCK = 16, 8, 5  # BLOCK does not divide B
 

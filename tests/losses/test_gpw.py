@@ -14,7 +14,7 @@ from circle_jax.losses import (
     pair_weights,
 )
 from tests.losses import reference as ref
-from tests.losses.test_multi_similarity import ref_ms_weights
+from tests.losses.reference import ref_ms_weights
 
 LABELS = np.array([0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 4, 2], np.int32)
 

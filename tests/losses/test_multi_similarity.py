@@ -16,62 +16,12 @@ from circle_jax.losses import (
     multi_similarity_weights,
 )
 from tests.losses import reference as ref
+from tests.losses.reference import mined_sets, ref_ms, ref_ms_weights
 
 
 # ----------------------------------------------------------------------------
 # Float64 references, one anchor at a time, in the official code's style.
 # ----------------------------------------------------------------------------
-
-
-def mined_sets(s, labels, i, epsilon, mining=True, pos_mask=None,
-               neg_mask=None):
-  """Indices of anchor i's (mined) positives and negatives."""
-  n = len(labels)
-  pos = [j for j in range(n) if labels[j] == labels[i] and j != i
-         and (pos_mask is None or pos_mask[i, j])]
-  neg = [j for j in range(n) if labels[j] != labels[i]
-         and (neg_mask is None or neg_mask[i, j])]
-  if mining:
-    if not pos or not neg:
-      return [], []
-    min_pos = min(s[i, j] for j in pos)
-    max_neg = max(s[i, j] for j in neg)
-    neg, pos = ([j for j in neg if s[i, j] + epsilon > min_pos],
-                [j for j in pos if s[i, j] - epsilon < max_neg])
-  return pos, neg
-
-
-def ref_ms(s, labels, alpha=2.0, beta=50.0, base=0.5, epsilon=0.1,
-           mining=True, pos_mask=None, neg_mask=None):
-  total = 0.0
-  for i in range(len(labels)):
-    pos, neg = mined_sets(s, labels, i, epsilon, mining, pos_mask, neg_mask)
-    if not pos or not neg:
-      continue
-    sp, sn = s[i, pos], s[i, neg]
-    total += np.log(1 + np.sum(np.exp(-alpha * (sp - base)))) / alpha
-    total += np.log(1 + np.sum(np.exp(beta * (sn - base)))) / beta
-  return total / len(labels)
-
-
-def ref_ms_weights(s, labels, alpha=2.0, beta=50.0, base=0.5, epsilon=0.1,
-                   mining=True):
-  """The paper's closed-form w+_ij, w-_ij, literally (no 1/B)."""
-  n = len(labels)
-  w_pos, w_neg = np.zeros((n, n)), np.zeros((n, n))
-  for i in range(n):
-    pos, neg = mined_sets(s, labels, i, epsilon, mining)
-    if not pos or not neg:
-      continue
-    for j in pos:
-      w_pos[i, j] = 1.0 / (np.exp(alpha * (s[i, j] - base)) +
-                           sum(np.exp(alpha * (s[i, j] - s[i, k]))
-                               for k in pos))
-    for j in neg:
-      w_neg[i, j] = 1.0 / (np.exp(-beta * (s[i, j] - base)) +
-                           sum(np.exp(beta * (s[i, k] - s[i, j]))
-                               for k in neg))
-  return w_pos, w_neg
 
 
 # ----------------------------------------------------------------------------

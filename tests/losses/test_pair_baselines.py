@@ -12,10 +12,12 @@ from jax.test_util import check_grads
 from circle_jax import ops
 from circle_jax import losses
 from circle_jax.losses import miners
-from tests.losses import reference as ref
+from tests.losses.reference import (contrastive_ref, lifted_ref_ordered,
+                                    lifted_ref_paper, margin_ref, n_pair_ref,
+                                    triplet_ref)
 
 
-def _jit(fn):
+def jitted(fn):
   """``fn`` compiled as one program (keyword arguments closed over): far
   cheaper than op-by-op eager execution on the shared CI cores."""
   def call(*args, **kwargs):
@@ -30,199 +32,21 @@ def _jit(fn):
 LABELS = np.array([0, 1, 2, 3, 0, 1, 2, 4, 0, 1, 3, 4, 5, 2, 6, 3])  # 16
 
 
-def _batch(seed=0, b=16, d=5):
+def pair_batch(seed=0, b=16, d=5):
   x = np.random.default_rng(seed).normal(size=(b, d)).astype(np.float32)
   return x, LABELS[:b]
-
-
-def _dist64(x):
-  u = ref.l2n(x)
-  return np.sqrt(np.maximum(((u[:, None, :] - u[None, :, :]) ** 2).sum(-1),
-                            0.0))
-
-
-def _pairs(y, i, pos_mask=None, neg_mask=None):
-  b = len(y)
-  pos = [j for j in range(b) if y[j] == y[i] and j != i
-         and (pos_mask is None or pos_mask[i, j])]
-  neg = [j for j in range(b) if y[j] != y[i]
-         and (neg_mask is None or neg_mask[i, j])]
-  return pos, neg
-
-
-def _mean_nonzero(values):
-  values = [v for v in values if v > 0]
-  return float(np.mean(values)) if values else 0.0
-
-
-def contrastive_ref(x, y, pos_margin, neg_margin, pos_mask=None,
-                    neg_mask=None):
-  d = _dist64(x)
-  pos_terms, neg_terms = [], []
-  for i in range(len(y)):
-    pos, neg = _pairs(y, i, pos_mask, neg_mask)
-    pos_terms += [max(0.0, d[i, j] - pos_margin) for j in pos]
-    neg_terms += [max(0.0, neg_margin - d[i, j]) for j in neg]
-  return _mean_nonzero(pos_terms) + _mean_nonzero(neg_terms)
-
-
-def triplet_ref(x, y, margin, mining, pos_mask=None, neg_mask=None):
-  d = _dist64(x)
-  terms = []
-  for a in range(len(y)):
-    pos, neg = _pairs(y, a, pos_mask, neg_mask)
-    if mining == "all":
-      terms += [max(0.0, d[a, p] - d[a, n] + margin) for p in pos for n in neg]
-    elif mining == "batch_hard":
-      if pos and neg:
-        terms.append(max(0.0, max(d[a, p] for p in pos)
-                         - min(d[a, n] for n in neg) + margin))
-    else:  # semi_hard, TF-Addons rule
-      if not neg:
-        continue
-      for p in pos:
-        farther = [d[a, n] for n in neg if d[a, n] > d[a, p]]
-        d_n = min(farther) if farther else max(d[a, n] for n in neg)
-        terms.append(max(0.0, d[a, p] - d_n + margin))
-  if mining == "all":
-    return _mean_nonzero(terms)
-  return float(np.mean(terms)) if terms else 0.0
-
-
-def lifted_ref_paper(x, y, margin):
-  """The paper's unordered-pair form (eq. 4), no masks."""
-  d = _dist64(x)
-  b = len(y)
-  total, count = 0.0, 0
-  for i in range(b):
-    for j in range(i + 1, b):
-      if y[i] != y[j]:
-        continue
-      s = sum(np.exp(margin - d[i, k]) for k in range(b) if y[k] != y[i])
-      s += sum(np.exp(margin - d[j, l]) for l in range(b) if y[l] != y[j])
-      jij = np.log(s) + d[i, j] if s > 0 else -np.inf
-      total += max(0.0, jij) ** 2
-      count += 1
-  return total / (2 * count) if count else 0.0
-
-
-def lifted_ref_ordered(x, y, margin, pos_mask=None, neg_mask=None):
-  d = _dist64(x)
-  total, count = 0.0, 0
-  for i in range(len(y)):
-    pos, neg_i = _pairs(y, i, pos_mask, neg_mask)
-    for j in pos:
-      _, neg_j = _pairs(y, j, pos_mask, neg_mask)
-      terms = [margin - d[i, k] for k in neg_i] + [margin - d[j, l]
-                                                   for l in neg_j]
-      if terms:
-        total += max(0.0, ref.logsumexp(terms) + d[i, j]) ** 2
-      count += 1
-  return 0.5 * total / count if count else 0.0
-
-
-def n_pair_ref(x, y, l2_reg, pos_mask=None, neg_mask=None):
-  f = np.asarray(x, np.float64)
-  s = f @ f.T
-  terms = []
-  for a in range(len(y)):
-    pos, neg = _pairs(y, a, pos_mask, neg_mask)
-    if not neg:
-      continue
-    for p in pos:
-      terms.append(np.log1p(sum(np.exp(s[a, n] - s[a, p]) for n in neg)))
-  tuplet = float(np.mean(terms)) if terms else 0.0
-  return tuplet + l2_reg * float(np.mean((f * f).sum(1)))
-
-
-def margin_ref(x, y, beta, margin, nu, weights=None, pos_mask=None,
-               neg_mask=None):
-  d = _dist64(x)
-  b = len(y)
-  beta = np.broadcast_to(np.asarray(beta, np.float64), (int(y.max()) + 1,))
-  total, count = 0.0, 0.0
-  for a in range(b):
-    pos, neg = _pairs(y, a, pos_mask, neg_mask)
-    ba = beta[y[a]]
-    for p in pos:
-      w = 1.0 if weights is None else weights[a, p]
-      lp = max(0.0, d[a, p] - ba + margin)
-      total += w * (lp + nu * ba)
-      count += w * (lp > 0)
-    for n in neg:
-      w = 1.0 if weights is None else weights[a, n]
-      ln = max(0.0, ba - d[a, n] + margin)
-      total += w * ln
-      count += w * (ln > 0)
-  return total / max(count, 1.0)
 
 
 # ----------------------------------------------------------------------------
 # Hand-computed tiny cases.
 # ----------------------------------------------------------------------------
 
-# Three points on the unit circle: a and p at 0 and 60 degrees (same class),
-# n at 90 degrees. Distances: d(a,p)=1, d(a,n)=sqrt(2), d(p,n)=2 sin(15deg).
-_TINY_X = np.array([[1.0, 0.0], [0.5, np.sqrt(3) / 2], [0.0, 1.0]],
-                   np.float32)
-_TINY_Y = np.array([0, 0, 1])
-_S2 = np.sqrt(2.0)
-_DPN = 2 * np.sin(np.pi / 12)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-  """Every hand-computed case, in one compiled program."""
-  @jax.jit
-  def run(x, y):
-    return {
-        "contrastive": losses.contrastive_loss(x, y, pos_margin=0.5,
-                                               neg_margin=1.0),
-        **{f"triplet_{m}": losses.triplet_margin_loss(x, y, margin=1.0,
-                                                      mining=m)
-           for m in ("all", "batch_hard", "semi_hard")},
-        "lifted": losses.lifted_structure_loss(x, y, margin=1.0),
-        "margin": losses.margin_loss(x, y, jnp.array([0.9, 1.3]), margin=0.2,
-                                     nu=0.5),
-    }
-  return {k: float(v) for k, v in run(_TINY_X, _TINY_Y).items()}
-
-
-def test_contrastive_hand_computed(tiny):
-  # positives: (a,p),(p,a): 1-0.5 = 0.5 each. negatives (a,n),(n,a): sqrt2 > 1
-  # -> 0; (p,n),(n,p): 1 - d_pn. Means over non-zero terms.
-  np.testing.assert_allclose(tiny["contrastive"], 0.5 + (1 - _DPN), rtol=1e-5)
-
-
-def test_triplet_hand_computed(tiny):
-  # anchor a: [1 - sqrt2 + 1]_+ ; anchor p: [1 - d_pn + 1]_+ ; n: no positive.
-  # Semi-hard: for anchor p, n is closer than a (d_pn < 1): no negative is
-  # farther, so the farthest negative (n itself) is used; same value here.
-  want = ((2 - _S2) + (2 - _DPN)) / 2
-  for mining in ("all", "batch_hard", "semi_hard"):
-    np.testing.assert_allclose(tiny[f"triplet_{mining}"], want, rtol=1e-5)
-
-
-def test_lifted_hand_computed(tiny):
-  # One unordered positive pair (a, p): N_a = {n}, N_p = {n}.
-  j = np.log(np.exp(1.0 - _S2) + np.exp(1.0 - _DPN)) + 1.0
-  np.testing.assert_allclose(tiny["lifted"], j**2 / 2, rtol=1e-5)
-
-
-def test_margin_hand_computed(tiny):
-  # positives (a,p),(p,a), beta_0=0.9: [1 - 0.9 + 0.2] = 0.3 each, reg 0.45.
-  # negatives: (a,n) beta 0.9: [0.9 - sqrt2 + .2]_+ = 0; (p,n): 1.1 - d_pn;
-  # (n,a) beta 1.3: 1.5 - sqrt2; (n,p): 1.5 - d_pn.
-  terms = [0.3, 0.3, 1.1 - _DPN, 1.5 - _S2, 1.5 - _DPN]
-  want = (sum(terms) + 2 * 0.5 * 0.9) / len(terms)
-  np.testing.assert_allclose(tiny["margin"], want, rtol=1e-5)
-
 
 # ----------------------------------------------------------------------------
 # Against the float64 references, with and without miner masks.
 # ----------------------------------------------------------------------------
 
-_X, _Y = _batch(1)
+_X, _Y = pair_batch(1)
 _RNG = np.random.default_rng(2)
 _PM, _NM = _RNG.random((16, 16)) < 0.6, _RNG.random((16, 16)) < 0.6
 _BETA = np.linspace(0.8, 1.4, 7).astype(np.float32)
@@ -305,27 +129,6 @@ def test_margin_with_key_equals_weighted_form_of_the_sampler(case_values):
     losses.margin_loss(_X, _Y, _BETA, key=_DW_KEY, pair_weights=w)
 
 
-def test_n_pair_with_pair_layout_masks_is_sohn():
-  # N pairs of N classes laid out [anchors; positives]: Sohn's eq. 6, where
-  # anchor i's negatives are the other classes' positives.
-  n, d = 5, 4
-  rng = np.random.default_rng(9)
-  f_a = rng.normal(size=(n, d))
-  f_p = rng.normal(size=(n, d))
-  x = np.concatenate([f_a, f_p]).astype(np.float32)
-  y = np.concatenate([np.arange(n), np.arange(n)])
-  pm = np.zeros((2 * n, 2 * n), bool)
-  nm = np.zeros((2 * n, 2 * n), bool)
-  for i in range(n):
-    pm[i, n + i] = True
-    nm[i, n:] = True
-  sohn = np.mean([np.log1p(sum(np.exp(f_a[i] @ f_p[j] - f_a[i] @ f_p[i])
-                               for j in range(n) if j != i))
-                  for i in range(n)])
-  got = _jit(losses.n_pair_loss)(x, y, l2_reg=0.0, pos_mask=pm, neg_mask=nm)
-  np.testing.assert_allclose(float(got), sohn, rtol=1e-5)
-
-
 # ----------------------------------------------------------------------------
 # Matrix forms, gradients, numerics.
 # ----------------------------------------------------------------------------
@@ -351,27 +154,9 @@ def test_matrix_forms_equal_wrappers():
         "margin": (losses.margin_loss_from_distance(dist, y, beta),
                    losses.margin_loss(x, y, beta)),
     }
-  for name, (matrix_form, wrapper) in run(*_batch(12)).items():
+  for name, (matrix_form, wrapper) in run(*pair_batch(12)).items():
     np.testing.assert_allclose(float(matrix_form), float(wrapper), rtol=1e-5,
                                err_msg=name)
-
-
-def test_general_pair_weighting_of_contrastive_is_the_hinge_indicator():
-  # dL/dD_ij = +1/#active positives on active positive pairs, -1/#active
-  # negatives on active negative pairs, 0 elsewhere.
-  x, y = _batch(14)
-  d = _dist64(x).astype(np.float32)
-  w_pos, w_neg = jax.jit(lambda d, y: losses.pair_weights(
-      losses.contrastive_loss_from_distance, d, y, pos_margin=0.5,
-      neg_margin=1.0))(d, y)
-  same = y[:, None] == y[None, :]
-  pos, neg = same & ~np.eye(16, dtype=bool), ~same
-  act_p, act_n = pos & (d > 0.5), neg & (d < 1.0)
-  assert act_p.any() and act_n.any() and (neg & ~act_n).any()
-  np.testing.assert_allclose(np.asarray(w_pos), act_p / act_p.sum(),
-                             rtol=1e-6)
-  np.testing.assert_allclose(np.asarray(w_neg), act_n / act_n.sum(),
-                             rtol=1e-6)
 
 
 def _wrappers(beta_classes=7):
@@ -408,7 +193,7 @@ def _all_values_and_jacobians(x, y, pos_mask, neg_mask):
 
 
 # One compiled program (bf16 [6, 5] inputs) serves every case below.
-_X6 = jnp.asarray(_batch(16, b=6)[0]).astype(jnp.bfloat16)
+_X6 = jnp.asarray(pair_batch(16, b=6)[0]).astype(jnp.bfloat16)
 _ALL_PAIRS = jnp.ones((6, 6), bool)
 
 
@@ -453,7 +238,7 @@ def test_bf16_zero_vector_and_duplicates_are_finite():
 def test_check_grads():
   # One numerical-gradient check of a weighted sum of the smooth-enough
   # losses (distinct weights, so an error in any one of them shows).
-  x, y = _batch(15, b=8, d=3)
+  x, y = pair_batch(15, b=8, d=3)
   fns = _wrappers()
   names = ["contrastive", "triplet_all", "lifted", "margin"]
 
@@ -479,8 +264,8 @@ def test_far_apart_classes_large_margins_are_finite():
 
 
 def test_jit_and_vmap_equal_eager():
-  _, y = _batch(17)
-  xs = np.stack([_batch(17)[0], _batch(18)[0]])
+  _, y = pair_batch(17)
+  xs = np.stack([pair_batch(17)[0], pair_batch(18)[0]])
   f = lambda x: losses.triplet_margin_loss(x, jnp.asarray(y), mining="all")
   eager = float(f(xs[0]))
   np.testing.assert_allclose(float(jax.jit(f)(xs[0])), eager, rtol=1e-6)
@@ -490,23 +275,8 @@ def test_jit_and_vmap_equal_eager():
                              rtol=2e-5)
 
 
-def test_triplet_tensors_are_never_materialised():
-  # "all" and "semi_hard" reduce over [B, B, B] triplet tables; value and
-  # gradient must not keep one (a [256]^3 float32 tensor is 64 MiB; the
-  # chunked evaluation keeps about 10 MiB).
-  b = 256
-  x = jnp.zeros((b, 8), jnp.float32)
-  y = jnp.arange(b) % 16
-  cube = b**3 * 4
-  for mining in ("all", "semi_hard"):
-    f = jax.value_and_grad(
-        lambda x: losses.triplet_margin_loss(x, y, mining=mining))
-    mem = jax.jit(f).lower(x).compile().memory_analysis()
-    assert mem is not None and mem.temp_size_in_bytes < cube / 4, mining
-
-
 def test_bad_inputs_raise_clear_errors():
-  x, y = _batch(19, b=4)
+  x, y = pair_batch(19, b=4)
   with pytest.raises(ValueError, match="mining"):
     losses.triplet_margin_loss(x, y, mining="hardest")
   with pytest.raises(ValueError, match="margin"):
@@ -561,7 +331,7 @@ def _values_and_jacobians(f):
 
 @pytest.fixture(scope="module")
 def single_device_reference():
-  x, y = (jnp.asarray(a) for a in _batch(20))
+  x, y = (jnp.asarray(a) for a in pair_batch(20))
   values, jac = jax.jit(_values_and_jacobians(_all_losses))(x, y)
   assert np.all(np.asarray(values) > 0)
   return x, y, values, jac
@@ -589,7 +359,7 @@ def test_global_batch_equals_single_device(single_device_reference, mode):
 
 
 def test_miner_masks_on_devices_match_single_device_blocks():
-  x, y = (jnp.asarray(a) for a in _batch(21))
+  x, y = (jnp.asarray(a) for a in pair_batch(21))
   mesh = Mesh(np.array(jax.devices()), ("d",))
 
   def mined_loss(x, y, axis_name=None):
@@ -602,24 +372,3 @@ def test_miner_masks_on_devices_match_single_device_blocks():
   want = jax.jit(mined_loss)(x, y)
   assert float(want) > 0
   np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
-
-
-@pytest.mark.parametrize("d_ap, chosen", [(0.5, 2), (0.9, 2), (0.3, 4)])
-def test_semi_hard_tie_picks_the_lowest_column(d_ap, chosen):
-  # Anchor 0, positive 1, negatives 2 and 3 at the same distance 0.7 and
-  # negative 4 at 0.4. d_ap = 0.5: the closest farther negative is the tie
-  # 2/3; d_ap = 0.9: none is farther, the farthest is the tie 2/3; d_ap =
-  # 0.3: negative 4. Ties go to the lowest column; the gradient shows which.
-  d = np.full((5, 5), 1.0, np.float32)
-  d[0, 1] = d[1, 0] = d_ap
-  d[0, 2] = d[0, 3] = 0.7
-  d[0, 4] = 0.4
-  labels = jnp.array([0, 0, 1, 1, 2])
-  pos_mask = np.zeros((5, 5), bool)
-  pos_mask[0, 1] = True  # only anchor 0's positive pair counts
-  g = jax.grad(lambda d: losses.triplet_margin_loss_from_distance(
-      d, labels, margin=1.0, mining="semi_hard", pos_mask=pos_mask))(
-          jnp.asarray(d))
-  row = np.asarray(g)[0]
-  assert row[1] > 0 and row[chosen] < 0
-  assert np.count_nonzero(row[2:]) == 1

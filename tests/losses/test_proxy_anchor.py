@@ -17,6 +17,7 @@ from circle_jax.losses import (
     ranked_proxy_anchor_loss_from_distance,
 )
 from tests.losses import reference as ref
+from tests.losses.reference import pa_reference, rpal_reference
 
 PA = dict(margin=0.1, alpha=32.0)
 RPAL = dict(alpha=1.4, margin=0.4, t_neg=20.0)
@@ -25,56 +26,6 @@ RPAL = dict(alpha=1.4, margin=0.4, t_neg=20.0)
 # ----------------------------------------------------------------------------
 # Float64 references, written naively (one proxy, one sample at a time).
 # ----------------------------------------------------------------------------
-
-
-def _members(labels, p, num_classes):
-  pos = [b for b in range(len(labels)) if labels[b] == p]
-  neg = [b for b in range(len(labels))
-         if 0 <= labels[b] < num_classes and labels[b] != p]
-  return pos, neg
-
-
-def pa_reference(sim, labels, *, margin, alpha):
-  """Float64 Proxy-Anchor value and dL/ds (the paper's eq. 4 gradient)."""
-  sim = np.asarray(sim, np.float64)
-  b, c = sim.shape
-  pos_terms, neg_total = [], 0.0
-  grad = np.zeros_like(sim)
-  with_pos = sum(1 for p in range(c) if _members(labels, p, c)[0])
-  for p in range(c):
-    pos, neg = _members(labels, p, c)
-    if pos:
-      z = -alpha * (sim[pos, p] - margin)
-      pos_terms.append(np.logaddexp(0.0, ref.logsumexp(z)))
-      grad[pos, p] = (-alpha * np.exp(z - np.logaddexp(0.0, ref.logsumexp(z)))
-                      / with_pos)
-    if neg:
-      z = alpha * (sim[neg, p] + margin)
-      neg_total += np.logaddexp(0.0, ref.logsumexp(z))
-      grad[neg, p] = alpha * np.exp(z - np.logaddexp(0.0, ref.logsumexp(z))) / c
-  return sum(pos_terms) / max(len(pos_terms), 1) + neg_total / c, grad
-
-
-def rpal_reference(dist, labels, *, alpha, margin, t_neg):
-  """Float64 RPAL value and dL/dd (normalised weights held constant)."""
-  dist = np.asarray(dist, np.float64)
-  b, c = dist.shape
-  grad = np.zeros_like(dist)
-  with_pos = [p for p in range(c) if _members(labels, p, c)[0]]
-  pos_total, neg_total = 0.0, 0.0
-  for p in range(c):
-    pos, neg = _members(labels, p, c)
-    hard_pos = [i for i in pos if dist[i, p] > alpha - margin]
-    hard_neg = [i for i in neg if dist[i, p] < alpha]
-    if hard_pos:
-      pos_total += np.mean(dist[hard_pos, p] - (alpha - margin))
-      grad[hard_pos, p] = 1.0 / (len(hard_pos) * len(with_pos))
-    if hard_neg:
-      h = alpha - dist[hard_neg, p]
-      w = np.exp(t_neg * h - np.max(t_neg * h))
-      neg_total += np.sum(w * h) / np.sum(w)
-      grad[hard_neg, p] = -(w / w.sum()) / c
-  return pos_total / max(len(with_pos), 1) + neg_total / c, grad
 
 
 def _distances64(x, proxies, kind):

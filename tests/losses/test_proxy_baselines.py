@@ -11,7 +11,8 @@ from jax.test_util import check_grads
 
 from circle_jax import losses
 from circle_jax.losses import proxy_baselines
-from tests.losses import reference as ref
+from tests.losses.reference import (proxy_nca_ref, soft_triple_ref,
+                                    soft_triple_reg_ref)
 
 _RNG = np.random.default_rng(0)
 _C, _D, _K = 5, 4, 3
@@ -19,45 +20,6 @@ _Y = np.array([0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0])
 _X = _RNG.normal(size=(16, _D)).astype(np.float32)
 _PROXIES = _RNG.normal(size=(_C, _D)).astype(np.float32)
 _CENTERS = _RNG.normal(size=(_C * _K, _D)).astype(np.float32)
-
-
-def proxy_nca_ref(x, y, proxies, scale, include_positive):
-  xn, pn = ref.l2n(x), ref.l2n(proxies)
-  out = []
-  for i in range(len(y)):
-    d = scale * ((xn[i] - pn) ** 2).sum(1)  # squared distances, directly
-    others = [-d[c] for c in range(len(pn))
-              if include_positive or c != y[i]]
-    out.append(d[y[i]] + ref.logsumexp(others) if others else 0.0)
-  return float(np.mean(out))
-
-
-def soft_triple_reg_ref(centers, k):
-  w = ref.l2n(centers)
-  c = len(w) // k
-  total = 0.0
-  for cls in range(c):
-    for t in range(k):
-      for s in range(t + 1, k):
-        total += np.sqrt(2 + 1e-5 - 2 * w[cls * k + t] @ w[cls * k + s])
-  return total / (c * k * (k - 1))
-
-
-def soft_triple_ref(x, y, centers, k, la, gamma, margin, tau):
-  xn, w = ref.l2n(x), ref.l2n(centers)
-  c = len(w) // k
-  out = []
-  for i in range(len(y)):
-    s_class = np.zeros(c)
-    for cls in range(c):
-      sims = np.array([xn[i] @ w[cls * k + t] for t in range(k)])
-      a = np.exp(sims / gamma - (sims / gamma).max())
-      s_class[cls] = (a / a.sum()) @ sims
-    logits = la * s_class
-    logits[y[i]] -= la * margin
-    out.append(ref.logsumexp(logits) - logits[y[i]])
-  reg = soft_triple_reg_ref(centers, k) if (tau > 0 and k > 1) else 0.0
-  return float(np.mean(out)) + tau * reg
 
 
 _CASES = {

@@ -16,6 +16,7 @@ from circle_jax.losses import (
     ranked_list_loss_from_similarity,
 )
 from tests.losses import reference as ref
+from tests.losses.reference import rll_reference
 
 DEFAULTS = dict(alpha=1.2, margin=0.4, t_neg=10.0, t_pos=0.0, imbalance=0.5)
 
@@ -23,49 +24,6 @@ DEFAULTS = dict(alpha=1.2, margin=0.4, t_neg=10.0, t_pos=0.0, imbalance=0.5)
 # ----------------------------------------------------------------------------
 # Float64 references, written naively (one anchor, one pair at a time).
 # ----------------------------------------------------------------------------
-
-
-def _weighted_mean(hinges, t):
-  """sum_j w_j h_j / sum_j w_j with w_j = exp(t h_j); 0 for an empty list."""
-  if not hinges:
-    return 0.0
-  h = np.array(hinges, np.float64)
-  w = np.exp(t * h - np.max(t * h))
-  return float(np.sum(w * h) / np.sum(w))
-
-
-def rll_reference(dist, labels, *, alpha, margin, t_neg, t_pos, imbalance,
-                  pos_mask=None, neg_mask=None):
-  """Float64 RLL value and dL/dd (normalised weights held constant)."""
-  dist = np.asarray(dist, np.float64)
-  labels = np.asarray(labels)
-  b = len(labels)
-  total = 0.0
-  grad = np.zeros_like(dist)
-  for i in range(b):
-    pos_j, pos_h, neg_j, neg_h = [], [], [], []
-    for j in range(b):
-      if labels[j] == labels[i]:
-        if j == i or (pos_mask is not None and not pos_mask[i, j]):
-          continue
-        if dist[i, j] > alpha - margin:
-          pos_j.append(j)
-          pos_h.append(dist[i, j] - (alpha - margin))
-      else:
-        if neg_mask is not None and not neg_mask[i, j]:
-          continue
-        if dist[i, j] < alpha:
-          neg_j.append(j)
-          neg_h.append(alpha - dist[i, j])
-    total += ((1 - imbalance) * _weighted_mean(pos_h, t_pos)
-              + imbalance * _weighted_mean(neg_h, t_neg))
-    for js, hs, t, sign, lam in ((pos_j, pos_h, t_pos, 1.0, 1 - imbalance),
-                                 (neg_j, neg_h, t_neg, -1.0, imbalance)):
-      if js:
-        h = np.array(hs)
-        w = np.exp(t * h - np.max(t * h))
-        grad[i, js] += sign * lam * (w / w.sum()) / b
-  return total / b, grad
 
 
 def euclidean64(x):

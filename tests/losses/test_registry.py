@@ -1,13 +1,11 @@
 """Tests of the loss registry: names, defaults, inits, the uniform call."""
 
-import functools
 import inspect
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, PartitionSpec as P
 
 from circle_jax import losses
 
@@ -54,9 +52,9 @@ _PARAM = {"circle_class_level": "class_weights", "proxy_anchor": "proxies",
           "arcface": "class_weights", "softmax": "class_weights",
           "subcenter_arcface": "class_weights"}
 
-_C, _D = 4, 8
-_Y = np.repeat(np.arange(_C), 4)  # P x K = 4 x 4
-_X = np.random.default_rng(0).normal(size=(16, _D)).astype(np.float32)
+C, D = 4, 8
+Y = np.repeat(np.arange(C), 4)  # P x K = 4 x 4
+X = np.random.default_rng(0).normal(size=(16, D)).astype(np.float32)
 
 
 def test_names_kinds_params_and_paper_defaults():
@@ -89,29 +87,6 @@ def test_get_loss_unknown_name_lists_the_known_ones():
     losses.get_loss("circel")
 
 
-def test_initialisers_follow_the_papers():
-  key = jax.random.PRNGKey(0)
-  c, d = 200, 64
-  pa = np.asarray(losses.get_loss("proxy_anchor").init_params(key, c, d))
-  assert pa.shape == (c, d) and pa.dtype == np.float32
-  np.testing.assert_allclose(pa.std(), np.sqrt(2.0 / c), rtol=0.05)
-  cw = np.asarray(losses.get_loss("arcface").init_params(key, c, d))
-  np.testing.assert_allclose(cw.std(), 0.01, rtol=0.05)
-  st = np.asarray(losses.get_loss("soft_triple").init_params(key, c, d))
-  assert st.shape == (c * 10, d)
-  bound = 1 / np.sqrt(c * 10)
-  assert np.abs(st).max() <= bound and np.abs(st).max() > 0.9 * bound
-  st3 = losses.get_loss("soft_triple").init_params(key, c, d,
-                                                   centers_per_class=3)
-  assert st3.shape == (c * 3, d)
-  sm = np.asarray(losses.get_loss("softmax").init_params(key, c, d))
-  limit = np.sqrt(6.0 / (c + d))
-  assert np.abs(sm).max() <= limit and np.abs(sm).max() > 0.9 * limit
-  beta = np.asarray(losses.get_loss("margin").init_params(key, c, d))
-  np.testing.assert_array_equal(beta, np.full((c,), 1.2, np.float32))
-  assert losses.get_loss("circle").init_params(key, c, d) is None
-
-
 @pytest.fixture(scope="module")
 def round_trip():
   """Every entry initialised, called through ``apply`` under jit and
@@ -120,7 +95,7 @@ def round_trip():
   init_key, loss_key = jax.random.split(jax.random.PRNGKey(1))
   hyper = {"soft_triple": {"centers_per_class": 2}}
   params = {
-      n: losses.LOSSES[n].init_params(init_key, _C, _D, **hyper.get(n, {}))
+      n: losses.LOSSES[n].init_params(init_key, C, D, **hyper.get(n, {}))
       for n in names}
 
   @jax.jit
@@ -131,7 +106,7 @@ def round_trip():
       f = lambda x, p: entry.apply(x, y, p, key=loss_key, **hyper.get(n, {}))
       out[n] = jax.value_and_grad(f, argnums=(0, 1))(x, params[n])
     return out
-  return run(_X, _Y, params)
+  return run(X, Y, params)
 
 
 @pytest.mark.parametrize("name", sorted(_SPEC))
@@ -141,7 +116,7 @@ def test_every_entry_initialises_runs_under_jit_and_differentiates(
   assert value.dtype == jnp.float32 and value.shape == ()
   assert np.isfinite(float(value))
   g_x = np.asarray(g_x)
-  assert g_x.shape == (16, _D) and np.all(np.isfinite(g_x))
+  assert g_x.shape == (16, D) and np.all(np.isfinite(g_x))
   assert np.abs(g_x).max() > 0
   if losses.LOSSES[name].param_name is None:
     assert g_p is None
@@ -149,47 +124,95 @@ def test_every_entry_initialises_runs_under_jit_and_differentiates(
     assert np.all(np.isfinite(np.asarray(g_p))) and np.abs(g_p).max() > 0
 
 
-def test_apply_equals_the_direct_call_with_overrides():
-  w = losses.get_loss("cosface").init_params(jax.random.PRNGKey(2), _C, _D)
-
-  @jax.jit
-  def run(x, y, w):
-    return (losses.get_loss("triplet").apply(x, y, mining="batch_hard",
-                                             margin=0.3),
-            losses.triplet_margin_loss(x, y, mining="batch_hard", margin=0.3),
-            losses.get_loss("cosface").apply(x, y, w, scale=5.0),
-            losses.cosface_loss(x, y, w, scale=5.0),
-            # Execution options (not hyperparameters) pass through too.
-            losses.get_loss("circle").apply(x, y, block_size=8),
-            losses.circle_loss(x, y))
-  a, b, c, d, e, f = run(_X, _Y, w)
-  assert float(a) == float(b) and float(c) == float(d)
-  np.testing.assert_allclose(float(e), float(f), rtol=1e-5)
-  assert "block_size" not in losses.get_loss("circle").defaults
+# ----------------------------------------------------------------------------
+# Defaults written once (issue 39): the signature, the rule, the registry.
+# ----------------------------------------------------------------------------
 
 
-def test_apply_rejects_misuse_by_name():
-  contrastive = losses.get_loss("contrastive")
-  with pytest.raises(ValueError, match="unknown hyperparameter.*'margn'"):
-    contrastive.apply(_X, _Y, margn=0.1)
-  with pytest.raises(ValueError, match="has no learnable parameters"):
-    contrastive.apply(_X, _Y, np.ones((_C, _D), np.float32))
-  with pytest.raises(ValueError, match="needs its `proxies`"):
-    losses.get_loss("proxy_nca").apply(_X, _Y)
-  unsupported = [n for n, e in losses.LOSSES.items()
-                 if not e.supports_axis_name]
-  for name in unsupported:
-    entry = losses.LOSSES[name]
-    params = entry.init_params(jax.random.PRNGKey(0), _C, _D)
-    with pytest.raises(ValueError, match="does not support `axis_name`"):
-      entry.apply(_X, _Y, params, axis_name="d")
+class _Built(Exception):
+  """Carries the rule a loss hands to an engine front end."""
+
+  def __init__(self, rule):
+    super().__init__()
+    self.rule = rule
 
 
-def test_apply_routes_axis_name_inside_shard_map():
-  entry = losses.get_loss("contrastive")
-  mesh = Mesh(np.array(jax.devices()), ("d",))
-  got = jax.jit(jax.shard_map(
-      functools.partial(entry.apply, axis_name="d"), mesh=mesh,
-      in_specs=(P("d"), P("d")), out_specs=P()))(_X, _Y)
-  np.testing.assert_allclose(float(got), float(jax.jit(entry.apply)(_X, _Y)),
-                             rtol=1e-5)
+def _rule_built_by(entry, monkeypatch):
+  """The rule ``entry.fn`` builds from its own defaults (None: no engine)."""
+  from circle_jax.losses import engine
+
+  def capture(rule, *args, **kwargs):
+    raise _Built(rule)
+
+  for front in ("embedding_loss", "matrix_loss", "class_level_loss"):
+    monkeypatch.setattr(engine, front, capture)
+  x, y = jnp.ones((4, 3)), jnp.array([0, 0, 1, 1])
+  args = (x, y) if entry.param_name is None else (
+      x, y, entry.init_params(jax.random.PRNGKey(0), 2, 3))
+  try:
+    entry.fn(*args, **({"key": None} if entry.needs_key else {}))
+  except _Built as built:
+    return built.rule
+  return None
+
+
+def _public_losses():
+  """Every public function of ``circle_jax.losses`` defined in a loss
+  module (the losses, their matrix forms, the pair weights, the miners)."""
+  return [fn for name, fn in vars(losses).items()
+          if inspect.isfunction(fn) and not name.startswith("_")
+          and fn.__module__.startswith("circle_jax.losses.")
+          and fn.__module__ != "circle_jax.losses.registry"]
+
+
+@pytest.mark.parametrize("fn", _public_losses(), ids=lambda f: f.__name__)
+def test_a_public_loss_is_a_plain_def_reading_its_defaults_from_one_place(
+    fn):
+  """``def name(...)`` in its module, and each default that is a field of a
+  rule or declaration (``margin: float = Circle.margin``) is read from the
+  field of the same name, with that field's value."""
+  import ast
+  import dataclasses
+
+  source = inspect.getsource(fn)
+  assert source.startswith(f"def {fn.__name__}("), source[:80]
+  tree = ast.parse(source).body[0]
+  params = inspect.signature(fn).parameters
+  for arg, default in zip(tree.args.kwonlyargs, tree.args.kw_defaults):
+    if isinstance(default, ast.Attribute):
+      owner = eval(ast.unparse(default.value), fn.__globals__)  # noqa: S307
+      assert dataclasses.is_dataclass(owner), (fn.__name__, arg.arg)
+      assert default.attr == arg.arg, (fn.__name__, arg.arg, default.attr)
+      assert params[arg.arg].default == getattr(owner, default.attr)
+
+
+@pytest.mark.parametrize("name", list(losses.LOSSES))
+def test_signature_rule_and_registry_defaults_agree(name, monkeypatch):
+  """The registry's defaults are the signature's hyperparameters, and the
+  rule a loss builds from them carries exactly those values: every field of
+  the rule (but the shared ``geometry`` option and the form's
+  ``on_distance``) is a keyword of the public loss."""
+  entry = losses.get_loss(name)
+  params = inspect.signature(entry.fn).parameters
+  for key, value in entry.defaults.items():
+    assert params[key].default == value, (name, key)
+  rule = _rule_built_by(entry, monkeypatch)
+  if rule is None:  # a loss written without a rule (e.g. the classifiers)
+    return
+  import dataclasses
+  fields = {f.name: getattr(rule, f.name) for f in dataclasses.fields(rule)
+            if f.name not in ("geometry", "on_distance")}
+  missing = sorted(set(fields) - set(entry.defaults))
+  assert not missing, (name, missing)
+  for key, value in fields.items():
+    assert value == entry.defaults[key], (name, key, value)
+
+
+def test_the_rule_based_losses_are_checked_by_the_test_above(monkeypatch):
+  """The agreement test reaches the rule of every loss that has one (it
+  cannot pass vacuously)."""
+  with_rule = [name for name, entry in losses.LOSSES.items()
+               if _rule_built_by(entry, monkeypatch) is not None]
+  assert {"circle", "unified", "circle_class_level", "multi_similarity",
+          "ranked_list", "contrastive", "supcon", "nt_xent", "pairwise_ce",
+          "pairwise_sigmoid"} <= set(with_rule)

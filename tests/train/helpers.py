@@ -9,6 +9,7 @@ omniglot_small jobs (``tests/experiments/test_main.py`` checks they agree).
 """
 
 import dataclasses
+import functools
 import os
 import signal
 import time
@@ -20,7 +21,7 @@ import jax.numpy as jnp
 
 from circle_jax import ops
 from circle_jax import config as config_lib
-from circle_jax.losses import _common
+from circle_jax.losses.engine import reductions
 from circle_jax.losses import engine
 from circle_jax.train import checkpoint as ckpt_lib
 from circle_jax.train import state as state_lib
@@ -113,6 +114,14 @@ class Entry:
       hyper["ref"] = ref
     return self.fn(embeddings, labels, params, **hyper)
 
+  def bind(self, **hyper):
+    return functools.partial(self.fn, **hyper)
+
+  def routed(self, *, key=None, axis_name=None, ref=None):
+    del key
+    return {k: v for k, v in (("axis_name", axis_name), ("ref", ref))
+            if v is not None}
+
 
 def _pair_loss(embeddings, labels, params=None, *, axis_name=None, scale=8.0):
   """A Circle-like pair loss of the global batch (written with the engine's pair block)."""
@@ -121,7 +130,7 @@ def _pair_loss(embeddings, labels, params=None, *, axis_name=None, scale=8.0):
                                         axis_name=axis_name)
   per = (ops.log1p_sum_exp(scale * s, neg)
          + ops.log1p_sum_exp(-scale * s, pos))
-  return _common.mean_over_valid(per, pos.any(1), axis_name)
+  return reductions.mean_over_valid(per, pos.any(1), axis_name)
 
 
 def _proxy_loss(embeddings, labels, proxies, *, axis_name=None, scale=8.0):
@@ -130,7 +139,7 @@ def _proxy_loss(embeddings, labels, proxies, *, axis_name=None, scale=8.0):
   logits = scale * s
   per = jax.nn.logsumexp(logits, axis=1) - jnp.take_along_axis(
       logits, labels[:, None], axis=1)[:, 0]
-  return _common.mean_over_valid(per, jnp.ones_like(per), axis_name)
+  return reductions.mean_over_valid(per, jnp.ones_like(per), axis_name)
 
 
 PAIR = Entry("toy_pair", _pair_loss)

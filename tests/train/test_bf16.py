@@ -6,6 +6,7 @@ papers' scales; ``tests/train/test_models_step.py`` the models' dtypes. Here:
 the trainer with a bfloat16 backbone.
 """
 
+import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -53,11 +54,13 @@ def test_the_loss_receives_float32_embeddings_and_returns_float32(bf16_step):
   seen = {}
   inner = step_lib.make_loss_fn(entry, hyper)
 
-  def loss_fn(embeddings, *args, **kw):
+  def watched(embeddings, *args, **kw):
     seen["embeddings"] = embeddings.dtype
-    out = inner(embeddings, *args, **kw)
+    out = inner.fn(embeddings, *args, **kw)
     seen["loss"] = out.dtype
     return out
+
+  loss_fn = dataclasses.replace(inner, fn=watched)
 
   jax.eval_shape(lambda s, b: step_lib.train_step(
       s, b, loss_fn=loss_fn, base_key=key), state, batch)

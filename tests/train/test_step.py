@@ -139,3 +139,49 @@ def test_bad_batch_shapes_fail_at_trace_time_naming_the_fix(batch, match):
                                   base_key=jax.random.PRNGKey(0), donate=False)
   with pytest.raises(ValueError, match=match):
     step(state, batch)
+
+
+def _frames_from_step_to_rule(monkeypatch):
+  """The frames in circle_jax's own files from ``train_step`` to the
+  formula (``Circle.logits``) inclusive, recorded in a real train step of
+  the registry's Circle loss on a tiny model and batch."""
+  import inspect
+  import os
+
+  import circle_jax
+  from circle_jax import losses
+  from circle_jax.losses import circle
+
+  package = os.path.dirname(os.path.abspath(circle_jax.__file__)) + os.sep
+  original, stacks = circle.Circle.logits, []
+
+  def logits(self, s):
+    stacks.append(inspect.stack(context=0))
+    return original(self, s)
+
+  monkeypatch.setattr(circle.Circle, "logits", logits)
+  entry = losses.get_loss("circle")
+  state = _initial_state(entry, helpers.TinyNet(use_bn=False), optax.sgd(0.1))
+  step_lib.train_step(state, helpers.fake_batch(jax.random.PRNGKey(0)),
+                      loss_fn=step_lib.make_loss_fn(entry),
+                      base_key=jax.random.PRNGKey(0))
+  assert stacks, "the step never reached Circle.logits"
+  outer = [f for f in stacks[0][1:]]  # caller first ... train_step last
+  top = next(i for i, f in enumerate(outer) if f.function == "train_step")
+  path = [f"{os.path.relpath(f.filename, package)}:{f.function}"
+          for f in outer[:top + 1]
+          if os.path.abspath(f.filename).startswith(package)]
+  return path[::-1] + ["Circle.logits"]
+
+
+def test_the_step_reaches_the_formula_in_at_most_six_frames(monkeypatch):
+  """Issue 39: the registry entry and its hyperparameters are bound when the
+  step is built, so no adapter stands between the step and the loss
+  (10 frames before: train_step, objective, make_loss_fn's closure,
+  LossEntry.apply, forms' wrapper, the generated form, embedding_loss, an
+  engine lambda, dense_per_anchor, Circle.logits)."""
+  path = _frames_from_step_to_rule(monkeypatch)
+  print(f"{len(path)} frames:", " -> ".join(path))
+  assert path[0] == "train/step.py:train_step"
+  assert "losses/circle.py:circle_loss" in path
+  assert len(path) <= 6, path

@@ -21,7 +21,7 @@ from circle_jax import config as config_lib
 from circle_jax import losses as losses_lib
 from circle_jax import ops
 from circle_jax import parallel
-from circle_jax.losses import _common
+from circle_jax.losses.engine import reductions
 from circle_jax.train import config_checks
 from circle_jax.train import loop
 from circle_jax.train import optim
@@ -54,7 +54,7 @@ def _ref_pair_loss(embeddings, labels, params=None, *, axis_name=None,
   pos, neg = same & other, ~same & other
   per = (ops.log1p_sum_exp(scale * s, neg)
          + ops.log1p_sum_exp(-scale * s, pos))
-  return _common.mean_over_valid(per, pos.any(1), axis_name)
+  return reductions.mean_over_valid(per, pos.any(1), axis_name)
 
 
 REF_PAIR = helpers.Entry("toy_ref_pair", _ref_pair_loss)

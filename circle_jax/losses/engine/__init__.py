@@ -11,28 +11,33 @@ A pair loss is split in two:
 The rooms, read top to bottom:
 
 =============  ===========================================================
+``reductions`` the (global) batch reductions of per-anchor terms
 ``rule``       the rule interface (:class:`PairRule`, ``rule_dataclass``)
-``geometry``   the similarity of a tile (:class:`Cosine` today, one matmul)
+``geometry``   the similarity of a tile (:class:`Cosine`, :class:`Dot`; the
+               Poincaré ball's is in the losses room)
 ``tiles``      tile pieces: sides, the one pair-mask helper, tiling, online
                statistics, the rule-derived ``dL/ds`` of a tile
 ``sides``      the anchors and the candidates (:class:`Candidates`)
 ``dense``      the dense engine (one ``[M, N]`` block, autodiff)
-``sweep``      the backward sweep shared by the tiled engines' ``custom_vjp``
+``backward``   the backward sweep shared by the tiled engines' ``custom_vjp``
 ``blockwise``  the blockwise engine (tiles, ``O(block^2)`` memory)
 ``ring``       the device-ring engine (column shards over ``ppermute``)
-``dispatch``   the one choice of engine, and the loss front ends
+``dispatch``   the one choice of engine, the loss front ends and their
+               options (:data:`OPTIONS`, :data:`EXECUTION_OPTIONS`)
 =============  ===========================================================
 
-Imports go one way: ``rule`` <- ``geometry``; ``tiles`` <- ``rule``;
-``sides``, ``dense``, ``sweep`` <- ``tiles``; ``blockwise``, ``ring`` <-
-``sweep``; ``dispatch`` <- all engines. Engines import only ``tiles``,
-``sweep``, ``rule`` / ``geometry`` and :mod:`circle_jax.ops`.
+Imports go one way: ``rule`` <- ``geometry``, ``reductions``; ``tiles`` <- ``rule``;
+``sides``, ``dense``, ``backward`` <- ``tiles``; ``blockwise``, ``ring``
+<- ``backward``; ``dispatch`` <- all engines. Engines import only
+``tiles``, ``backward``, ``rule`` / ``geometry``, ``reductions`` and
+:mod:`circle_jax.ops`.
 
 Adding a pair loss: write its rule (a :func:`rule_dataclass` subclass of
 :class:`PairRule`) and its public functions in its own module, calling
 :func:`embedding_loss` (``**options``: the shared keywords, documented
-there once) and :func:`matrix_loss`; register it in
-:mod:`circle_jax.losses.registry` and export it from
+there once) and :func:`matrix_loss`, and its ``REGISTRY`` entry
+(:mod:`circle_jax.losses.entries`) next to it; add the module to
+:mod:`circle_jax.losses.registry`'s list and export the loss from
 :mod:`circle_jax.losses`. Three files, no engine touched. A pair term that
 reads a per-anchor statistic with its gradient (N-pair, lifted structure)
 is a two-stage rule: ``first_stage()`` gives the statistic (e.g. a
@@ -43,7 +48,7 @@ as the sides' ``aux`` and differentiates through it
 Adding an engine: a new module here, a function ``(rule, rows, cols, ...)
 -> (per_anchor, valid)`` built from the tile pieces (:func:`tiles.tile`,
 ``prepass_update``, ``stats_init`` / ``stats_update`` / ``stats_finish``,
-``finish_rows``) and, for its ``custom_vjp``, :func:`sweep.sweep`; then one
+``finish_rows``) and, for its ``custom_vjp``, :func:`backward.sweep`; then one
 branch in :func:`dispatch.embedding_loss`. No loss touched.
 
 Adding a geometry: a :class:`geometry.Geometry` subclass (``embed``,
@@ -56,6 +61,7 @@ No engine and no loss touched.
 from circle_jax.losses.engine.dense import dense_per_anchor, selected_pairs
 from circle_jax.losses.engine.dispatch import (
     COLLECTIVES,
+    EXECUTION_OPTIONS,
     OPTIONS,
     check_collective,
     class_level_loss,

@@ -7,7 +7,7 @@ set statistics are accumulated online (max-shifted logsumexp or weighted
 sums, as in memory-efficient attention); a rule's pre-pass is a first loop
 without gradient. A ``custom_vjp`` recomputes every tile in the backward
 pass from the ``O(M)`` saved statistics
-(:func:`circle_jax.losses.engine.sweep.sweep`). Peak memory is
+(:func:`circle_jax.losses.engine.backward.sweep`). Peak memory is
 ``O(block_size^2 + (M + N) D)``.
 """
 
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from circle_jax.losses.engine import sweep as sweep_lib
+from circle_jax.losses.engine import backward
 from circle_jax.losses.engine import tiles
 
 Array = jax.Array
@@ -69,15 +69,15 @@ def _blockwise_fwd(plan, rule, rows, cols, pos_mask, neg_mask):
 def _blockwise_bwd(plan, res, cts):
   rule, rows, cols, pos_mask, neg_mask, pre, stats = res
   # The validity output carries no gradient.
-  rows_t, cols_t = sweep_lib.saved_rows(plan, rows, cols, pre, stats, cts[0],
-                                        pos_mask, neg_mask)
-  dz_rows, dz_cols = sweep_lib.sweep(plan, rule, rows_t, cols_t,
-                                     sweep_lib.zeros(rows_t),
-                                     sweep_lib.zeros(cols_t))
+  rows_t, cols_t = backward.saved_rows(plan, rows, cols, pre, stats, cts[0],
+                                       pos_mask, neg_mask)
+  dz_rows, dz_cols = backward.sweep(plan, rule, rows_t, cols_t,
+                                    backward.zeros(rows_t),
+                                    backward.zeros(cols_t))
   # Hyperparameters, labels, ids and masks get no gradient.
   d_rule = jax.tree.map(jnp.zeros_like, rule)
-  return (d_rule, sweep_lib.side_cotangent(rows, dz_rows, plan.rows),
-          sweep_lib.side_cotangent(cols, dz_cols, plan.cols), None, None)
+  return (d_rule, backward.side_cotangent(rows, dz_rows, plan.rows),
+          backward.side_cotangent(cols, dz_cols, plan.cols), None, None)
 
 
 _blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)

@@ -45,12 +45,14 @@ def dense_per_anchor(rule, similarity: Array, pos: Array, neg: Array,
     similarity: ``[M, N]`` float32 block (for a rule on distances, whatever
       its ``prepare`` reads).
     pos, neg: ``[M, N]`` bool label (and miner) masks, disjoint.
-    aux: ``None``, or a two-stage rule's ``(t_row [M, 1], t_col [1, N] or
-      None)`` (:func:`tiles.prepare`), differentiated by autodiff too.
+    aux: ``None``, or a two-stage rule's first-stage values ``(t_row [M],
+      t_col [N] or None)`` (the sides' ``aux``, :func:`tiles.pair_aux`),
+      differentiated by autodiff too.
 
   Returns:
     ``(per_anchor [M], valid [M])``.
   """
+  aux = None if aux is None else tiles.pair_aux(*aux)
   x = tiles.prepare(rule, similarity, aux)
   pre = tiles.prepass_update(rule, None, similarity, pos, neg, keepdims=True,
                              aux=aux)

@@ -23,21 +23,24 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax import ops
-from circle_jax.losses import _common
+from circle_jax.losses import checks
+from circle_jax.losses.engine import reductions
 from circle_jax.losses.engine import blockwise
 from circle_jax.losses.engine import dense
 from circle_jax.losses.engine import geometry as geometry_lib
 from circle_jax.losses.engine import ring
 from circle_jax.losses.engine import rule as rule_lib
 from circle_jax.losses.engine import sides
-from circle_jax.losses.engine import tiles
 
 Array = jax.Array
 
 COLLECTIVES = ("all_gather", "ring")
+# The execution options of the rule-based pair losses: how the loss is
+# computed (the blockwise engine, the device ring), never its value.
+EXECUTION_OPTIONS = ("block_size", "collective")
 # The keyword options every embedding-form pair loss takes (**options).
-OPTIONS = ("axis_name", "pos_mask", "neg_mask", "block_size", "collective",
-           "ref", "geometry")
+OPTIONS = ("axis_name", "pos_mask", "neg_mask", *EXECUTION_OPTIONS, "ref",
+           "geometry")
 
 
 def check_collective(collective) -> str:
@@ -53,10 +56,10 @@ def reduce_per_anchor(rule, per_anchor: Array, valid: Array, axis_name=None):
   if hasattr(rule, "reduce"):
     loss = rule.reduce(per_anchor, valid, axis_name)
   elif rule.reduction == "valid_mean":
-    loss = _common.mean_over_valid(per_anchor, valid, axis_name)
+    loss = reductions.mean_over_valid(per_anchor, valid, axis_name)
   else:
-    loss = _common.sum_over_batch(per_anchor, axis_name)
-  return _common.to_float32_scalar(loss)
+    loss = reductions.sum_over_batch(per_anchor, axis_name)
+  return reductions.to_float32_scalar(loss)
 
 
 def embedding_loss(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
@@ -118,37 +121,48 @@ def embedding_loss(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
   shape = (rows.z.shape[0], n)
   run = _engine(rule, rows, cols, shape=shape, axis_name=axis_name,
                 on_ring=on_ring, block_size=block_size,
-                pos_mask=_common.check_mask(pos_mask, shape, "pos_mask"),
-                neg_mask=_common.check_mask(neg_mask, shape, "neg_mask"))
-  first = _first_stage(rule)
+                pos_mask=checks.check_mask(pos_mask, shape, "pos_mask"),
+                neg_mask=checks.check_mask(neg_mask, shape, "neg_mask"))
+  first, aux = _first_stage(rule), None
   if first is not None:
-    t, _ = run(first, rows, cols)
+    t, _ = run(first)
     t_cols = None
     if rule.column_stage and ref is None:  # the columns are the anchors
       t_cols = t if on_ring else ops.gather_global(t, axis_name)
-    rows, cols = rows._replace(aux=t), cols._replace(aux=t_cols)
-  values, valid = run(rule, rows, cols)
+    aux = (t, t_cols)
+  values, valid = run(rule, aux=aux)
   return reduce_per_anchor(rule, values, valid, axis_name)
 
 
 def _engine(rule, rows, cols, *, shape, axis_name, on_ring, block_size,
             pos_mask, neg_mask):
-  """The one choice of engine: ``run(rule, rows, cols) -> (per_anchor,
-  valid)`` (the dense engine forms its block once for both stages of a
-  two-stage rule, so its gradient takes one pull-back through the geometry).
+  """The one choice of engine: ``run(rule, aux=None) -> (per_anchor,
+  valid)`` on ``rows x cols``, ``aux`` a two-stage rule's first-stage values
+  of the rows and the columns (``[M]``, ``[N]`` or ``None``). The dense
+  engine forms its block once for both stages of a two-stage rule, so its
+  gradient takes one pull-back through the geometry; it is called directly
+  (no adapter frame between the loss and the rule).
   """
   if on_ring:
-    return functools.partial(ring.ring_per_anchor, axis_name=axis_name,
-                             block_size=block_size, pos_mask=pos_mask,
-                             neg_mask=neg_mask)
+    return functools.partial(_on_sides, ring.ring_per_anchor, rows, cols,
+                             axis_name=axis_name, block_size=block_size,
+                             pos_mask=pos_mask, neg_mask=neg_mask)
   if block_size is not None:
-    return functools.partial(blockwise.blockwise_per_anchor,
-                             block_size=block_size, pos_mask=pos_mask,
+    return functools.partial(_on_sides, blockwise.blockwise_per_anchor, rows,
+                             cols, block_size=block_size, pos_mask=pos_mask,
                              neg_mask=neg_mask)
   s = rule.geometry.tile(rows.z, cols.z)
   pos, neg = sides.checked_pair_masks(rows, cols, shape, pos_mask, neg_mask)
-  return lambda rule, rows, cols: dense.dense_per_anchor(
-      rule, s, pos, neg, tiles.pair_aux(rows.aux, cols.aux))
+  return functools.partial(dense.dense_per_anchor, similarity=s, pos=pos,
+                           neg=neg)
+
+
+def _on_sides(per_anchor, rows, cols, rule, aux=None, **kwargs):
+  """A tiled engine's ``per_anchor(rule, rows, cols, **kwargs)`` with the
+  sides' ``aux`` set to ``aux`` (a two-stage rule's second stage)."""
+  if aux is not None:
+    rows, cols = rows._replace(aux=aux[0]), cols._replace(aux=aux[1])
+  return per_anchor(rule, rows, cols, **kwargs)
 
 
 def _first_stage(rule):
@@ -169,7 +183,7 @@ def matrix_loss(rule, matrix, labels, *, pos_mask=None, neg_mask=None,
   aux, first = None, _first_stage(rule)
   if first is not None:  # the columns are the anchors
     t, _ = dense.dense_per_anchor(first, matrix, pos, neg)
-    aux = tiles.pair_aux(t, t if rule.column_stage else None)
+    aux = (t, t if rule.column_stage else None)
   return reduce_per_anchor(rule, *dense.dense_per_anchor(rule, matrix, pos,
                                                          neg, aux))
 
@@ -181,16 +195,16 @@ def class_level_loss(rule, embeddings, labels, class_weights) -> Array:
   result is the mean over all samples (a label outside ``[0, C)`` has no
   positive and contributes 0).
   """
-  embeddings = _common.check_embeddings(embeddings)
-  labels = _common.check_labels(labels, embeddings.shape[0])
-  class_weights = _common.check_class_vectors(
+  embeddings = checks.check_embeddings(embeddings)
+  labels = checks.check_labels(labels, embeddings.shape[0])
+  class_weights = checks.check_class_vectors(
       class_weights, embeddings.shape[1], name="class_weights")
   similarity = rule.geometry.tile(rule.geometry.embed(embeddings),
                                   rule.geometry.embed(class_weights))
   classes = jnp.arange(class_weights.shape[0], dtype=labels.dtype)
   pos = labels[:, None] == classes[None, :]
   values, _ = dense.dense_per_anchor(rule, similarity, pos, ~pos)
-  return _common.to_float32_scalar(jnp.mean(values))
+  return reductions.to_float32_scalar(jnp.mean(values))
 
 
 def dense_block(embeddings, labels, *, loss: str, reason: str,

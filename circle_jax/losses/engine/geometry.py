@@ -14,8 +14,8 @@ loss's own module) and no engine changes. The interface:
   tile's ``dL/ds`` ``g`` (default: ``jax.vjp`` of ``tile``).
 
 A geometry is a frozen (hashable) dataclass: its fields are static.
-:class:`Cosine` is today's geometry (one matmul of unit vectors per tile);
-:class:`Dot` keeps the raw inner products (the N-pair loss).
+:class:`Cosine` is most losses' default geometry (one matmul of unit vectors
+per tile); :class:`Dot` keeps the raw inner products (the N-pair loss).
 :class:`circle_jax.losses.hyperbolic.Poincare` (in the losses room, since no
 engine needs to know it) maps ``embed`` onto the ball and computes ``tile``
 as ``-d_c`` from the tile's matmul and the two sides' squared norms

@@ -12,7 +12,7 @@ takes one ring pass for it first.
 
 The backward pass is a ``custom_vjp`` that runs the ring again from the
 rows' saved ``O(B_local)`` statistics: at each step the shared backward
-sweep (:func:`circle_jax.losses.engine.sweep.sweep`) recomputes each tile
+sweep (:func:`circle_jax.losses.engine.backward.sweep`) recomputes each tile
 against the shard it holds, accumulates ``dL/dz_rows`` locally and ``dL/dz_cols`` into an accumulator that travels *with* the
 column shard, so that after the full cycle each shard's gradient is back at
 its owner (one last ``ppermute`` of the accumulator alone).
@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax import ops
-from circle_jax.losses.engine import sweep as sweep_lib
+from circle_jax.losses.engine import backward
 from circle_jax.losses.engine import tiles
 
 Array = jax.Array
@@ -158,23 +158,23 @@ def _ring_fwd(plan, axis_name, rule, rows, cols, pos_mask, neg_mask):
 def _ring_bwd(plan, axis_name, res, cts):
   rule, rows, cols, pos_mask, neg_mask, pre, stats = res
   # The validity output carries no gradient.
-  rows_t, cols_t = sweep_lib.saved_rows(plan, rows, cols, pre, stats, cts[0])
+  rows_t, cols_t = backward.saved_rows(plan, rows, cols, pre, stats, cts[0])
 
   def visit(dz_rows, shard, k):
     rows_k = _with_masks(plan, axis_name, rows_t, pos_mask, neg_mask, k)
-    dz_rows, dz_cols = sweep_lib.sweep(plan, rule, rows_k, shard, dz_rows,
-                                       shard["dz"])
+    dz_rows, dz_cols = backward.sweep(plan, rule, rows_k, shard, dz_rows,
+                                      shard["dz"])
     return dz_rows, dict(shard, dz=dz_cols)
 
-  shard = dict(cols_t, dz=sweep_lib.zeros(cols_t))
-  dz_rows, shard = _ring_pass(axis_name, visit, sweep_lib.zeros(rows_t),
+  shard = dict(cols_t, dz=backward.zeros(cols_t))
+  dz_rows, shard = _ring_pass(axis_name, visit, backward.zeros(rows_t),
                               shard)
   # The accumulator's last move brings every shard's gradient home.
   dz_cols = _shift(shard["dz"], axis_name, jax.lax.axis_size(axis_name))
   # Hyperparameters, labels, ids and masks get no gradient.
   d_rule = jax.tree.map(jnp.zeros_like, rule)
-  return (d_rule, sweep_lib.side_cotangent(rows, dz_rows, plan.rows),
-          sweep_lib.side_cotangent(cols, dz_cols, plan.cols), None, None)
+  return (d_rule, backward.side_cotangent(rows, dz_rows, plan.rows),
+          backward.side_cotangent(cols, dz_cols, plan.cols), None, None)
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)

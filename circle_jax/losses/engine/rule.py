@@ -65,7 +65,7 @@ from typing import Mapping, Tuple
 import jax
 import jax.numpy as jnp
 
-from circle_jax.losses import _common
+from circle_jax.losses.engine import reductions
 from circle_jax.losses import ranges as ranges_lib
 from circle_jax.losses.engine import geometry as geometry_lib
 
@@ -153,7 +153,7 @@ class PositivePairMean(PairRule):
 
   def reduce(self, terms, valid, axis_name):
     del valid
-    return self.scale * _common.ratio_of_sums(*terms, axis_name)
+    return self.scale * reductions.ratio_of_sums(*terms, axis_name)
 
 
 def set_statistics(rule) -> Tuple[str, str]:

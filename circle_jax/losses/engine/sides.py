@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax import ops
-from circle_jax.losses import _common
+from circle_jax.losses import checks
+from circle_jax.losses.engine import reductions
 from circle_jax.losses.engine import geometry as geometry_lib
 from circle_jax.losses.engine import tiles
 
@@ -76,7 +77,7 @@ def _reference_side(ref: Candidates, embeddings, x, row_index, gather, embed):
   if ref.labels is None:
     raise ValueError("`ref` needs its `labels`, the [K] integer labels of the "
                      "reference embeddings.")
-  r = _common.check_embeddings(ref.embeddings, "ref.embeddings")
+  r = checks.check_embeddings(ref.embeddings, "ref.embeddings")
   if r.shape[1] != x.shape[1]:
     raise ValueError(
         f"`ref.embeddings` has dimension {r.shape[1]} but the embeddings have "
@@ -126,12 +127,12 @@ def pair_sides(embeddings, labels, *, axis_name=None,
       mismatched dimensions or lengths, non-integer labels or ids, a
       non-bool ``valid``, or only one of ``ids`` / ``anchor_ids``.
   """
-  x = _common.check_embeddings(embeddings)
-  labels = _common.check_labels(labels, x.shape[0])
+  x = checks.check_embeddings(embeddings)
+  labels = checks.check_labels(labels, x.shape[0])
   m = x.shape[0]
   embed = geometry.embed
   row_index = (jnp.arange(m, dtype=jnp.int32)
-               + jnp.asarray(_common.local_row_offset(m, axis_name), jnp.int32))
+               + jnp.asarray(reductions.local_row_offset(m, axis_name), jnp.int32))
   if gather_columns:
     gather = functools.partial(ops.gather_global, axis_name=axis_name)
   else:
@@ -172,18 +173,18 @@ def pair_block(embeddings, labels, *, axis_name=None, pos_mask=None,
 def checked_pair_masks(rows, cols, shape, pos_mask, neg_mask):
   """The block's pair masks with the checked ``[M, N]`` miner masks."""
   return tiles.side_pair_masks(
-      rows, cols, _common.check_mask(pos_mask, shape, "pos_mask"),
-      _common.check_mask(neg_mask, shape, "neg_mask"))
+      rows, cols, checks.check_mask(pos_mask, shape, "pos_mask"),
+      checks.check_mask(neg_mask, shape, "neg_mask"))
 
 
 def square_block(matrix, labels, pos_mask=None, neg_mask=None,
                  name: str = "similarity"):
   """A checked square ``[B, B]`` matrix, its labels and its pair masks."""
-  matrix, labels = _common.check_similarity(matrix, labels, name=name)
+  matrix, labels = checks.check_similarity(matrix, labels, name=name)
   ids = jnp.arange(labels.shape[0], dtype=jnp.int32)
   shape = matrix.shape
   pos, neg = tiles.pair_masks(
       labels, ids, labels, ids, None,
-      _common.check_mask(pos_mask, shape, "pos_mask"),
-      _common.check_mask(neg_mask, shape, "neg_mask"))
+      checks.check_mask(pos_mask, shape, "pos_mask"),
+      checks.check_mask(neg_mask, shape, "neg_mask"))
   return matrix, labels, pos, neg

@@ -1,4 +1,5 @@
-"""Tests of the host-side label check (circle_jax/losses/validation.py)."""
+"""Tests of the input checks (circle_jax/losses/checks.py): the trace-time
+shape and dtype checks and the host-side label check."""
 
 import jax
 import jax.numpy as jnp
@@ -6,6 +7,7 @@ import numpy as np
 import pytest
 
 from circle_jax.losses import validate_labels
+from circle_jax.losses import checks
 
 
 def test_valid_labels_pass_and_come_back_as_numpy():
@@ -53,3 +55,16 @@ def test_bad_arguments():
 def test_traced_labels_are_refused_with_a_hint():
   with pytest.raises(TypeError, match="outside jit"):
     jax.jit(lambda l: validate_labels(l, 3))(jnp.array([0, 1]))
+
+
+def test_input_checks_name_the_argument():
+  with pytest.raises(ValueError, match="embeddings"):
+    checks.check_embeddings(jnp.ones((3,)))
+  with pytest.raises(TypeError, match="embeddings"):
+    checks.check_embeddings(jnp.ones((3, 2), jnp.int32))
+  with pytest.raises(TypeError, match="labels"):
+    checks.check_labels(jnp.ones((3,)), 3)
+  with pytest.raises(ValueError, match="length 2"):
+    checks.check_labels(jnp.ones((2,), jnp.int32), 3)
+  with pytest.raises(ValueError, match="dimension 5"):
+    checks.check_class_vectors(jnp.ones((4, 5)), 3)

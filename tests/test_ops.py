@@ -1,17 +1,15 @@
-"""Tests of the shared loss utilities (masks, safe reductions, global batch)."""
-
-import functools
+"""Tests of the numerical building blocks (circle_jax/ops.py): masked
+logsumexps, the two-set exp pass, safe normalisation and distances."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
 from scipy.special import logsumexp as sp_logsumexp
 
 from circle_jax import ops
-from circle_jax.losses import _common
-from circle_jax.losses import engine
+from jax.sharding import PartitionSpec as P
 
 
 def test_masked_logsumexp_matches_scipy_and_ignores_masked_values():
@@ -149,64 +147,6 @@ def test_euclidean_from_cosine_identical_vectors_zero_distance_finite_grad():
       np.asarray(ops.euclidean_from_cosine(jnp.ones((2, 2)))), 0.0)
 
 
-def test_pair_masks_exclude_self_and_respect_ids_and_miner_masks():
-  labels = jnp.array([0, 0, 1, 1])
-  ids = jnp.arange(4)
-  pos, neg = engine.pair_masks(labels[2:], ids[2:], labels, ids)
-  np.testing.assert_array_equal(np.asarray(pos), [[0, 0, 0, 1], [0, 0, 1, 0]])
-  np.testing.assert_array_equal(np.asarray(neg), [[1, 1, 0, 0], [1, 1, 0, 0]])
-  keep = jnp.array([[True, False, True, True], [True, True, True, True]])
-  _, neg = engine.pair_masks(labels[2:], ids[2:], labels, ids, neg_mask=keep)
-  np.testing.assert_array_equal(np.asarray(neg), [[1, 0, 0, 0], [1, 1, 0, 0]])
-  with pytest.raises(ValueError, match="pos_mask"):
-    engine.pair_block(jnp.ones((4, 2)), labels,
-                      pos_mask=jnp.ones((3, 4), bool))
-
-
-def test_input_checks_name_the_argument():
-  with pytest.raises(ValueError, match="embeddings"):
-    _common.check_embeddings(jnp.ones((3,)))
-  with pytest.raises(TypeError, match="embeddings"):
-    _common.check_embeddings(jnp.ones((3, 2), jnp.int32))
-  with pytest.raises(TypeError, match="labels"):
-    _common.check_labels(jnp.ones((3,)), 3)
-  with pytest.raises(ValueError, match="length 2"):
-    _common.check_labels(jnp.ones((2,), jnp.int32), 3)
-  with pytest.raises(ValueError, match="dimension 5"):
-    _common.check_class_vectors(jnp.ones((4, 5)), 3)
-
-
-def _toy_global_loss(x, labels):
-  _, _, s, pos, neg = engine.pair_block(x, labels)
-  per = ops.log1p_sum_exp(10 * s, neg) + ops.log1p_sum_exp(-10 * s, pos)
-  return _common.mean_over_valid(per, pos.any(1))
-
-
-def _toy_local_loss(x, labels, axis_name):
-  _, _, s, pos, neg = engine.pair_block(x, labels, axis_name=axis_name)
-  per = ops.log1p_sum_exp(10 * s, neg) + ops.log1p_sum_exp(-10 * s, pos)
-  return _common.mean_over_valid(per, pos.any(1), axis_name)
-
-
-@pytest.mark.parametrize("mode", ["shard_map", "pmap"])
-def test_global_batch_value_and_gradient_equal_single_device(mode):
-  n = jax.device_count()
-  assert n == 8
-  x = jax.random.normal(jax.random.PRNGKey(0), (16, 5))
-  labels = jnp.array([0, 1, 2, 3] * 3 + [5, 6, 7, 0])
-  ref_v, ref_g = jax.value_and_grad(_toy_global_loss)(x, labels)
-  f = jax.value_and_grad(functools.partial(_toy_local_loss, axis_name="d"))
-  if mode == "shard_map":
-    mesh = Mesh(np.array(jax.devices()), ("d",))
-    v, g = jax.shard_map(f, mesh=mesh, in_specs=(P("d"), P("d")),
-                         out_specs=(P(), P("d")))(x, labels)
-  else:
-    v, g = jax.pmap(f, axis_name="d")(x.reshape(n, -1, 5), labels.reshape(n, -1))
-    v, g = v[0], g.reshape(16, 5)
-  np.testing.assert_allclose(float(v), float(ref_v), rtol=1e-5)
-  np.testing.assert_allclose(np.asarray(g), np.asarray(ref_g), atol=1e-5)
-
-
 def test_l2_normalize_keeps_direction_of_huge_and_tiny_norms():
   x = jnp.array([[3e30, -4e30], [3e-30, 4e-30], [1.0, 0.0], [3e38, 2.25e38]],
                 jnp.float32)
@@ -225,3 +165,29 @@ def test_l2_normalize_gradient_matches_analytic_jacobian():
   jac = (np.eye(3) - np.outer(xn, xn) / n**2) / n
   np.testing.assert_allclose(np.asarray(g)[0], jac @ np.asarray(ct, np.float64)[0],
                              rtol=1e-5)
+
+
+def _mesh():
+  return Mesh(np.array(jax.devices()), ("d",))
+
+
+@pytest.mark.parametrize("mode", ["shard_map", "shard_map_unchecked", "pmap"])
+def test_global_sum_backward_is_the_identity(mode):
+  n = jax.device_count()
+  x = jnp.arange(2.0 * n).reshape(n, 2) / 3.0
+
+  def local(x):
+    return jax.value_and_grad(
+        lambda x: ops.global_sum(jnp.sum(x ** 2), "d"))(x)
+
+  if mode == "pmap":
+    v, g = jax.pmap(local, axis_name="d")(x)
+    v = v[0]
+  else:
+    v, g = jax.jit(jax.shard_map(
+        local, mesh=_mesh(), in_specs=P("d"), out_specs=(P(), P("d")),
+        check_vma=mode == "shard_map"))(x.reshape(-1))
+    g = g.reshape(n, 2)
+  np.testing.assert_allclose(float(v), float(jnp.sum(x ** 2)), rtol=1e-6)
+  # Exact: d/dx of the global sum is 2x, not 2x times the device count.
+  np.testing.assert_allclose(np.asarray(g), 2 * np.asarray(x), rtol=1e-6)

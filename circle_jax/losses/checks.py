@@ -1,5 +1,5 @@
-"""Shared building blocks of the losses: trace-time input checks and the
-(global batch) reductions of per-anchor terms.
+"""The losses' input checks: trace-time shape and dtype checks, and the
+host-side label check.
 
 Conventions used by every loss in :mod:`circle_jax.losses`:
 
@@ -17,17 +17,29 @@ Conventions used by every loss in :mod:`circle_jax.losses`:
   batch (identical on every device) and its gradient with respect to the local
   embeddings equals the single-device gradient on the concatenated batch, under
   both ``jax.shard_map`` and ``jax.pmap`` (see :func:`circle_jax.ops.global_sum`).
+
+Trace-time checks (``check_*``) are chex assertions re-raised as the
+ValueError / TypeError that names the fix. The label check of the proxy and
+class-level losses, :func:`validate_labels`, runs on the host: under ``jit`` a loss sees labels only as traced values, so it cannot raise on
+a label outside ``[0, num_classes)``: such a label silently gives a wrong
+result (``jnp`` indexing clamps or wraps it; the proxy losses' one-hot masks
+drop the sample). :func:`validate_labels` is the
+host-side (NumPy) check the data pipeline runs on every batch or once on the
+whole label set, before the labels enter a compiled step.
 """
 
 from __future__ import annotations
 
+import numbers
+
 import chex
 import jax
 import jax.numpy as jnp
-
-from circle_jax import ops
+import numpy as np
 
 Array = jax.Array
+
+_MAX_REPORTED = 10
 
 
 # ----------------------------------------------------------------------------
@@ -136,41 +148,58 @@ def check_mask(mask, shape, name: str):
 
 
 # ----------------------------------------------------------------------------
-# Global batch across devices.
+# Host-side label check.
 # ----------------------------------------------------------------------------
 
 
-def local_row_offset(local_batch: int, axis_name):
-  """Index of this device's first anchor in the gathered global batch."""
-  if axis_name is None:
-    return 0
-  return jax.lax.axis_index(axis_name) * local_batch
+def validate_labels(labels, num_classes: int) -> np.ndarray:
+  """Checks on the host that integer labels lie in ``[0, num_classes)``.
 
+  Args:
+    labels: an integer array of any shape (NumPy, JAX or a sequence), e.g.
+      ``[B]`` or ``[devices, B]``. Must be concrete: call this outside
+      ``jit``, in the data pipeline.
+    num_classes: ``C``, the number of classes (rows of the proxies or class
+      weights).
 
-def mean_over_valid(per_anchor: Array, valid: Array, axis_name=None) -> Array:
-  """Mean of ``per_anchor`` over valid anchors of the (global) batch; 0 if none."""
-  valid = valid.astype(jnp.float32)
-  total = ops.maybe_global_sum(jnp.sum(jnp.where(valid > 0, per_anchor, 0.0)), axis_name)
-  count = jax.lax.stop_gradient(ops.maybe_global_sum(jnp.sum(valid), axis_name))
-  return total / jnp.maximum(count, 1.0)
+  Returns:
+    The labels as a NumPy integer array (same shape), so the call can be
+    chained: ``labels = validate_labels(labels, C)``.
 
-
-def sum_over_batch(per_anchor: Array, axis_name=None) -> Array:
-  """Sum of ``per_anchor`` over the (global) batch divided by its size."""
-  batch = per_anchor.shape[0]
-  if axis_name is not None:
-    batch = batch * jax.lax.psum(1, axis_name)
-  return ops.maybe_global_sum(jnp.sum(per_anchor), axis_name) / batch
-
-
-def ratio_of_sums(total: Array, count: Array, axis_name=None) -> Array:
-  """(Global) ``sum(total) / max(sum(count), 1)``; the count has no gradient."""
-  total = ops.maybe_global_sum(jnp.sum(total), axis_name)
-  count = jax.lax.stop_gradient(
-      ops.maybe_global_sum(jnp.sum(count.astype(jnp.float32)), axis_name))
-  return total / jnp.maximum(count, 1.0)
-
-
-def to_float32_scalar(x) -> Array:
-  return jnp.asarray(x, jnp.float32).reshape(())
-
+  Raises:
+    TypeError: ``labels`` is traced (inside ``jit``), or not of an integer
+      dtype, or ``num_classes`` is not an integer.
+    ValueError: ``num_classes`` < 1, or some labels are out of range; the
+      message names the offending values and their positions.
+  """
+  if isinstance(labels, jax.core.Tracer):
+    raise TypeError(
+        "validate_labels is a host-side check and got a traced value; call it "
+        "outside jit (in the data pipeline) on concrete labels."
+    )
+  if isinstance(num_classes, (bool, np.bool_)) or not isinstance(
+      num_classes, numbers.Integral):
+    raise TypeError(f"`num_classes` must be an int; got {num_classes!r}.")
+  if num_classes < 1:
+    raise ValueError(f"`num_classes` must be >= 1; got {num_classes}.")
+  labels = np.asarray(labels)
+  if labels.dtype == np.bool_ or not np.issubdtype(labels.dtype, np.integer):
+    raise TypeError(
+        f"`labels` must be an integer array of class ids; got dtype "
+        f"{labels.dtype}. Cast it with `.astype(np.int32)`."
+    )
+  bad = (labels < 0) | (labels >= num_classes)
+  if np.any(bad):
+    positions = np.argwhere(bad)
+    values = labels[bad]
+    shown = min(len(values), _MAX_REPORTED)
+    where = [tuple(int(i) for i in pos) if labels.ndim != 1 else int(pos[0])
+             for pos in positions[:shown]]
+    more = f" (and {len(values) - shown} more)" if len(values) > shown else ""
+    raise ValueError(
+        f"`labels` must lie in [0, {num_classes}); found {len(values)} "
+        f"out-of-range label(s): values {sorted(set(values.tolist()))[:shown]} "
+        f"at positions {where}{more}. Remap the labels to 0..{num_classes - 1} "
+        f"or pass the right num_classes."
+    )
+  return labels

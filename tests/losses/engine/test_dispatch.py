@@ -18,7 +18,7 @@ from tests.losses import reference as ref
 from tests.losses.engine_checks import close
 from tests.losses.engine_checks import sharded_vg as _sharded_vg
 from tests.losses.engine_checks import vg as _vg
-from tests.losses.test_pair_baselines import contrastive_ref, triplet_ref
+from tests.losses.reference import contrastive_ref, triplet_ref
 
 # 16 samples, 2 per device; label 9 has no positive.
 LABELS = np.array([0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 4, 4, 9, 0], np.int32)
@@ -30,17 +30,9 @@ def _x(seed=0):
 
 
 def _unified_ref(x, y, gamma, margin):
-  """Eq. 1 anchor by anchor, float64: softplus(LSE_n g(s_n + m) + LSE_p -g s_p)."""
-  s = ref.cos(x)
-  terms = []
-  for i in range(len(y)):
-    pos = [j for j in range(len(y)) if j != i and y[j] == y[i]]
-    neg = [j for j in range(len(y)) if y[j] != y[i]]
-    if pos and neg:
-      terms.append(ref.softplus(
-          ref.logsumexp(gamma * (s[i, neg] + margin))
-          + ref.logsumexp(-gamma * s[i, pos])))
-  return float(np.mean(terms)) if terms else 0.0
+  """Eq. 1 anchor by anchor, float64 (``reference.ref_unified_anchor``)."""
+  return ref.ref_pair_loss(ref.ref_unified_anchor, ref.cos(x), y,
+                           gamma=gamma, margin=margin)
 
 
 # The rule-based embedding forms: (function, hyperparameters, float64 ref).

@@ -24,6 +24,12 @@ from tests.losses.engine_checks import (
     vg,
     with_references,
 )
+from tests.losses.engine import cases
+import inspect
+from circle_jax.losses.circle import Unified
+from circle_jax.losses.multi_similarity import MultiSimilarity
+from circle_jax.losses.contrastive import Contrastive
+from circle_jax.losses.ranked_list import RankedList
 
 # 16 samples, 2 per device; label 9 has no positive, label 0 has 4 samples.
 LABELS = np.array([0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 4, 4, 9, 0], np.int32)
@@ -230,3 +236,46 @@ def test_one_stage_rules_carry_no_aux():
   stats = tiles.stats_update(rule, tiles.stats_init(s[:, 0]), s, pos, neg, ())
   g = tiles.tile_cotangent(rule, s, pos, neg, (), stats, jnp.ones(2))
   assert isinstance(g, jax.Array) and g.shape == (2, 2)
+
+
+@pytest.mark.parametrize("rule, fns", [
+    (Circle, [losses.circle_loss, losses.circle_loss_from_similarity]),
+    (Unified, [losses.unified_loss, losses.unified_loss_from_similarity]),
+    (MultiSimilarity, [losses.multi_similarity_loss,
+                       losses.multi_similarity_loss_from_similarity,
+                       losses.multi_similarity_weights]),
+    (RankedList, [losses.ranked_list_loss,
+                  losses.ranked_list_loss_from_similarity,
+                  losses.ranked_list_loss_from_distance]),
+    (Contrastive, [losses.contrastive_loss,
+                   losses.contrastive_loss_from_distance]),
+])
+def test_every_form_takes_its_defaults_from_the_rule(rule, fns):
+  fields = {f.name: f.default for f in
+            __import__("dataclasses").fields(rule)}
+  for fn in fns:
+    params = inspect.signature(fn).parameters
+    for name, default in fields.items():
+      if name in params:
+        assert params[name].default == default, (fn.__name__, name)
+  entry = {r: e for e in losses.LOSSES.values() for r in [e.fn]}
+  for fn in fns:
+    if fn in entry:
+      for name, default in entry[fn].defaults.items():
+        assert fields[name] == default
+
+
+def test_rule_checks_its_hyperparameters_once_for_every_form():
+  x = jnp.asarray(cases.embeddings())
+  labels = jnp.asarray(cases.LABELS)
+  s = jnp.eye(cases.B)
+  for call in (functools.partial(losses.circle_loss, x, labels),
+               functools.partial(losses.circle_loss, x, labels, block_size=4),
+               functools.partial(losses.circle_loss_from_similarity, s,
+                                 labels)):
+    with pytest.raises(ValueError, match="gamma"):
+      call(gamma=0.0)
+  with pytest.raises(ValueError, match="epsilon"):
+    losses.multi_similarity_miner(x, labels, epsilon=-1.0)
+  with pytest.raises(ValueError, match="imbalance"):
+    losses.ranked_list_loss(x, labels, imbalance=2.0, block_size=4)

@@ -16,8 +16,7 @@ import pytest
 
 from circle_jax import losses
 from tests.losses.test_contrastive_family import close_to
-from tests.losses.test_contrastive_family import mobius_distance_ref
-from tests.losses.test_contrastive_family import poincare_ref
+from tests.losses.reference import mobius_distance_ref, poincare_ref
 from tests.losses.test_contrastive_family import sharded_vg
 from tests.losses.test_contrastive_family import vg
 

@@ -98,14 +98,9 @@ def reference(name, x, y, r, ry, valid=None, ids=None, rids=None):
     for i, (pos, neg) in enumerate(sets):
       if not (pos and neg):
         continue
-      sp, sn = s[i, pos], s[i, neg]
-      if name == "circle":
-        ap, an = np.maximum(1 + m - sp, 0), np.maximum(sn + m, 0)
-        per.append(ref.softplus(ref.logsumexp(g * an * (sn - m))
-                                + ref.logsumexp(-g * ap * (sp - 1 + m))))
-      else:
-        per.append(ref.softplus(ref.logsumexp(
-            [g * (n - p + m) for n in sn for p in sp])))
+      anchor = (ref.ref_circle_anchor if name == "circle"
+                else ref.ref_unified_anchor)
+      per.append(anchor(s[i, pos], s[i, neg], margin=m, gamma=g))
     return float(np.mean(per)) if per else 0.0
   if name.startswith("ms"):
     alpha, beta, base, eps = 2.0, hyper["beta"], 0.5, 0.1

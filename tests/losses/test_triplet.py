@@ -1,0 +1,55 @@
+"""Tests of the triplet margin loss (circle_jax/losses/triplet.py); the checks shared by the pair baselines are in test_pair_baselines.py."""
+
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from circle_jax import losses
+from tests.losses.conftest import DPN, S2
+
+
+def test_triplet_hand_computed(tiny):
+  # anchor a: [1 - sqrt2 + 1]_+ ; anchor p: [1 - d_pn + 1]_+ ; n: no positive.
+  # Semi-hard: for anchor p, n is closer than a (d_pn < 1): no negative is
+  # farther, so the farthest negative (n itself) is used; same value here.
+  want = ((2 - S2) + (2 - DPN)) / 2
+  for mining in ("all", "batch_hard", "semi_hard"):
+    np.testing.assert_allclose(tiny[f"triplet_{mining}"], want, rtol=1e-5)
+
+
+def test_triplet_tensors_are_never_materialised():
+  # "all" and "semi_hard" reduce over [B, B, B] triplet tables; value and
+  # gradient must not keep one (a [256]^3 float32 tensor is 64 MiB; the
+  # chunked evaluation keeps about 10 MiB).
+  b = 256
+  x = jnp.zeros((b, 8), jnp.float32)
+  y = jnp.arange(b) % 16
+  cube = b**3 * 4
+  for mining in ("all", "semi_hard"):
+    f = jax.value_and_grad(
+        lambda x: losses.triplet_margin_loss(x, y, mining=mining))
+    mem = jax.jit(f).lower(x).compile().memory_analysis()
+    assert mem is not None and mem.temp_size_in_bytes < cube / 4, mining
+
+
+@pytest.mark.parametrize("d_ap, chosen", [(0.5, 2), (0.9, 2), (0.3, 4)])
+def test_semi_hard_tie_picks_the_lowest_column(d_ap, chosen):
+  # Anchor 0, positive 1, negatives 2 and 3 at the same distance 0.7 and
+  # negative 4 at 0.4. d_ap = 0.5: the closest farther negative is the tie
+  # 2/3; d_ap = 0.9: none is farther, the farthest is the tie 2/3; d_ap =
+  # 0.3: negative 4. Ties go to the lowest column; the gradient shows which.
+  d = np.full((5, 5), 1.0, np.float32)
+  d[0, 1] = d[1, 0] = d_ap
+  d[0, 2] = d[0, 3] = 0.7
+  d[0, 4] = 0.4
+  labels = jnp.array([0, 0, 1, 1, 2])
+  pos_mask = np.zeros((5, 5), bool)
+  pos_mask[0, 1] = True  # only anchor 0's positive pair counts
+  g = jax.grad(lambda d: losses.triplet_margin_loss_from_distance(
+      d, labels, margin=1.0, mining="semi_hard", pos_mask=pos_mask))(
+          jnp.asarray(d))
+  row = np.asarray(g)[0]
+  assert row[1] > 0 and row[chosen] < 0
+  assert np.count_nonzero(row[2:]) == 1
