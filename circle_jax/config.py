@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import inspect
 import typing
 from typing import Any, Dict, Mapping, Optional, Sequence
 
@@ -153,12 +152,12 @@ def _set_paths(config, path: str = "config"):
 def class_layout_defaults(entry) -> Dict[str, Any]:
   """The class-matrix options of a loss's config with their defaults: the
   fields of :class:`circle_jax.losses.class_shard.Layout` that the loss
-  takes, but :data:`LAYOUT_SET_BY_TRAINER` (empty for a loss without a class
-  matrix)."""
-  takes = inspect.signature(entry.fn).parameters
+  takes (``entry.layout_options``), but :data:`LAYOUT_SET_BY_TRAINER`
+  (empty for a loss without a class matrix)."""
   return {f.name: f.default
           for f in dataclasses.fields(losses_lib.class_shard.Layout)
-          if f.name in takes and f.name not in LAYOUT_SET_BY_TRAINER}
+          if f.name in entry.layout_options
+          and f.name not in LAYOUT_SET_BY_TRAINER}
 
 
 def loss_fields(entry) -> Dict[str, Any]:

@@ -201,6 +201,9 @@ class LossEntry:
       :mod:`circle_jax.losses.class_shard`.
     samples_classes: whether ``fn`` takes PartialFC's ``sample_rate`` (and
       then the step's ``key``, which ``apply`` passes on).
+    layout_options: the fields of :class:`class_shard.Layout` that ``fn``
+      takes (its ``**layout``), in the dataclass's order; what the config's
+      loss section offers of them is read from here.
   """
 
   name: str
@@ -220,6 +223,7 @@ class LossEntry:
   supports_ref: bool = False
   shards_classes: bool = False
   samples_classes: bool = False
+  layout_options: tuple = ()
   geometry: Optional[str] = None
 
   def geometry_defaults(self) -> Dict[str, Any]:
@@ -362,7 +366,9 @@ def entry(name, fn, kind, *, paper, reduction, param_name=None,
       hyper_ranges=types.MappingProxyType(documented),
       supports_ref="ref" in names, geometry=geometry,
       shards_classes="shard_classes" in names,
-      samples_classes="sample_rate" in names)
+      samples_classes="sample_rate" in names,
+      layout_options=tuple(f.name for f in dataclasses.fields(
+          class_shard.Layout) if f.name in names))
 
 
 def _geometry_name(geometry) -> str:
