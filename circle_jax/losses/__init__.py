@@ -114,3 +114,4 @@ from circle_jax.losses.registry import (
     loss_table_markdown,
     validate_hyper,
 )
+from circle_jax.losses.nca import nca_loss
