@@ -115,3 +115,4 @@ from circle_jax.losses.registry import (
     validate_hyper,
 )
 from circle_jax.losses.nca import nca_loss
+from circle_jax.losses.angular import angular_loss

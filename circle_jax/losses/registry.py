@@ -35,6 +35,7 @@ from circle_jax.losses import lifted_structure
 from circle_jax.losses import margin
 from circle_jax.losses import multi_similarity
 from circle_jax.losses import nca
+from circle_jax.losses import angular
 from circle_jax.losses import n_pair
 from circle_jax.losses import nt_xent
 from circle_jax.losses import pairwise_ce
@@ -59,7 +60,7 @@ _MODULES = (circle, multi_similarity, ranked_list, proxy_anchor, contrastive,
             triplet, lifted_structure, n_pair, margin, supcon, nt_xent,
             pairwise_ce, pairwise_sigmoid, smooth_ap, fastap,
             proxy_baselines, classification)
-_MODULES += (nca,)
+_MODULES += (nca, angular)
 
 LOSSES: Mapping[str, LossEntry] = types.MappingProxyType(
     {e.name: e for module in _MODULES for e in module.REGISTRY})
