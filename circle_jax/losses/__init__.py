@@ -116,3 +116,6 @@ from circle_jax.losses.registry import (
 )
 from circle_jax.losses.nca import nca_loss
 from circle_jax.losses.angular import angular_loss
+from circle_jax.losses.generalized_lifted_structure import (
+    generalized_lifted_structure_loss,
+)

@@ -31,6 +31,7 @@ from circle_jax.losses import classification
 from circle_jax.losses import contrastive
 from circle_jax.losses import entries
 from circle_jax.losses import fastap
+from circle_jax.losses import generalized_lifted_structure
 from circle_jax.losses import lifted_structure
 from circle_jax.losses import margin
 from circle_jax.losses import multi_similarity
@@ -60,7 +61,7 @@ _MODULES = (circle, multi_similarity, ranked_list, proxy_anchor, contrastive,
             triplet, lifted_structure, n_pair, margin, supcon, nt_xent,
             pairwise_ce, pairwise_sigmoid, smooth_ap, fastap,
             proxy_baselines, classification)
-_MODULES += (nca, angular)
+_MODULES += (nca, angular, generalized_lifted_structure)
 
 LOSSES: Mapping[str, LossEntry] = types.MappingProxyType(
     {e.name: e for module in _MODULES for e in module.REGISTRY})
