@@ -32,6 +32,7 @@ from circle_jax.losses import contrastive
 from circle_jax.losses import entries
 from circle_jax.losses import fastap
 from circle_jax.losses import generalized_lifted_structure
+from circle_jax.losses import intra_pair_variance
 from circle_jax.losses import lifted_structure
 from circle_jax.losses import margin
 from circle_jax.losses import multi_similarity
@@ -61,7 +62,8 @@ _MODULES = (circle, multi_similarity, ranked_list, proxy_anchor, contrastive,
             triplet, lifted_structure, n_pair, margin, supcon, nt_xent,
             pairwise_ce, pairwise_sigmoid, smooth_ap, fastap,
             proxy_baselines, classification)
-_MODULES += (nca, angular, generalized_lifted_structure)
+_MODULES += (nca, angular, generalized_lifted_structure,
+             intra_pair_variance)
 
 LOSSES: Mapping[str, LossEntry] = types.MappingProxyType(
     {e.name: e for module in _MODULES for e in module.REGISTRY})

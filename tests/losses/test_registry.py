@@ -49,6 +49,7 @@ _SPEC["nca"] = {"softmax_scale": 1.0}
 _SPEC["angular"] = {"alpha": 40.0}
 _SPEC["generalized_lifted_structure"] = {"neg_margin": 1.0,
                                         "pos_margin": 0.0}
+_SPEC["intra_pair_variance"] = {"pos_eps": 0.01, "neg_eps": 0.01}
 # The default geometry of the losses that take the `geometry` option.
 _GEOMETRY = {"pairwise_ce": "poincare", "n_pair": "dot"}
 _PARAM = {"circle_class_level": "class_weights", "proxy_anchor": "proxies",
