@@ -120,3 +120,4 @@ from circle_jax.losses.generalized_lifted_structure import (
     generalized_lifted_structure_loss,
 )
 from circle_jax.losses.intra_pair_variance import intra_pair_variance_loss
+from circle_jax.losses.snr_contrastive import SNR, snr_contrastive_loss

@@ -50,8 +50,10 @@ _SPEC["angular"] = {"alpha": 40.0}
 _SPEC["generalized_lifted_structure"] = {"neg_margin": 1.0,
                                         "pos_margin": 0.0}
 _SPEC["intra_pair_variance"] = {"pos_eps": 0.01, "neg_eps": 0.01}
+_SPEC["snr_contrastive"] = {"pos_margin": 0.0, "neg_margin": 1.0}
 # The default geometry of the losses that take the `geometry` option.
 _GEOMETRY = {"pairwise_ce": "poincare", "n_pair": "dot"}
+_GEOMETRY["snr_contrastive"] = "snr"
 _PARAM = {"circle_class_level": "class_weights", "proxy_anchor": "proxies",
           "ranked_proxy_anchor": "proxies", "margin": "beta",
           "proxy_nca": "proxies", "soft_triple": "centers",
