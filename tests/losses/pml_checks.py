@@ -112,3 +112,14 @@ def zero_everywhere(fn, x, labels, **hyper):
     assert float(value) == 0.0, name
     np.testing.assert_array_equal(np.asarray(grad), 0.0, err_msg=name)
 
+
+
+def ball_distances(x, ball):
+  """Float64 Poincaré distances of ``x`` on ``ball`` (Hyp-ViT's Möbius
+  formula, as tests/losses/engine/test_geometry.py)."""
+  from tests.losses.test_contrastive_family import mobius_distance_ref
+  from tests.losses.test_contrastive_family import poincare_ref
+  z = poincare_ref(np.asarray(x, np.float32), ball.c, ball.r)
+  d = mobius_distance_ref(z, z, ball.c)
+  np.fill_diagonal(d, 0.0)
+  return d

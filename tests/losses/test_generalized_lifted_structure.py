@@ -20,7 +20,7 @@ FN = losses.generalized_lifted_structure_loss
 
 
 def gls_ref(x, y, neg_margin=1.0, pos_margin=0.0, pos_mask=None,
-            neg_mask=None):
+            neg_mask=None, dist=None):
   """Hermans et al.'s generalised lifted structure, anchor by anchor,
   float64; an anchor without a positive or a negative adds nothing."""
   z = x / np.linalg.norm(x, axis=1, keepdims=True)
@@ -28,7 +28,7 @@ def gls_ref(x, y, neg_margin=1.0, pos_margin=0.0, pos_mask=None,
   for a in range(len(y)):
     sp = sn = 0.0
     for j in range(len(y)):
-      d = np.linalg.norm(z[a] - z[j])
+      d = np.linalg.norm(z[a] - z[j]) if dist is None else dist[a, j]
       if j != a and y[j] == y[a] and (pos_mask is None or pos_mask[a, j]):
         sp += np.exp(d - pos_margin)
       if y[j] != y[a] and (neg_mask is None or neg_mask[a, j]):
@@ -129,3 +129,10 @@ def test_bad_input_is_one_line(kw, match):
   with pytest.raises(ValueError, match=match) as err:
     FN(jnp.asarray(X), jnp.asarray(Y), **kw)
   assert "\n" not in str(err.value)
+
+
+def test_takes_the_poincare_ball():
+  ball = losses.Poincare(c=0.5, r=2.0)
+  got = FN(jnp.asarray(X, jnp.float32), jnp.asarray(Y), geometry=ball)
+  want = gls_ref(X, Y, dist=pml_checks.ball_distances(X, ball))
+  np.testing.assert_allclose(float(got), want, rtol=1e-4)

@@ -18,16 +18,18 @@ FN = losses.intra_pair_variance_loss
 
 
 def ipv_ref(x, y, pos_eps=0.01, neg_eps=0.01, pos_mask=None,
-            neg_mask=None):
-  """Yu and Tao's intra-pair variance loss, pair by pair, float64."""
+            neg_mask=None, sim=None):
+  """Yu and Tao's intra-pair variance loss, pair by pair, float64 (``sim``:
+  the similarities, default the cosines)."""
   z = x / np.linalg.norm(x, axis=1, keepdims=True)
+  sim = z @ z.T if sim is None else sim
   sp, sn = [], []
   for a in range(len(y)):
     for j in range(len(y)):
       if j != a and y[j] == y[a] and (pos_mask is None or pos_mask[a, j]):
-        sp.append(z[a] @ z[j])
+        sp.append(sim[a, j])
       if y[j] != y[a] and (neg_mask is None or neg_mask[a, j]):
-        sn.append(z[a] @ z[j])
+        sn.append(sim[a, j])
   loss = 0.0
   if sp:
     mu = np.mean(sp)
@@ -125,3 +127,10 @@ def test_bad_input_is_one_line(kw, match):
   with pytest.raises(ValueError, match=match) as err:
     FN(jnp.asarray(X), jnp.asarray(Y), **kw)
   assert "\n" not in str(err.value)
+
+
+def test_takes_the_poincare_ball():
+  ball = losses.Poincare(c=0.5, r=2.0)
+  got = FN(jnp.asarray(X, jnp.float32), jnp.asarray(Y), geometry=ball)
+  want = ipv_ref(X, Y, sim=-pml_checks.ball_distances(X, ball))
+  np.testing.assert_allclose(float(got), want, rtol=1e-4)

@@ -14,16 +14,19 @@ pml = pytest.importorskip("pytorch_metric_learning.losses")
 X, Y = pml_checks.batch(seed=1), pml_checks.LABELS
 
 
-def nca_ref(x, y, scale, pos_mask=None, neg_mask=None):
-  """Goldberger et al.'s NCA, anchor by anchor, float64."""
+def nca_ref(x, y, scale, pos_mask=None, neg_mask=None, d=None):
+  """Goldberger et al.'s NCA, anchor by anchor, float64 (``d``: the
+  distances, default those of the normalised rows)."""
   z = x / np.linalg.norm(x, axis=1, keepdims=True)
+  if d is None:
+    d = np.linalg.norm(z[:, None] - z[None], axis=2)
   terms = []
   for i in range(len(y)):
     num = den = 0.0
     for j in range(len(y)):
       if j == i:
         continue
-      w = np.exp(-scale * np.sum((z[i] - z[j]) ** 2))
+      w = np.exp(-scale * d[i, j] ** 2)
       if y[j] == y[i] and (pos_mask is None or pos_mask[i, j]):
         num += w
         den += w
@@ -108,3 +111,11 @@ def test_bad_embeddings_are_one_line():
   with pytest.raises(ValueError) as err:
     losses.nca_loss(jnp.ones(4), jnp.arange(4))
   assert "\n" not in str(err.value)
+
+
+def test_takes_the_poincare_ball():
+  ball = losses.Poincare(c=0.5, r=2.0)
+  got = losses.nca_loss(jnp.asarray(X, jnp.float32), jnp.asarray(Y),
+                        geometry=ball)
+  want = nca_ref(X, Y, 1.0, d=pml_checks.ball_distances(X, ball))
+  np.testing.assert_allclose(float(got), want, rtol=1e-4)

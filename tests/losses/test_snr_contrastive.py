@@ -25,10 +25,10 @@ def snr_ref(x, y=None):
                    for a in z])
 
 
-def snr_contrastive_ref(x, y, pos_margin=0.0, neg_margin=1.0):
-  """Two-margin contrastive on the SNR distance, averaged over the non-zero
-  terms of each set, float64."""
-  d = snr_ref(x)
+def snr_contrastive_ref(x, y, pos_margin=0.0, neg_margin=1.0, d=None):
+  """Two-margin contrastive on the SNR distance (or ``d``), averaged over
+  the non-zero terms of each set, float64."""
+  d = snr_ref(x) if d is None else d
   lp, ln = [], []
   for i in range(len(y)):
     for j in range(len(y)):
@@ -134,3 +134,12 @@ def test_bad_input_is_one_line(kw, match):
   with pytest.raises(ValueError, match=match) as err:
     FN(jnp.asarray(X), jnp.asarray(Y), **kw)
   assert "\n" not in str(err.value)
+
+
+def test_takes_the_poincare_ball():
+  ball = losses.Poincare(c=0.5, r=2.0)
+  got = FN(jnp.asarray(X, jnp.float32), jnp.asarray(Y), geometry=ball,
+           neg_margin=3.0)
+  want = snr_contrastive_ref(X, Y, neg_margin=3.0,
+                             d=pml_checks.ball_distances(X, ball))
+  np.testing.assert_allclose(float(got), want, rtol=1e-4)

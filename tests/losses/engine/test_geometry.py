@@ -79,7 +79,13 @@ def test_every_pair_loss_takes_the_option():
   # and (the contrastive family) in test_contrastive_family.py.
   assert {_registry_name(c) for c in CASES} | {
       "margin", "supcon", "nt_xent", "pairwise_ce", "pairwise_sigmoid",
-      "smooth_ap", "fastap"} == pair
+      "smooth_ap", "fastap"} | _ISSUE_40 == pair
+
+
+# Issue #40's pair losses, each tested with the ball in its own test file
+# (angular: on unit vectors only, which it checks in one line).
+_ISSUE_40 = {"nca", "generalized_lifted_structure", "intra_pair_variance",
+             "snr_contrastive", "angular"}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
