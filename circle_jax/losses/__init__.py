@@ -121,3 +121,4 @@ from circle_jax.losses.generalized_lifted_structure import (
 )
 from circle_jax.losses.intra_pair_variance import intra_pair_variance_loss
 from circle_jax.losses.snr_contrastive import SNR, snr_contrastive_loss
+from circle_jax.losses.tuplet_margin import tuplet_margin_loss

@@ -50,6 +50,7 @@ from circle_jax.losses import smooth_ap
 from circle_jax.losses import snr_contrastive
 from circle_jax.losses import supcon
 from circle_jax.losses import triplet
+from circle_jax.losses import tuplet_margin
 
 LossEntry = entries.LossEntry
 GEOMETRY_FIELDS = entries.GEOMETRY_FIELDS
@@ -64,7 +65,7 @@ _MODULES = (circle, multi_similarity, ranked_list, proxy_anchor, contrastive,
             pairwise_ce, pairwise_sigmoid, smooth_ap, fastap,
             proxy_baselines, classification)
 _MODULES += (nca, angular, generalized_lifted_structure,
-             intra_pair_variance, snr_contrastive)
+             intra_pair_variance, snr_contrastive, tuplet_margin)
 
 LOSSES: Mapping[str, LossEntry] = types.MappingProxyType(
     {e.name: e for module in _MODULES for e in module.REGISTRY})

@@ -83,9 +83,10 @@ def test_every_pair_loss_takes_the_option():
 
 
 # Issue #40's pair losses, each tested with the ball in its own test file
-# (angular: on unit vectors only, which it checks in one line).
+# (angular, tuplet_margin: on unit vectors only, which they check in one
+# line).
 _ISSUE_40 = {"nca", "generalized_lifted_structure", "intra_pair_variance",
-             "snr_contrastive", "angular"}
+             "snr_contrastive", "angular", "tuplet_margin"}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
