@@ -114,3 +114,11 @@ from circle_jax.losses.registry import (
     loss_table_markdown,
     validate_hyper,
 )
+from circle_jax.losses.nca import nca_loss
+from circle_jax.losses.angular import angular_loss
+from circle_jax.losses.generalized_lifted_structure import (
+    generalized_lifted_structure_loss,
+)
+from circle_jax.losses.intra_pair_variance import intra_pair_variance_loss
+from circle_jax.losses.snr_contrastive import SNR, snr_contrastive_loss
+from circle_jax.losses.tuplet_margin import tuplet_margin_loss

@@ -31,9 +31,13 @@ from circle_jax.losses import classification
 from circle_jax.losses import contrastive
 from circle_jax.losses import entries
 from circle_jax.losses import fastap
+from circle_jax.losses import generalized_lifted_structure
+from circle_jax.losses import intra_pair_variance
 from circle_jax.losses import lifted_structure
 from circle_jax.losses import margin
 from circle_jax.losses import multi_similarity
+from circle_jax.losses import nca
+from circle_jax.losses import angular
 from circle_jax.losses import n_pair
 from circle_jax.losses import nt_xent
 from circle_jax.losses import pairwise_ce
@@ -43,8 +47,10 @@ from circle_jax.losses import proxy_baselines
 from circle_jax.losses import ranges
 from circle_jax.losses import ranked_list
 from circle_jax.losses import smooth_ap
+from circle_jax.losses import snr_contrastive
 from circle_jax.losses import supcon
 from circle_jax.losses import triplet
+from circle_jax.losses import tuplet_margin
 
 LossEntry = entries.LossEntry
 GEOMETRY_FIELDS = entries.GEOMETRY_FIELDS
@@ -58,6 +64,8 @@ _MODULES = (circle, multi_similarity, ranked_list, proxy_anchor, contrastive,
             triplet, lifted_structure, n_pair, margin, supcon, nt_xent,
             pairwise_ce, pairwise_sigmoid, smooth_ap, fastap,
             proxy_baselines, classification)
+_MODULES += (nca, angular, generalized_lifted_structure,
+             intra_pair_variance, snr_contrastive, tuplet_margin)
 
 LOSSES: Mapping[str, LossEntry] = types.MappingProxyType(
     {e.name: e for module in _MODULES for e in module.REGISTRY})

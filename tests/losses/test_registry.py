@@ -43,8 +43,16 @@ _SPEC = {
     "smooth_ap": {"tau": 0.01},
     "fastap": {"L": 10},
 }
+_SPEC["nca"] = {"softmax_scale": 1.0}
+_SPEC["angular"] = {"alpha": 40.0}
+_SPEC["generalized_lifted_structure"] = {"neg_margin": 1.0,
+                                        "pos_margin": 0.0}
+_SPEC["intra_pair_variance"] = {"pos_eps": 0.01, "neg_eps": 0.01}
+_SPEC["snr_contrastive"] = {"pos_margin": 0.0, "neg_margin": 1.0}
+_SPEC["tuplet_margin"] = {"margin": 5.73, "scale": 64.0}
 # The default geometry of the losses that take the `geometry` option.
 _GEOMETRY = {"pairwise_ce": "poincare", "n_pair": "dot"}
+_GEOMETRY["snr_contrastive"] = "snr"
 _PARAM = {"circle_class_level": "class_weights", "proxy_anchor": "proxies",
           "ranked_proxy_anchor": "proxies", "margin": "beta",
           "proxy_nca": "proxies", "soft_triple": "centers",

@@ -417,7 +417,12 @@ def test_registry_forwards_references_and_rejects_them_for_other_losses():
   assert supported == {"circle", "unified", "multi_similarity", "ranked_list",
                        "contrastive", "triplet", "lifted_structure", "n_pair",
                        "margin", "supcon", "nt_xent", "pairwise_ce",
-                       "pairwise_sigmoid", "smooth_ap", "fastap"}
+                       "pairwise_sigmoid", "smooth_ap", "fastap"} | {
+                       # issue #40's, each tested with references in its
+                       # own test file
+                       "nca", "angular", "generalized_lifted_structure",
+                       "intra_pair_variance", "snr_contrastive",
+                       "tuplet_margin"}
   got = losses.get_loss("circle").apply(
       x, Y, ref=losses.Candidates(r, RY, valid=np.ones(14, bool)))
   np.testing.assert_array_equal(np.asarray(got), np.asarray(
