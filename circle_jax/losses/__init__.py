@@ -114,3 +114,7 @@ from circle_jax.losses.registry import (
     loss_table_markdown,
     validate_hyper,
 )
+from circle_jax.losses.large_margin import (
+    large_margin_softmax_loss,
+    sphereface_loss,
+)

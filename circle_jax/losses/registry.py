@@ -45,6 +45,7 @@ from circle_jax.losses import ranked_list
 from circle_jax.losses import smooth_ap
 from circle_jax.losses import supcon
 from circle_jax.losses import triplet
+from circle_jax.losses import large_margin
 
 LossEntry = entries.LossEntry
 GEOMETRY_FIELDS = entries.GEOMETRY_FIELDS
@@ -58,6 +59,7 @@ _MODULES = (circle, multi_similarity, ranked_list, proxy_anchor, contrastive,
             triplet, lifted_structure, n_pair, margin, supcon, nt_xent,
             pairwise_ce, pairwise_sigmoid, smooth_ap, fastap,
             proxy_baselines, classification)
+_MODULES += (large_margin,)
 
 LOSSES: Mapping[str, LossEntry] = types.MappingProxyType(
     {e.name: e for module in _MODULES for e in module.REGISTRY})

@@ -53,6 +53,13 @@ _PARAM = {"circle_class_level": "class_weights", "proxy_anchor": "proxies",
           "normface": "class_weights", "cosface": "class_weights",
           "arcface": "class_weights", "softmax": "class_weights",
           "subcenter_arcface": "class_weights"}
+# Issue #40's class-matrix losses (helper h40b), at PML 2.9's defaults.
+_SPEC.update({
+    "large_margin_softmax": {"margin": 4, "scale": 1.0},
+    "sphereface": {"margin": 4, "scale": 1.0},
+})
+_PARAM.update({"large_margin_softmax": "class_weights",
+               "sphereface": "class_weights"})
 
 _C, _D = 4, 8
 _Y = np.repeat(np.arange(_C), 4)  # P x K = 4 x 4
