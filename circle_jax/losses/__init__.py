@@ -118,3 +118,6 @@ from circle_jax.losses.large_margin import (
     large_margin_softmax_loss,
     sphereface_loss,
 )
+from circle_jax.losses.p2s_grad import (
+    p2s_grad_loss,
+)

@@ -46,6 +46,7 @@ from circle_jax.losses import smooth_ap
 from circle_jax.losses import supcon
 from circle_jax.losses import triplet
 from circle_jax.losses import large_margin
+from circle_jax.losses import p2s_grad
 
 LossEntry = entries.LossEntry
 GEOMETRY_FIELDS = entries.GEOMETRY_FIELDS
@@ -59,7 +60,7 @@ _MODULES = (circle, multi_similarity, ranked_list, proxy_anchor, contrastive,
             triplet, lifted_structure, n_pair, margin, supcon, nt_xent,
             pairwise_ce, pairwise_sigmoid, smooth_ap, fastap,
             proxy_baselines, classification)
-_MODULES += (large_margin,)
+_MODULES += (large_margin, p2s_grad)
 
 LOSSES: Mapping[str, LossEntry] = types.MappingProxyType(
     {e.name: e for module in _MODULES for e in module.REGISTRY})

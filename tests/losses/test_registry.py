@@ -57,9 +57,10 @@ _PARAM = {"circle_class_level": "class_weights", "proxy_anchor": "proxies",
 _SPEC.update({
     "large_margin_softmax": {"margin": 4, "scale": 1.0},
     "sphereface": {"margin": 4, "scale": 1.0},
+    "p2s_grad": {},
 })
 _PARAM.update({"large_margin_softmax": "class_weights",
-               "sphereface": "class_weights"})
+               "sphereface": "class_weights", "p2s_grad": "class_weights"})
 
 _C, _D = 4, 8
 _Y = np.repeat(np.arange(_C), 4)  # P x K = 4 x 4
