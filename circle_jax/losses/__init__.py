@@ -121,3 +121,7 @@ from circle_jax.losses.large_margin import (
 from circle_jax.losses.p2s_grad import (
     p2s_grad_loss,
 )
+from circle_jax.losses.vicreg import (
+    vicreg_loss,
+    vicreg_loss_of_views,
+)

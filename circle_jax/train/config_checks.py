@@ -334,6 +334,11 @@ def _check_placement(config) -> parallel.Placement:
           f"{parallel.MODES}.")
 
 
+# Self-supervised losses of two views per image (circle_jax.losses.vicreg):
+# only the 'views' sampler with two views feeds them.
+TWO_VIEW_LOSSES = ("vicreg",)
+
+
 def _check_sampler(config, info, held_out: int, entry) -> None:
   """``config.batch``'s sampler: a random batch of at least 2, ``P``
   classes the train split has times ``K`` images (2 or more for a pair
@@ -348,6 +353,11 @@ def _check_sampler(config, info, held_out: int, entry) -> None:
     _fail("batch.sampler", f"'views' labels each image by its own index "
           f"(its views are its only positives), which only a pair loss can "
           f"train; {entry.name!r} is a {entry.kind} loss: use sampler 'pk'.")
+  if entry.name in TWO_VIEW_LOSSES and (
+      sampler != "views" or config.batch.images_per_class != 2):
+    _fail("batch.sampler", f"{entry.name!r} takes two views of each image "
+          f"and no labels: use batch.sampler='views' with "
+          f"batch.images_per_class=2.")
   if sampler == "random":
     size = config.batch.size
     if isinstance(size, bool) or not isinstance(size, int) or size < 2:

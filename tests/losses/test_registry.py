@@ -58,7 +58,10 @@ _SPEC.update({
     "large_margin_softmax": {"margin": 4, "scale": 1.0},
     "sphereface": {"margin": 4, "scale": 1.0},
     "p2s_grad": {},
+    "vicreg": {"invariance_lambda": 25.0, "variance_mu": 25.0,
+               "covariance_v": 1.0, "eps": 1e-4},
 })
+_GEOMETRY["vicreg"] = None  # no pairs compared: no geometry
 _PARAM.update({"large_margin_softmax": "class_weights",
                "sphereface": "class_weights", "p2s_grad": "class_weights"})
 
