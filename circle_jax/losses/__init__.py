@@ -125,3 +125,6 @@ from circle_jax.losses.vicreg import (
     vicreg_loss,
     vicreg_loss_of_views,
 )
+from circle_jax.losses.tcm import (
+    threshold_consistent_margin_loss,
+)

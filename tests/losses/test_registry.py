@@ -60,6 +60,8 @@ _SPEC.update({
     "p2s_grad": {},
     "vicreg": {"invariance_lambda": 25.0, "variance_mu": 25.0,
                "covariance_v": 1.0, "eps": 1e-4},
+    "threshold_consistent_margin": {"lambda_plus": 1.0, "lambda_minus": 1.0,
+                                    "margin_plus": 0.9, "margin_minus": 0.5},
 })
 _GEOMETRY["vicreg"] = None  # no pairs compared: no geometry
 _PARAM.update({"large_margin_softmax": "class_weights",
