@@ -128,3 +128,6 @@ from circle_jax.losses.vicreg import (
 from circle_jax.losses.tcm import (
     threshold_consistent_margin_loss,
 )
+from circle_jax.losses.pnp import (
+    pnp_loss,
+)

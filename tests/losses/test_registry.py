@@ -62,6 +62,7 @@ _SPEC.update({
                "covariance_v": 1.0, "eps": 1e-4},
     "threshold_consistent_margin": {"lambda_plus": 1.0, "lambda_minus": 1.0,
                                     "margin_plus": 0.9, "margin_minus": 0.5},
+    "pnp": {"b": 2.0, "alpha": 1.0, "anneal": 0.01, "variant": "O"},
 })
 _GEOMETRY["vicreg"] = None  # no pairs compared: no geometry
 _PARAM.update({"large_margin_softmax": "class_weights",
