@@ -131,3 +131,6 @@ from circle_jax.losses.tcm import (
 from circle_jax.losses.pnp import (
     pnp_loss,
 )
+from circle_jax.losses.manifold import (
+    manifold_loss,
+)

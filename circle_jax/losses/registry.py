@@ -50,6 +50,7 @@ from circle_jax.losses import p2s_grad
 from circle_jax.losses import vicreg
 from circle_jax.losses import tcm
 from circle_jax.losses import pnp
+from circle_jax.losses import manifold
 
 LossEntry = entries.LossEntry
 GEOMETRY_FIELDS = entries.GEOMETRY_FIELDS
@@ -63,7 +64,7 @@ _MODULES = (circle, multi_similarity, ranked_list, proxy_anchor, contrastive,
             triplet, lifted_structure, n_pair, margin, supcon, nt_xent,
             pairwise_ce, pairwise_sigmoid, smooth_ap, fastap,
             proxy_baselines, classification)
-_MODULES += (large_margin, p2s_grad, vicreg, tcm, pnp)
+_MODULES += (large_margin, p2s_grad, vicreg, tcm, pnp, manifold)
 
 LOSSES: Mapping[str, LossEntry] = types.MappingProxyType(
     {e.name: e for module in _MODULES for e in module.REGISTRY})

@@ -63,10 +63,12 @@ _SPEC.update({
     "threshold_consistent_margin": {"lambda_plus": 1.0, "lambda_minus": 1.0,
                                     "margin_plus": 0.9, "margin_minus": 0.5},
     "pnp": {"b": 2.0, "alpha": 1.0, "anneal": 0.01, "variant": "O"},
+    "manifold": {"lambdaC": 1.0, "alpha": 0.8, "margin": 5e-4},
 })
 _GEOMETRY["vicreg"] = None  # no pairs compared: no geometry
 _PARAM.update({"large_margin_softmax": "class_weights",
-               "sphereface": "class_weights", "p2s_grad": "class_weights"})
+               "sphereface": "class_weights", "p2s_grad": "class_weights",
+               "manifold": "proxies"})
 
 _C, _D = 4, 8
 _Y = np.repeat(np.arange(_C), 4)  # P x K = 4 x 4
