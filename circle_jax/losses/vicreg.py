@@ -25,9 +25,10 @@ are exact. Embeddings are not normalised.
 
 :func:`vicreg_loss` takes the two views as two arrays (PML's ``(embeddings,
 ref_emb)``). The registry's ``vicreg`` is :func:`vicreg_loss_of_views`: the
-trainer's batch from the ``'views'`` sampler with two views per image
-(``batch.images_per_class = 2``), whose rows ``2i`` and ``2i + 1`` are the
-two views of image ``i``; its labels (each image's index) are not used.
+trainer's batch whose rows ``2i`` and ``2i + 1`` pair up, from the
+``'views'`` sampler with two views per image (two augmentations of one
+image) or the P x K sampler with an even ``K`` (two images of one class);
+its labels are not used. The config check refuses the other samplers.
 """
 
 from __future__ import annotations
@@ -142,15 +143,19 @@ def vicreg_loss_of_views(
     eps: float = VICReg.eps,
     axis_name: Optional[str] = None,
 ) -> Array:
-  r"""VICReg of a ``'views'`` batch: rows ``2i`` and ``2i + 1`` are the two
-  views of image ``i`` (the ``'views'`` sampler with two views per image).
+  r"""VICReg of a batch whose rows ``2i`` and ``2i + 1`` are two views.
 
   ``vicreg_loss(embeddings[0::2], embeddings[1::2], ...)``; the registry's
-  ``vicreg``, which the trainer calls with the sampler's labels.
+  ``vicreg``, which the trainer calls with the sampler's labels (unused).
+  The ``'views'`` sampler with two views per image gives two augmentations
+  of one image (the paper's setting); the P x K sampler with an even ``K``
+  (class-major rows) gives two images of one class (a supervised use).
+  With ``axis_name`` and an odd number of rows per device, the global batch
+  is gathered and split in pairs there.
 
   Args:
-    embeddings: ``[2N, D]`` (this device's rows: whole images, two views
-      each).
+    embeddings: ``[2N, D]`` (the global batch's rows ``2i``, ``2i + 1``
+      pair up).
     labels: ``[2N]`` integer labels (the image indices); not used.
     invariance_lambda, variance_mu, covariance_v, eps, axis_name: as
       :func:`vicreg_loss`.
@@ -159,20 +164,28 @@ def vicreg_loss_of_views(
     float32 scalar, as :func:`vicreg_loss`.
   """
   z = checks.check_embeddings(embeddings)
-  checks.check_labels(labels, z.shape[0])
-  if z.shape[0] % 2:
+  labels = checks.check_labels(labels, z.shape[0])
+  hyper = dict(invariance_lambda=invariance_lambda, variance_mu=variance_mu,
+               covariance_v=covariance_v, eps=eps)
+  if z.shape[0] % 2 == 0:
+    return vicreg_loss(z[0::2], z[1::2], axis_name=axis_name, **hyper)
+  if axis_name is None:
     raise ValueError(
         f"vicreg takes two views of each image in consecutive rows; got an "
         f"odd batch of {z.shape[0]}. Use batch.sampler='views' with "
-        f"batch.images_per_class=2.")
-  return vicreg_loss(z[0::2], z[1::2], invariance_lambda=invariance_lambda,
-                     variance_mu=variance_mu, covariance_v=covariance_v,
-                     eps=eps, axis_name=axis_name)
+        f"batch.images_per_class=2 (or 'pk' with an even images_per_class).")
+  # This device's rows split a pair: every device computes the loss of the
+  # gathered global batch and adds 1/n of it, so the all-gather's transpose
+  # sums exactly one gradient.
+  devices = jax.lax.psum(1, axis_name)
+  loss = vicreg_loss_of_views(ops.gather_global(z, axis_name),
+                              ops.gather_global(labels, axis_name), **hyper)
+  return ops.global_sum(loss / devices, axis_name)
 
 
 # The registry's facts of this module's loss (circle_jax.losses.registry
-# collects them): a "pair" loss for the trainer's 'views' sampler (the
-# config check refuses any other sampler for it).
+# collects them): a "pair" loss without pairs compared (no geometry, no
+# references), fed the views or P x K batch (the config check).
 REGISTRY = (
     entries.entry("vicreg", vicreg_loss_of_views, "pair",
         reduction="weighted sum of the mean invariance (over pairs and "

@@ -24,20 +24,22 @@ def _f(r, variant, b=2.0, alpha=1.0):
 
 
 def _loops(x, y, ref=None, ref_y=None, pos=None, neg=None, b=2.0, alpha=1.0,
-           anneal=0.01, variant="O"):
-  """The loss written as loops, float64: the anchor is its own positive."""
+           anneal=0.01, variant="O", sim=None):
+  """The loss written as loops, float64: the anchor is its own positive
+  (``sim``: a given square similarity matrix instead of the cosines)."""
   x = np.asarray(x, np.float64)
   same = ref is None
   ref, ref_y = (x, y) if same else (np.asarray(ref, np.float64), ref_y)
   unit = lambda v: v / np.linalg.norm(v)
   total = 0.0
   for i in range(len(x)):
-    s = [unit(x[i]) @ unit(r) for r in ref]
+    s = ([unit(x[i]) @ unit(r) for r in ref] if sim is None
+         else list(sim[i]))
     negs = [k for k in range(len(ref)) if y[i] != ref_y[k]
             and (neg is None or neg[i, k])]
     ranked = [s[j] for j in range(len(ref)) if y[i] == ref_y[j]
               and not (same and i == j) and (pos is None or pos[i, j])]
-    ranked.append(unit(x[i]) @ unit(x[i]))
+    ranked.append(unit(x[i]) @ unit(x[i]) if sim is None else sim[i, i])
     terms = []
     for t in ranked:
       r = sum(1 / (1 + np.exp(-np.clip((s[k] - t) / anneal, -50, 50)))
@@ -145,3 +147,16 @@ def test_registry_entry():
   assert entry.fn is _FN and entry.kind == "pair" and entry.supports_ref
   assert dict(entry.defaults) == {"b": 2.0, "alpha": 1.0, "anneal": 0.01,
                                   "variant": "O"}
+
+
+def test_poincare_geometry_equals_the_loops():
+  """``geometry=Poincare``: the similarity is minus the ball's distance
+  (tests/losses/engine/test_geometry.py's float64 reference), the
+  anchor's own similarity 0."""
+  from tests.losses.engine import test_geometry as tg  # noqa: PLC0415
+  x = tg._x()  # noqa: SLF001
+  hyper = {"variant": "Ds", "anneal": 0.5}
+  want = _loops(x, tg.LABELS, sim=-tg._distance_ref(x), **hyper)  # noqa: SLF001
+  for kw in ({}, {"block_size": 3}):
+    got = _FN(jnp.asarray(x), tg.LABELS, geometry=tg.BALL, **hyper, **kw)
+    np.testing.assert_allclose(got, want, rtol=2e-5)

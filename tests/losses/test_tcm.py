@@ -21,8 +21,9 @@ _HYPER = [{}, {"lambda_plus": 0.5, "lambda_minus": 2.0, "margin_plus": 0.3,
 
 
 def _loops(x, y, ref=None, ref_y=None, pos=None, neg=None, lambda_plus=1.0,
-           lambda_minus=1.0, margin_plus=0.9, margin_minus=0.5):
-  """The loss written as loops over the ordered pairs, float64."""
+           lambda_minus=1.0, margin_plus=0.9, margin_minus=0.5, sim=None):
+  """The loss written as loops over the ordered pairs, float64 (``sim``: a
+  given similarity matrix instead of the cosines)."""
   x = np.asarray(x, np.float64)
   same = ref is None
   ref, ref_y = (x, y) if same else (np.asarray(ref, np.float64), ref_y)
@@ -32,7 +33,8 @@ def _loops(x, y, ref=None, ref_y=None, pos=None, neg=None, lambda_plus=1.0,
     for j in range(len(ref)):
       if same and i == j:
         continue
-      s = x[i] @ ref[j] / np.linalg.norm(x[i]) / np.linalg.norm(ref[j])
+      s = (x[i] @ ref[j] / np.linalg.norm(x[i]) / np.linalg.norm(ref[j])
+           if sim is None else sim[i, j])
       if y[i] == ref_y[j] and (pos is None or pos[i, j]) and s <= margin_plus:
         sp, cp = sp + margin_plus - s, cp + 1
       if y[i] != ref_y[j] and (neg is None or neg[i, j]) and s >= margin_minus:
@@ -143,3 +145,16 @@ def test_registry_entry():
   assert dict(entry.defaults) == {"lambda_plus": 1.0, "lambda_minus": 1.0,
                                   "margin_plus": 0.9, "margin_minus": 0.5}
   assert jax.numpy.isfinite(entry.apply(jnp.asarray(_X, jnp.float32), _Y))
+
+
+def test_poincare_geometry_equals_the_loops_on_every_engine():
+  """``geometry=Poincare``: the similarity is minus the ball's distance
+  (tests/losses/engine/test_geometry.py's float64 reference)."""
+  from tests.losses.engine import test_geometry as tg  # noqa: PLC0415
+  x = tg._x()  # noqa: SLF001
+  hyper = {"margin_plus": -0.5, "margin_minus": -1.0}
+  want = _loops(x, tg.LABELS, sim=-tg._distance_ref(x), **hyper)  # noqa: SLF001
+  for kw in ({}, {"block_size": 3}):
+    got = _FN(jnp.asarray(x), tg.LABELS, geometry=tg.BALL, **hyper, **kw)
+    np.testing.assert_allclose(got, want, rtol=2e-5)
+  assert want > 0

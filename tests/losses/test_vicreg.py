@@ -128,7 +128,22 @@ def test_bad_inputs_raise_one_line():
     losses.vicreg_loss(a, a, covariance_v=-1.0)
   with pytest.raises(ValueError, match="eps"):
     losses.vicreg_loss(a, a, eps=0.0)
-  with pytest.raises(ValueError, match="odd batch of 15.*images_per_class=2"):
+  with pytest.raises(ValueError, match="odd batch of 15.*sampler='views'"):
     losses.vicreg_loss_of_views(a[:15], np.arange(15))
   with pytest.raises(TypeError, match="ref_emb"):
     losses.vicreg_loss(a, np.zeros((_N, _D), np.int32))
+
+
+def test_odd_rows_per_device_gather_the_global_batch():
+  """24 rows over 8 devices: 3 each, the pairs cross devices."""
+  rng = np.random.default_rng(2)
+  x = rng.normal(size=(24, _D)).astype(np.float32)
+  labels = np.repeat(np.arange(12), 2).astype(np.int32)
+  want = jax.jit(jax.value_and_grad(losses.vicreg_loss_of_views))(x, labels)
+  local = jax.value_and_grad(functools.partial(losses.vicreg_loss_of_views,
+                                               axis_name="d"))
+  mesh = Mesh(np.array(jax.devices()), ("d",))
+  v, g = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P("d"), P("d")),
+                               out_specs=(P(), P("d"))))(x, labels)
+  np.testing.assert_allclose(v, want[0], rtol=1e-5)
+  np.testing.assert_allclose(g, want[1], rtol=1e-4, atol=1e-6)

@@ -164,13 +164,17 @@ def test_the_geometry_of_a_pair_loss_is_checked_in_one_line(hyper, message):
   config_checks.check_config(c, device_count=8, process_count=1)
 
 
-def test_two_view_losses_need_the_views_sampler_with_two_views():
-  c = _config(**{"batch.sampler": "views", "batch.images_per_class": 2,
-                 "batch.classes_per_batch": 8})
-  c.loss = config_lib.loss_config("vicreg")
-  config_checks.check_config(c, device_count=8, process_count=1)
-  for overrides in ({"batch.sampler": "pk"},
-                    {"batch.sampler": "views", "batch.images_per_class": 4}):
+def test_two_view_losses_need_rows_that_pair_up():
+  for overrides in ({"batch.sampler": "views", "batch.images_per_class": 2,
+                     "batch.classes_per_batch": 8},
+                    {"batch.sampler": "pk"}):  # K = 8
+    c = _config(**overrides)
+    c.loss = config_lib.loss_config("vicreg")
+    config_checks.check_config(c, device_count=8, process_count=1)
+  for overrides in ({"batch.sampler": "random", "batch.size": 40},
+                    {"batch.sampler": "views", "batch.images_per_class": 4},
+                    {"batch.sampler": "pk", "batch.images_per_class": 3,
+                     "batch.classes_per_batch": 8}):
     c = _config(**overrides)
     c.loss = config_lib.loss_config("vicreg")
     with pytest.raises(config_checks.ConfigError,
