@@ -30,6 +30,7 @@ sharded matrix) have a zero gradient where PML's ``torch.norm`` gives NaN.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Optional
 
@@ -43,9 +44,14 @@ from circle_jax.losses import ranges
 
 Array = jax.Array
 
-# PML 2.9's defaults (LargeMarginSoftmaxLoss and SphereFaceLoss alike).
-MARGIN = 4
-SCALE = 1.0
+@dataclasses.dataclass(frozen=True)
+class LargeMargin:
+  """L-Softmax's and SphereFace's hyperparameters, named and defaulted as
+  PML 2.9's ``LargeMarginSoftmaxLoss`` and ``SphereFaceLoss``: the integer
+  angular margin ``m`` and the logits' scale ``s``."""
+
+  margin: int = 4
+  scale: float = 1.0
 
 
 def _check_margin(margin) -> int:
@@ -104,8 +110,8 @@ def large_margin_softmax_loss(
     labels: Array,
     class_weights: Array,
     *,
-    margin: int = MARGIN,
-    scale: float = SCALE,
+    margin: int = LargeMargin.margin,
+    scale: float = LargeMargin.scale,
     axis_name: Optional[str] = None,
     shard_classes: bool = class_shard.Layout.shard_classes,
     num_classes: Optional[int] = class_shard.Layout.num_classes,
@@ -159,8 +165,8 @@ def sphereface_loss(
     labels: Array,
     class_weights: Array,
     *,
-    margin: int = MARGIN,
-    scale: float = SCALE,
+    margin: int = LargeMargin.margin,
+    scale: float = LargeMargin.scale,
     axis_name: Optional[str] = None,
     shard_classes: bool = class_shard.Layout.shard_classes,
     num_classes: Optional[int] = class_shard.Layout.num_classes,
