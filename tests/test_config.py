@@ -142,7 +142,7 @@ def test_unknown_loss_or_hyperparameter_names_what_is_accepted(config_file):
     parse(config_file, "--config.loss.name=multi_similarity",
           "--config.loss.gamma=3")
   with pytest.raises(flags.IllegalFlagValueError,
-                     match="unknown loss 'circel'; known losses: arcface"):
+                     match="unknown loss 'circel'; known losses: angular, arcface"):
     parse(config_file, "--config.loss.name=circel")
   with pytest.raises(flags.IllegalFlagValueError, match="block_size"):
     parse(config_file, "--config.loss.name=proxy_anchor",

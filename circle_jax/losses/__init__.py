@@ -122,3 +122,23 @@ from circle_jax.losses.generalized_lifted_structure import (
 from circle_jax.losses.intra_pair_variance import intra_pair_variance_loss
 from circle_jax.losses.snr_contrastive import SNR, snr_contrastive_loss
 from circle_jax.losses.tuplet_margin import tuplet_margin_loss
+from circle_jax.losses.large_margin import (
+    large_margin_softmax_loss,
+    sphereface_loss,
+)
+from circle_jax.losses.p2s_grad import (
+    p2s_grad_loss,
+)
+from circle_jax.losses.vicreg import (
+    vicreg_loss,
+    vicreg_loss_of_views,
+)
+from circle_jax.losses.tcm import (
+    threshold_consistent_margin_loss,
+)
+from circle_jax.losses.pnp import (
+    pnp_loss,
+)
+from circle_jax.losses.manifold import (
+    manifold_loss,
+)

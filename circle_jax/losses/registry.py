@@ -51,6 +51,12 @@ from circle_jax.losses import snr_contrastive
 from circle_jax.losses import supcon
 from circle_jax.losses import triplet
 from circle_jax.losses import tuplet_margin
+from circle_jax.losses import large_margin
+from circle_jax.losses import p2s_grad
+from circle_jax.losses import vicreg
+from circle_jax.losses import tcm
+from circle_jax.losses import pnp
+from circle_jax.losses import manifold
 
 LossEntry = entries.LossEntry
 GEOMETRY_FIELDS = entries.GEOMETRY_FIELDS
@@ -66,6 +72,7 @@ _MODULES = (circle, multi_similarity, ranked_list, proxy_anchor, contrastive,
             proxy_baselines, classification)
 _MODULES += (nca, angular, generalized_lifted_structure,
              intra_pair_variance, snr_contrastive, tuplet_margin)
+_MODULES += (large_margin, p2s_grad, vicreg, tcm, pnp, manifold)
 
 LOSSES: Mapping[str, LossEntry] = types.MappingProxyType(
     {e.name: e for module in _MODULES for e in module.REGISTRY})

@@ -339,6 +339,12 @@ def _check_placement(config) -> parallel.Placement:
           f"{parallel.MODES}.")
 
 
+# Losses of two views per image in consecutive rows
+# (circle_jax.losses.vicreg): the 'views' sampler with two views, or P x K
+# with an even K.
+TWO_VIEW_LOSSES = ("vicreg",)
+
+
 def _check_sampler(config, info, held_out: int, entry) -> None:
   """``config.batch``'s sampler: a random batch of at least 2, ``P``
   classes the train split has times ``K`` images (2 or more for a pair
@@ -353,6 +359,14 @@ def _check_sampler(config, info, held_out: int, entry) -> None:
     _fail("batch.sampler", f"'views' labels each image by its own index "
           f"(its views are its only positives), which only a pair loss can "
           f"train; {entry.name!r} is a {entry.kind} loss: use sampler 'pk'.")
+  k = config.batch.images_per_class
+  if entry.name in TWO_VIEW_LOSSES and not (
+      (sampler == "views" and k == 2)
+      or (sampler == "pk" and isinstance(k, int) and k % 2 == 0)):
+    _fail("batch.sampler", f"{entry.name!r} takes two views of each image "
+          f"in consecutive rows: use batch.sampler='views' with "
+          f"batch.images_per_class=2 (two augmentations of an image), or "
+          f"'pk' with an even images_per_class (two images of a class).")
   if sampler == "random":
     size = config.batch.size
     if isinstance(size, bool) or not isinstance(size, int) or size < 2:

@@ -125,6 +125,14 @@ def _miners():
 _REGISTERED_AFTER_PINNING = ("unified", "supcon", "nt_xent", "pairwise_ce",
                              "pairwise_sigmoid", "smooth_ap", "fastap",
                              "subcenter_arcface")
+# Issue #40's losses, checked against PML 2.9 instead.
+_REGISTERED_AFTER_PINNING += ("nca", "angular", "generalized_lifted_structure",
+                              "intra_pair_variance", "snr_contrastive",
+                              "tuplet_margin")
+_REGISTERED_AFTER_PINNING += ("large_margin_softmax", "sphereface",
+                              "p2s_grad", "vicreg",
+                              "threshold_consistent_margin", "pnp",
+                              "manifold")
 
 
 def cases():

@@ -59,6 +59,22 @@ _PARAM = {"circle_class_level": "class_weights", "proxy_anchor": "proxies",
           "normface": "class_weights", "cosface": "class_weights",
           "arcface": "class_weights", "softmax": "class_weights",
           "subcenter_arcface": "class_weights"}
+# Issue #40's class-matrix losses (helper h40b), at PML 2.9's defaults.
+_SPEC.update({
+    "large_margin_softmax": {"margin": 4, "scale": 1.0},
+    "sphereface": {"margin": 4, "scale": 1.0},
+    "p2s_grad": {},
+    "vicreg": {"invariance_lambda": 25.0, "variance_mu": 25.0,
+               "covariance_v": 1.0, "eps": 1e-4},
+    "threshold_consistent_margin": {"lambda_plus": 1.0, "lambda_minus": 1.0,
+                                    "margin_plus": 0.9, "margin_minus": 0.5},
+    "pnp": {"b": 2.0, "alpha": 1.0, "anneal": 0.01, "variant": "O"},
+    "manifold": {"lambdaC": 1.0, "alpha": 0.8, "margin": 5e-4},
+})
+_GEOMETRY["vicreg"] = None  # no pairs compared: no geometry
+_PARAM.update({"large_margin_softmax": "class_weights",
+               "sphereface": "class_weights", "p2s_grad": "class_weights",
+               "manifold": "proxies"})
 
 C, D = 4, 8
 Y = np.repeat(np.arange(C), 4)  # P x K = 4 x 4

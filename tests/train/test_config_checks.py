@@ -208,3 +208,21 @@ def test_the_classes_a_partial_copy_really_has_are_checked():
       r"has 3 train classes, leaving 3 to train on: lower "
       r"batch.classes_per_batch to at most 3\.$")):
     config_checks.check_train_classes(c, info, 3, where)
+
+
+def test_two_view_losses_need_rows_that_pair_up():
+  for overrides in ({"batch.sampler": "views", "batch.images_per_class": 2,
+                     "batch.classes_per_batch": 8},
+                    {"batch.sampler": "pk"}):  # K = 8
+    c = _config(**overrides)
+    c.loss = config_lib.loss_config("vicreg")
+    config_checks.check_config(c, device_count=8, process_count=1)
+  for overrides in ({"batch.sampler": "random", "batch.size": 40},
+                    {"batch.sampler": "views", "batch.images_per_class": 4},
+                    {"batch.sampler": "pk", "batch.images_per_class": 3,
+                     "batch.classes_per_batch": 8}):
+    c = _config(**overrides)
+    c.loss = config_lib.loss_config("vicreg")
+    with pytest.raises(config_checks.ConfigError,
+                       match="config.batch.sampler: 'vicreg' takes two views"):
+      config_checks.check_config(c, device_count=8, process_count=1)
