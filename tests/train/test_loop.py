@@ -299,7 +299,7 @@ def test_an_unreadable_best_checkpoint_falls_back_to_the_last_step(
   step = first["best"]["step"]
   best_dir = tmp_path / "checkpoints" / "best" / str(step)
   # A real fault: the item every run with a best step reads is gone (a
-  # truncated state file is covered in test_checkpoint_faults.py).
+  # truncated state file is covered in test_checkpoint.py).
   shutil.rmtree(best_dir / "meta")
   os.remove(tmp_path / "metrics.json")
   # The finished run is run again: it must finish, not fail on the damage.
