@@ -4,6 +4,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+# Slow (a benchmark script run): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))
 

@@ -21,6 +21,9 @@ from circle_jax.analysis import pair_plane
 from circle_jax.analysis import pairs
 from experiments import circle_figures as cf
 
+# Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "experiments", "results", "circle_figures")
 

@@ -13,6 +13,9 @@ from experiments import compare
 from experiments import compare_runs
 from experiments import compare_report
 
+# Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DIGITS = str(REPO / "experiments" / "configs" / "digits.py")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -11,6 +11,9 @@ from circle_jax.evaluation import omniglot_oneshot
 from circle_jax.train import restore as restore_lib
 from tests.evaluation.oneshot_fixture import make_runs, train_tiny_workdir
 
+# Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))
 

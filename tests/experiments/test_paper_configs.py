@@ -43,6 +43,9 @@ from experiments.configs import ranked_proxy_anchor
 from experiments.configs import recipes
 from tests.data import fixtures
 
+# Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TABLES = REPO / "experiments" / "results" / "paper_tables.md"
 

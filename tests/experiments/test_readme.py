@@ -12,6 +12,9 @@ import pytest
 
 from experiments import check_readme
 
+# Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))
 

@@ -17,6 +17,9 @@ import sys
 
 import pytest
 
+# Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SCRIPTS = sorted(
     p.name for p in (REPO / "experiments").glob("*.py")

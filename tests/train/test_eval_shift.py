@@ -17,6 +17,9 @@ from circle_jax.train import restore as restore_lib
 from tests.evaluation import reference
 from tests.train import helpers
 
+# Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 
 def test_trainer_evaluates_with_the_shifted_views(tmp_path):
   """The run's metrics are those of the shift-averaged embeddings, computed

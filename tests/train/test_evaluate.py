@@ -25,6 +25,7 @@ KEYS = {"fewshot_2way_1shot", "fewshot_2way_1shot_ci95",
         "fewshot_2way_3shot", "fewshot_2way_3shot_ci95"}
 
 
+@pytest.mark.slow  # a training job
 def test_fewshot_metrics_with_validation_selection(tmp_path):
   """Few-shot keys in every test and validation evaluation; the selected
   step's numbers are those of its checkpoint's embeddings; a few-shot

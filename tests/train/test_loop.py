@@ -24,6 +24,9 @@ from circle_jax.train import restore as restore_lib
 from circle_jax.train import writers
 from tests.train import helpers
 
+# Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory):
