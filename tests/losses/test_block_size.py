@@ -12,6 +12,9 @@ import pytest
 
 from circle_jax import losses
 
+# Slow (every engine compiled per rule): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 CASES = [
     (losses.circle_loss, dict(margin=0.3, gamma=64.0)),
     (losses.multi_similarity_loss,

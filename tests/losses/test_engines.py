@@ -29,6 +29,9 @@ from circle_jax.losses.contrastive import Contrastive
 from circle_jax.losses.ranked_list import RankedList
 from circle_jax.losses.triplet import BatchHard
 
+# Slow (every engine compiled per rule): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 # Label 9 is a singleton (no positives); 16 samples, 8 devices x 2.
 LABELS = np.array([0, 1, 2, 0, 1, 2, 3, 3, 0, 1, 2, 3, 9, 0, 1, 2], np.int32)
 B = len(LABELS)

@@ -14,6 +14,9 @@ from circle_jax import losses
 from circle_jax.losses import miners
 from tests.losses import reference as ref
 
+# Slow (many compiled cases): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 
 def _jit(fn):
   """``fn`` compiled as one program (keyword arguments closed over): far

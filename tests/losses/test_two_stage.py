@@ -25,6 +25,9 @@ from tests.losses.engine_checks import (
     with_references,
 )
 
+# Slow (every engine compiled per rule): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 # 16 samples, 2 per device; label 9 has no positive, label 0 has 4 samples.
 LABELS = np.array([0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 4, 4, 9, 0], np.int32)
 B, D = len(LABELS), 8

@@ -10,7 +10,7 @@ import pytest
 
 from circle_jax.train import preemption
 
-# Slow (signals sent to child processes): not in the fast tier (CONTRIBUTING.md).
+# Slow (signals to child processes): not in the fast tier (CONTRIBUTING.md).
 pytestmark = pytest.mark.slow
 
 
