@@ -36,7 +36,7 @@ from tests import test_config
 from tests.conftest import REPO_ROOT
 from tests.train import helpers
 
-# Slow (runs on each placement, resumes): not in the fast tier (CONTRIBUTING.md).
+# Slow (runs per placement, resumes): not in the fast tier (CONTRIBUTING.md).
 pytestmark = pytest.mark.slow
 
 NUM_STEPS = 3
