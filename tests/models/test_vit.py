@@ -11,6 +11,9 @@ from circle_jax.models import vit as vit_lib
 from circle_jax.models import vit_weights
 from tests.models import helpers
 
+# Slow (every ViT family compiled): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 
 tiny = helpers.tiny_vit
 init = helpers.init_vit
