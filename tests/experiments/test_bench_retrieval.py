@@ -5,9 +5,13 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from experiments import bench_matmul
 from experiments import bench_retrieval
+
+# Slow (a benchmark script run): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
