@@ -113,6 +113,7 @@ print(used, len(hits))
 """
 
 
+@pytest.mark.slow  # two processes compile
 def test_a_second_process_loads_its_programs_from_the_cache(tmp_path):
   cache = tmp_path / "cache"
   env = dict(os.environ, JAX_PLATFORMS="cpu")

@@ -19,6 +19,9 @@ import tomllib
 import pytest
 from packaging.requirements import Requirement
 
+# Slow (pip installs into fresh venvs): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = ("pyproject.toml", "setup.py", "README.md", "LICENSE",
            "requirements.txt", "circle_jax")

@@ -64,6 +64,7 @@ def _tool(*args):
   return lines[0]
 
 
+@pytest.mark.slow  # the tools in subprocesses
 def test_a_workdir_that_is_a_file_is_one_line(a_file):
   line = _tool("experiments.main", "--config=experiments/configs/digits.py",
                f"--workdir={a_file}")
@@ -71,6 +72,7 @@ def test_a_workdir_that_is_a_file_is_one_line(a_file):
                   "folder (give a new or existing folder).")
 
 
+@pytest.mark.slow  # the tools in subprocesses
 def test_embed_paths_are_one_line_each(a_file, tmp_path):
   images = tmp_path / "images"
   images.mkdir()

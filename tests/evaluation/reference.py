@@ -1,4 +1,4 @@
-"""Naive float64 references for the evaluation metrics (per-query loops)."""
+"""Naive references for the evaluation (per-query and per-pixel loops)."""
 
 import numpy as np
 
@@ -78,3 +78,16 @@ def min_gap_in_top(facts, top):
     if differ.any():
       gaps.append(np.min((sims[:-1] - sims[1:])[differ]))
   return float(np.min(gaps))
+
+
+def shifted(x, dy, dx):
+  """``x`` [n, H, W, C] moved by ``(dy, dx)`` pixels (positive: down,
+  right), edge pixels repeated, one image at a time."""
+  out = np.empty_like(x)
+  h, w = x.shape[1:3]
+  for n in range(x.shape[0]):
+    for i in range(h):
+      for j in range(w):
+        out[n, i, j] = x[n, min(max(i - dy, 0), h - 1),
+                         min(max(j - dx, 0), w - 1)]
+  return out

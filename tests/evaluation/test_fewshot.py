@@ -7,6 +7,9 @@ import pytest
 
 from circle_jax.evaluation import fewshot, fewshot_accuracy, fewshot_metrics
 
+# Slow (episodes on every device count): not in the fast tier.
+pytestmark = pytest.mark.slow
+
 
 def _clustered(seed, num_classes, per_class, dim, noise=1.2):
   """Noisy clusters (accuracies well inside (0, 1)), norms varied."""

@@ -21,6 +21,9 @@ from tests.evaluation.oneshot_fixture import (
     train_tiny_workdir,
 )
 
+# Slow (a restored run, the official runs): not in the fast tier.
+pytestmark = pytest.mark.slow
+
 
 def pixels(images):
   """A stub model: the decoded pixels as the embedding."""

@@ -1,9 +1,6 @@
 """Specification of circle_jax.evaluation.retrieval."""
 
 import logging
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +8,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 
-from circle_jax.evaluation import DEFAULT_KS, default_ks, retrieval_metrics
+from circle_jax.evaluation import retrieval_metrics
 from circle_jax.evaluation import retrieval
 from tests.evaluation import reference
 
@@ -370,33 +367,6 @@ def test_int64_labels_beyond_int32_range():
 # ----------------------------------------------------------------------------
 # Ks and input checks.
 # ----------------------------------------------------------------------------
-
-
-def test_default_ks():
-  assert default_ks("sop") == (1, 10, 100, 1000)
-  assert default_ks("Stanford_Online_Products") == (1, 10, 100, 1000)
-  assert default_ks("inshop") == (1, 10, 20, 30, 40)
-  assert default_ks("in-shop") == (1, 10, 20, 30, 40)
-  assert default_ks("CUB200") == default_ks("cub_200_2011") == (1, 2, 4, 8)
-  assert default_ks("cars196") == (1, 2, 4, 8)
-  for name in ("omniglot", "omniglot_small", "digits"):
-    assert default_ks(name) == (1, 2, 4, 8)
-  assert set(DEFAULT_KS) == {"cub200", "cars196", "sop", "inshop", "omniglot",
-                             "omniglot_small", "digits"}
-  with pytest.raises(ValueError, match="known datasets"):
-    default_ks("imagenet")
-  with pytest.raises(KeyError):
-    DEFAULT_KS["imagenet"]
-
-
-def test_importing_the_evaluation_does_not_load_the_dataset_registry():
-  # DEFAULT_KS reads circle_jax.data (and tensorflow_datasets) on first use.
-  code = ("import sys; from circle_jax import evaluation; "
-          "assert 'tensorflow_datasets' not in sys.modules; "
-          "assert evaluation.DEFAULT_KS['sop'] == (1, 10, 100, 1000); "
-          "assert 'circle_jax.data.registry' in sys.modules")
-  subprocess.run([sys.executable, "-c", code], check=True,
-                 env={**os.environ, "JAX_PLATFORMS": "cpu"})
 
 
 def test_ks_are_sorted_and_deduplicated():

@@ -14,6 +14,9 @@ import sys
 
 import pytest
 
+# Slow (jobs killed and resumed): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))
 

@@ -16,6 +16,9 @@ from experiments.configs import omniglot_small
 from tests import test_config
 from tests.train import helpers
 
+# Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))
 DIGITS = "experiments/configs/digits.py"

@@ -16,6 +16,9 @@ from circle_jax.train import checkpoint as ckpt_lib
 from experiments.tools import check_determinism
 from tests.train import helpers
 
+# Slow (jobs killed and resumed): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))
 STEPS = 24

@@ -16,6 +16,9 @@ import sys
 
 import pytest
 
+# Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 EXPERIMENTS = REPO / "experiments"
 FOLDERS = ("bench", "compare", "figures", "tools")

@@ -12,6 +12,9 @@ from circle_jax.train import grid as grid_lib
 from experiments import sweep
 from experiments.configs import digits
 
+# Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
   """digits ArrayRecords, prepared once for this module (no files needed)."""

@@ -19,6 +19,9 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from circle_jax import losses
 
+# Slow (every engine compiled per rule): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 _N = 8            # simulated devices (tests/conftest.py)
 _B, _D = 16, 8    # global batch: 2 samples per device
 _C = 13           # not a multiple of 8: ceil(13 / 8) = 2 rows per device

@@ -18,6 +18,9 @@ from tests.losses.reference import loss_ref
 from tests.losses.engine_checks import grad_ref
 from tests.losses.engine_checks import with_references
 
+# Slow (many compiled cases): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 # 16 samples, 2 per device; label 9 has no positive, label 0 has 4 views.
 LABELS = np.array([0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 4, 4, 9, 0], np.int32)
 B = len(LABELS)

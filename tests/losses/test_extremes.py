@@ -32,6 +32,9 @@ from tests.losses.reference import mined_sets
 from tests.losses.reference import contrastive_ref
 from tests.losses.reference import rll_reference
 
+# Slow (many compiled cases): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 B, D, BLOCK = 16, 8, 5  # BLOCK does not divide B
 
 

@@ -16,6 +16,9 @@ from tests.losses.reference import (contrastive_ref, lifted_ref_ordered,
                                     lifted_ref_paper, margin_ref, n_pair_ref,
                                     triplet_ref)
 
+# Slow (many compiled cases): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 
 def jitted(fn):
   """``fn`` compiled as one program (keyword arguments closed over): far

@@ -19,6 +19,9 @@ from circle_jax.losses import (
 from tests.losses import reference as ref
 from tests.losses.reference import pa_reference, rpal_reference
 
+# Slow (sharded and sampled class matrices): not in the fast tier.
+pytestmark = pytest.mark.slow
+
 PA = dict(margin=0.1, alpha=32.0)
 RPAL = dict(alpha=1.4, margin=0.4, t_neg=20.0)
 

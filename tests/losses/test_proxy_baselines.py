@@ -14,6 +14,9 @@ from circle_jax.losses import proxy_baselines
 from tests.losses.reference import (proxy_nca_ref, soft_triple_ref,
                                     soft_triple_reg_ref)
 
+# Slow (sharded and sampled class matrices): not in the fast tier.
+pytestmark = pytest.mark.slow
+
 _RNG = np.random.default_rng(0)
 _C, _D, _K = 5, 4, 3
 _Y = np.array([0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0])

@@ -18,6 +18,9 @@ from circle_jax.losses import (
 from tests.losses import reference as ref
 from tests.losses.reference import rll_reference
 
+# Slow (every engine and mining case): not in the fast tier.
+pytestmark = pytest.mark.slow
+
 DEFAULTS = dict(alpha=1.2, margin=0.4, t_neg=10.0, t_pos=0.0, imbalance=0.5)
 
 

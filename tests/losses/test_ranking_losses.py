@@ -15,6 +15,9 @@ from circle_jax.losses import engine
 from tests.losses.engine_checks import grad_ref
 from tests.losses.reference import fastap_ref, smooth_ap_ref
 
+# Slow (many compiled cases): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 B, D = 12, 8
 LABELS = np.array([0, 0, 0, 1, 1, 2, 2, 2, 2, 3, 4, 4], np.int32)  # 3: alone
 

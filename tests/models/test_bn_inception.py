@@ -9,6 +9,9 @@ from circle_jax import models
 from circle_jax.models import bn_inception
 from tests.models import helpers
 
+# Slow (compared with the reference framework): not in the fast tier.
+pytestmark = pytest.mark.slow
+
 
 def test_block_channels_chain():
   """Each block's output width is the next block's input width (Cadene)."""

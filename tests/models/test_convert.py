@@ -16,6 +16,9 @@ from circle_jax import models
 from circle_jax.models import convert
 from tests.models import helpers
 
+# Slow (compared with the reference framework): not in the fast tier.
+pytestmark = pytest.mark.slow
+
 # Non-square, so that a height/width swap cannot go unnoticed.
 HW = (64, 96)
 

@@ -1,31 +1,23 @@
-"""Tests of circle_jax/models/vit.py and vit_weights.py that need no torch."""
+"""Tests of circle_jax/models/vit.py that need no torch (the weight import:
+test_vit_weights.py; both against timm: test_vit_timm.py)."""
 
-import os
-import pickle
-
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from circle_jax import errors
 from circle_jax import models
-from circle_jax.models import convert
 from circle_jax.models import vit as vit_lib
 from circle_jax.models import vit_weights
+from tests.models import helpers
+
+# Slow (every ViT family compiled): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
 
 
-def tiny(family="augreg", patch=4, image_size=16, **kw):
-  opts = dict(depth=2, width=16, num_heads=2)
-  opts.update(kw)
-  return vit_lib.ViT(**vit_lib.vit_options("ti", patch, family,
-                                           image_size=image_size, **opts))
-
-
-def init(module, size=16):
-  return module.init(jax.random.PRNGKey(0), jnp.zeros((1, size, size, 3)),
-                     train=False)
+tiny = helpers.tiny_vit
+init = helpers.init_vit
+timm_state_dict = helpers.timm_state_dict
 
 
 def images(size=16, n=2, seed=0):
@@ -160,110 +152,6 @@ def test_input_spec_follows_the_family():
     spec = models.input_spec("vit_s16", [k for k, v in vit_lib.FAMILIES.items()
                                          if v is fam][0])
     assert (spec.mean, spec.std) == (mean, std)
-
-
-# ---------------------------------------------------------------------------
-# Weight import.
-# ---------------------------------------------------------------------------
-
-
-def timm_state_dict(module, seed=0):
-  """A timm-named state dict built from our own parameters (the inverse
-  mapping), so that the converter round-trips."""
-  params = flax.traverse_util.flatten_dict(
-      init(module, module.pos_grid * module.patch_size)["params"])
-  rng = np.random.RandomState(seed)
-  sd = {}
-  for path, value in params.items():
-    key, perm = vit_weights._timm_name(path)  # pylint: disable=protected-access
-    value = rng.randn(*value.shape).astype(np.float32)
-    params[path] = value
-    if perm is not None:
-      value = value.transpose(np.argsort(perm))
-    sd[key] = np.ascontiguousarray(value)  # safetensors writes raw buffers
-  return sd, flax.traverse_util.unflatten_dict(params)
-
-
-@pytest.mark.parametrize("family", ["augreg", "dinov2_reg", "clip", "siglip"])
-def test_converter_round_trips_and_ignores_the_classifier(family):
-  m = tiny(family)
-  sd, params = timm_state_dict(m)
-  sd["head.weight"] = np.zeros((10, 16), np.float32)
-  got = vit_weights.convert_timm_vit(sd, m)["params"]
-  jax.tree_util.tree_map(np.testing.assert_array_equal, got, params)
-
-
-def test_misfits_are_one_line_errors_naming_the_first_mismatch():
-  m = tiny("dinov2")
-  sd, _ = timm_state_dict(m)
-  with pytest.raises(convert.ConversionError) as e:
-    vit_weights.convert_timm_vit(sd, tiny("augreg", width=32))
-  assert "\n" not in str(e.value)
-  assert ("'blocks.0.attn.proj.bias' has shape (16,), the model expects "
-          "(32,)") in str(e.value)
-  with pytest.raises(convert.ConversionError, match=r"'blocks.0.ls1.gamma'"):
-    vit_weights.convert_timm_vit({k: v for k, v in sd.items()
-                                  if "ls1" not in k}, m)
-  with pytest.raises(convert.ConversionError, match="ls1.gamma.*family"):
-    vit_weights.convert_timm_vit(sd, tiny("augreg"))  # unused layer scale
-  extra = dict(sd, **{"blocks.2.norm1.weight": np.ones(16, np.float32)})
-  with pytest.raises(convert.ConversionError, match="blocks.2.norm1.weight"):
-    vit_weights.convert_timm_vit(extra, m)
-  vit_weights.convert_timm_vit(extra, m, strict=False)
-
-
-def test_position_embedding_of_another_grid_is_resampled_at_load():
-  src = tiny("augreg", image_size=16)     # 4 x 4 grid
-  sd, _ = timm_state_dict(src)
-  dst = tiny("augreg", image_size=24)     # 6 x 6 grid
-  got = vit_weights.convert_timm_vit(sd, dst)["params"]["pos_embed"]
-  np.testing.assert_array_equal(got[:, :1], sd["pos_embed"][:, :1])
-  want = vit_lib.resample_pos_embed(jnp.asarray(sd["pos_embed"][:, 1:]),
-                                    (6, 6))
-  np.testing.assert_allclose(got[:, 1:], want, rtol=1e-6)
-
-
-def test_safetensors_and_npz_files(tmp_path):
-  st = pytest.importorskip("safetensors.numpy")
-  m = tiny("siglip")
-  sd, params = timm_state_dict(m)
-  st.save_file(sd, str(tmp_path / "w.safetensors"))
-  np.savez(tmp_path / "w.npz", **sd)
-  for name in ("w.safetensors", "w.npz"):
-    got = vit_weights.load_timm_vit(tmp_path / name, m)["params"]
-    jax.tree_util.tree_map(np.testing.assert_array_equal, got, params)
-  # A real file cut short (an interrupted download), a foreign file and a
-  # missing one: one line naming the file and what was expected.
-  whole = (tmp_path / "w.safetensors").read_bytes()
-  (tmp_path / "cut.safetensors").write_bytes(whole[:len(whole) // 2])
-  (tmp_path / "foreign.safetensors").write_bytes(b"not a safetensors file")
-  for name in ("cut.safetensors", "foreign.safetensors", "none.safetensors"):
-    path = str(tmp_path / name)
-    with pytest.raises(errors.WeightsFileError) as e:
-      vit_weights.load_timm_vit(path, m)
-    message = str(e.value)
-    assert "\n" not in message and repr(path) in message, message
-    assert "(.safetensors)" in message and "--config.model.pretrained" in message
-
-
-class _Evil:
-  def __reduce__(self):
-    return (os.system, ("touch pwned_by_vit_checkpoint",))
-
-
-def test_malicious_bin_checkpoint_never_runs(tmp_path, monkeypatch):
-  import zipfile  # pylint: disable=g-import-not-at-top
-  monkeypatch.chdir(tmp_path)
-  path = tmp_path / "pytorch_model.bin"
-  with zipfile.ZipFile(path, "w") as zf:
-    zf.writestr("archive/data.pkl",
-                pickle.dumps({"pos_embed": _Evil()}, protocol=2))
-  with pytest.raises(errors.WeightsFileError) as e:
-    vit_weights.load_timm_vit(path, tiny())
-  assert isinstance(e.value.__cause__, pickle.UnpicklingError)
-  assert "Refusing to unpickle `posix.system`" in str(e.value)
-  assert str(path) in str(e.value) and "\n" not in str(e.value)
-  assert not (tmp_path / "pwned_by_vit_checkpoint").exists()
 
 
 def test_frozen_patch_embedding_gets_no_gradient():

@@ -20,6 +20,9 @@ from circle_jax.models import vit as vit_lib
 from circle_jax.models import vit_weights
 from tests.models.timm_reference import import_timm
 
+# Slow (compared with the reference framework): not in the fast tier.
+pytestmark = pytest.mark.slow
+
 timm, torch = import_timm()
 safetensors_torch = pytest.importorskip("safetensors.torch")
 

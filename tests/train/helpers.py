@@ -18,6 +18,7 @@ from typing import Callable, Optional
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from circle_jax import ops
 from circle_jax import config as config_lib
@@ -192,3 +193,39 @@ def saved_tree(workdir: str, step: int):
   tree = ckpts.restore()[0]
   ckpts.close()
   return tree
+
+
+def write_run(config, workdir: str, *, latest: int = 4,
+              best: Optional[int] = 2) -> dict:
+  """A workdir as the trainer leaves it, without training: ``config.json``
+  and the config's initial state saved as the ``latest`` step ``latest``
+  and, with ``best``, as the ``best`` step ``best`` with its parameters
+  shifted by 0.5 (so a test sees which checkpoint was restored).
+
+  Returns:
+    ``{'latest': tree, 'best': tree or None}``, the host trees saved.
+  """
+  # Imported here: the other helpers need neither the data nor the models.
+  from circle_jax import data as data_lib  # pylint: disable=g-import-not-at-top
+  from circle_jax import parallel  # pylint: disable=g-import-not-at-top
+  from circle_jax.train import restore as restore_lib  # pylint: disable=g-import-not-at-top
+  from circle_jax.train import run as run_lib  # pylint: disable=g-import-not-at-top
+  from circle_jax.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  info = data_lib.get_dataset_info(config.dataset.name)
+  model = run_lib.build_model(config, parallel.SingleDevice())
+  state, *_ = run_lib.init_state(
+      config, model, info, run_lib.train_preprocess(config, info).output_shape)
+  tree = parallel.SingleDevice().to_host(state_lib.state_to_tree(state))
+  workdir_lib.record(workdir, workdir_lib.config_to_dict(config), step=0,
+                     changes=[])
+  ckpts = restore_lib.open_checkpoints(config, workdir)
+  saved = {"latest": dict(tree, step=np.int32(latest)), "best": None}
+  ckpts.save_latest(latest, saved["latest"])
+  if best is not None:
+    saved["best"] = dict(tree, step=np.int32(best),
+                         params=jax.tree.map(lambda x: x + 0.5,
+                                             tree["params"]))
+    ckpts.save_best(best, saved["best"], None, {"recall@1": 0.5})
+  ckpts.wait()
+  ckpts.close()
+  return saved

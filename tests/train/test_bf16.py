@@ -19,6 +19,9 @@ from circle_jax.train import state as state_lib
 from circle_jax.train import step as step_lib
 from tests.train import helpers
 
+# Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 BF16 = {"model.dtype": "bfloat16", "parallelism": "none"}
 
 

@@ -36,6 +36,9 @@ from tests import test_config
 from tests.conftest import REPO_ROOT
 from tests.train import helpers
 
+# Slow (runs per placement, resumes): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 NUM_STEPS = 3
 C = 5  # classes 0-3 in the batches, 4 absent; ceil(5 / 8) = 1 row a device
 LR = 1e-2

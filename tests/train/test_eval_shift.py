@@ -1,9 +1,9 @@
-"""Test-time augmentation by shifted copies (``config.eval_shift``)."""
+"""The trainer evaluates with shifted copies (``config.eval_shift``); the
+views and their mean by hand are in tests/evaluation/test_embedding.py."""
 
 import json
 import os
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,57 +14,11 @@ from circle_jax.train import loop
 from circle_jax.evaluation import embedding as embedding_lib
 from circle_jax.train import run as run_lib
 from circle_jax.train import restore as restore_lib
+from tests.evaluation import reference
 from tests.train import helpers
 
-
-def test_shifted_views_by_hand():
-  x = np.arange(9.0).reshape(1, 3, 3, 1)
-  views = np.asarray(embedding_lib.shifted_views(jnp.asarray(x), 1)
-                     )[:, 0, :, :, 0]
-  np.testing.assert_array_equal(views[0], [[0, 1, 2], [3, 4, 5], [6, 7, 8]])
-  # Down, up, right, left; the uncovered row or column repeats the edge.
-  np.testing.assert_array_equal(views[1], [[0, 1, 2], [0, 1, 2], [3, 4, 5]])
-  np.testing.assert_array_equal(views[2], [[3, 4, 5], [6, 7, 8], [6, 7, 8]])
-  np.testing.assert_array_equal(views[3], [[0, 0, 1], [3, 3, 4], [6, 6, 7]])
-  np.testing.assert_array_equal(views[4], [[1, 2, 2], [4, 5, 5], [7, 8, 8]])
-
-
-class _Tiny(nn.Module):
-
-  @nn.compact
-  def __call__(self, x, train: bool = False):
-    x = nn.Conv(3, (3, 3))(x)
-    return nn.Dense(4)(jnp.tanh(x).reshape(x.shape[0], -1))
-
-
-def _naive_shift(x, dy, dx, s):
-  """``x`` moved by ``(dy, dx)`` pixels (positive: down, right), edge
-  pixels repeated, one image at a time."""
-  out = np.empty_like(x)
-  h, w = x.shape[1:3]
-  for n in range(x.shape[0]):
-    for i in range(h):
-      for j in range(w):
-        out[n, i, j] = x[n, min(max(i - dy, 0), h - 1),
-                         min(max(j - dx, 0), w - 1)]
-  return out
-
-
-@pytest.mark.parametrize("shift", [1, 2])
-def test_model_apply_averages_unit_outputs_of_the_views(shift):
-  model = _Tiny()
-  x = np.random.default_rng(0).normal(size=(3, 6, 5, 2)).astype(np.float32)
-  variables = model.init(jax.random.PRNGKey(0), x)
-  plain = embedding_lib.model_apply(model)
-  want = np.zeros((3, 4))
-  for dy, dx in ((0, 0), (shift, 0), (-shift, 0), (0, shift), (0, -shift)):
-    out = np.asarray(plain(variables, _naive_shift(x, dy, dx, shift)),
-                     np.float64)
-    want += out / np.linalg.norm(out, axis=1, keepdims=True) / 5
-  got = jax.jit(embedding_lib.model_apply(model, shift))(variables, x)
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-  np.testing.assert_array_equal(
-      embedding_lib.model_apply(model, 0)(variables, x), plain(variables, x))
+# Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
 
 
 def test_trainer_evaluates_with_the_shifted_views(tmp_path):
@@ -87,7 +41,7 @@ def test_trainer_evaluates_with_the_shifted_views(tmp_path):
   views = []
   for dy, dx in ((0, 0), (1, 0), (-1, 0), (0, 1), (0, -1)):
     shift = lambda v, x, dy=dy, dx=dx: run.model.apply(  # noqa: E731
-        v, jnp.asarray(_naive_shift(np.asarray(x), dy, dx, 1)), train=False)
+        v, jnp.asarray(reference.shifted(np.asarray(x), dy, dx)), train=False)
     out, lab = embedding_lib.embed_split(
         run.variables, lambda v, x, f=shift: jax.pure_callback(
             lambda a: np.asarray(f(run.variables, a), np.float32),

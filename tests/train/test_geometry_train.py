@@ -17,6 +17,9 @@ from circle_jax.train import run as run_lib
 from circle_jax.train import writers
 from tests.train import helpers
 
+# Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):

@@ -16,6 +16,9 @@ from circle_jax.train import state as state_lib
 from circle_jax.train import step as step_lib
 from tests.train import helpers
 
+# Slow (train steps compiled per model or chunking): not in the fast tier.
+pytestmark = pytest.mark.slow
+
 NUM_STEPS = 3
 GLOBAL_BATCH = 32  # 4 images per device on the 8 simulated devices.
 SGD = optim.make_optimizer(name="sgd", learning_rate=0.5, momentum=0.9,

@@ -1,4 +1,4 @@
-"""The training job end to end on digits: learning, NaN guard, embedding tool.
+"""The training job end to end on digits: learning, NaN guard, resumes.
 
 Kill-and-resume and multi-process runs are in ``test_resume_multihost.py``.
 """
@@ -11,10 +11,8 @@ import chex
 import jax
 import numpy as np
 import pytest
-from PIL import Image
 
 from circle_jax import data as data_lib
-from circle_jax import embed
 from circle_jax import parallel
 from circle_jax.train import checkpoint as ckpt_lib
 from circle_jax import config_facts
@@ -23,9 +21,11 @@ from circle_jax.train import evaluate as evaluate_lib
 from circle_jax.train import loop
 from circle_jax.train import run as run_lib
 from circle_jax.train import restore as restore_lib
-from circle_jax.train import state as state_lib
 from circle_jax.train import writers
 from tests.train import helpers
+
+# Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="session")
@@ -124,48 +124,6 @@ def test_rerun_of_a_finished_run_resumes_and_changes_nothing(learned_run,
   assert again["final"] == result["final"]
   assert again["best"] == result["best"]
   assert again["init"] == result["init"]
-
-
-def test_embed_tool_uses_best_checkpoint_and_eval_preprocessing(
-    learned_run, tmp_path):
-  workdir, _ = learned_run
-  from sklearn.datasets import load_digits
-  d = load_digits()
-  folder = tmp_path / "images"
-  (folder / "sub").mkdir(parents=True)
-  picks = [0, 1, 2]
-  for i in picks:
-    im = Image.fromarray((d.images[i] * 255 / 16).astype(np.uint8))
-    im.save(folder / f"{i}.png")
-  Image.open(folder / "0.png").save(folder / "sub" / "copy.png")
-  (folder / "notes.txt").write_text("not an image")
-  out = tmp_path / "emb.npz"
-  embed_main = embed.main
-  from absl import flags
-  flags.FLAGS(["embed", f"--workdir={workdir}", f"--images={folder}",
-               f"--out={out}", "--batch_size=2"])
-  embed_main(["embed"])
-  got = np.load(out)
-  assert list(got["paths"]) == ["0.png", "1.png", "2.png", "sub/copy.png"]
-  e = got["embeddings"]
-  assert e.shape == (4, helpers.digits_config().model.embedding_dim)
-  assert e.dtype == np.float32
-  np.testing.assert_allclose(np.linalg.norm(e, axis=1), 1.0, rtol=1e-5)
-  np.testing.assert_array_equal(e[0], e[3])
-  # Same as the model applied by hand to the eval preprocessing, best weights.
-  config = embed.load_run_config(workdir)
-  from circle_jax import data as data_lib
-  info = data_lib.get_dataset_info("digits")
-  pre = run_lib.eval_preprocess(config, info)
-  model = run_lib.build_model(config)
-  ckpts = ckpt_lib.Checkpoints(os.path.join(workdir, "checkpoints"),
-                               best_metric="recall@1")
-  tree, _, meta = ckpts.restore(which="best")
-  ckpts.close()
-  x = np.stack([pre((folder / f"{i}.png").read_bytes()) for i in picks])
-  want = np.asarray(model.apply(state_lib.model_variables(tree), x,
-                                train=False))
-  np.testing.assert_allclose(e[:3], want, atol=1e-5)
 
 
 def _nonfinite_error(data_dir, workdir, *, steps, checkpoint_every, jump_at):
@@ -299,7 +257,7 @@ def test_an_unreadable_best_checkpoint_falls_back_to_the_last_step(
   step = first["best"]["step"]
   best_dir = tmp_path / "checkpoints" / "best" / str(step)
   # A real fault: the item every run with a best step reads is gone (a
-  # truncated state file is covered in test_checkpoint_faults.py).
+  # truncated state file is covered in test_checkpoint.py).
   shutil.rmtree(best_dir / "meta")
   os.remove(tmp_path / "metrics.json")
   # The finished run is run again: it must finish, not fail on the damage.
@@ -315,33 +273,6 @@ def test_an_unreadable_best_checkpoint_falls_back_to_the_last_step(
   with open(tmp_path / "metrics.json") as f:
     assert json.load(f)["result"]["note"] == res["note"]
   assert "unreadable" in evaluate_lib.result_table(result)
-
-
-def test_embed_tool_refuses_an_empty_folder_and_skips_corrupt_images(
-    learned_run, tmp_path):
-  workdir, _ = learned_run
-  empty = tmp_path / "empty"
-  (empty / "sub").mkdir(parents=True)
-  (empty / "notes.txt").write_text("no images here")
-  with pytest.raises(embed.EmbedError, match="no image files under"):
-    embed.embed_folder(workdir, str(empty))
-  folder = tmp_path / "mixed"
-  folder.mkdir()
-  Image.fromarray(np.full((8, 8), 200, np.uint8)).save(folder / "a.png")
-  (folder / "b.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
-  Image.fromarray(np.full((8, 8), 50, np.uint8)).save(folder / "c.png")
-  paths, e, skipped = embed.embed_folder(workdir, str(folder), batch_size=4)
-  assert paths == ["a.png", "c.png"] and e.shape == (2, 4)
-  assert [p for p, _ in skipped] == ["b.png"]
-  assert "b.png" in skipped[0][1]
-  with pytest.raises(data_lib.ImageDecodeError, match="b.png"):
-    embed.embed_folder(workdir, str(folder), strict=True)
-  with pytest.raises(restore_lib.RunError, match="no latest checkpoint yet"):
-    fresh = tmp_path / "fresh"
-    fresh.mkdir()
-    (fresh / "config.json").write_text(
-        open(os.path.join(workdir, "config.json")).read())
-    embed.embed_folder(str(fresh), str(folder))
 
 
 @pytest.mark.parametrize("mode", ["shard_map", "pmap"])

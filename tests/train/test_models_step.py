@@ -10,6 +10,9 @@ import pytest
 from circle_jax import losses, models, parallel
 from circle_jax.train import optim, state as state_lib, step as step_lib
 
+# Slow (train steps compiled per model or chunking): not in the fast tier.
+pytestmark = pytest.mark.slow
+
 
 # Compiling a ResNet-50 / BN-Inception train step takes minutes on a 2-core
 # CPU: the default suite runs conv4 and a 1-block-per-stage ResNet (the same

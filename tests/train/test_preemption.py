@@ -6,7 +6,12 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from circle_jax.train import preemption
+
+# Slow (signals to child processes): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
 
 
 def test_sigterm_sets_the_flag_and_the_handler_is_restored():

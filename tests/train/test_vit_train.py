@@ -16,6 +16,9 @@ from circle_jax.train import writers
 from tests.train import helpers
 from tests.train.test_loop import _InterruptAt  # pylint: disable=protected-access
 
+# Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):

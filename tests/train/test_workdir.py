@@ -11,6 +11,9 @@ from circle_jax.train import restore as restore_lib
 from circle_jax.train import workdir as workdir_lib
 from tests.train import test_loop
 
+# Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 
 def test_flatten_and_diff_list_every_changed_leaf():
   a = {"loss": {"name": "circle", "gamma": 80.0, "margin": 0.4},

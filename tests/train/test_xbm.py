@@ -32,6 +32,9 @@ from tests import test_config
 from tests.conftest import REPO_ROOT
 from tests.train import helpers
 
+# Slow (runs per placement, resumes): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 BATCH = 16  # helpers.fake_batch: 16 images of 4 classes; 2 rows per device
 DIM = 4
 

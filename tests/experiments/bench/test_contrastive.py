@@ -5,6 +5,9 @@ import pytest
 
 from experiments.bench import contrastive as bench_contrastive
 
+# Slow (a benchmark script run): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 
 def test_bench_contrastive_writes_every_table(tmp_path):
   out = tmp_path / "contrastive.md"

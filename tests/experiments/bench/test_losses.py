@@ -1,6 +1,11 @@
 """Smoke test of the loss benchmark script."""
 
+import pytest
+
 from experiments.bench import losses as bench_losses
+
+# Slow (a benchmark script run): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
 
 
 def test_bench_losses_writes_a_table_with_the_floor_ratio(tmp_path):

@@ -1,9 +1,13 @@
 """Smoke test of experiments/bench/max_pool.py (tiny shapes)."""
 
+import pytest
 import os
 import pathlib
 import subprocess
 import sys
+
+# Slow (whole jobs or benchmarks): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
 
 REPO = str(pathlib.Path(__file__).resolve().parents[3])
 

@@ -6,9 +6,13 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from experiments.bench import matmul as bench_matmul
 from experiments.bench import retrieval as bench_retrieval
+
+# Slow (whole jobs or benchmarks): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
 
 _REPO = str(pathlib.Path(__file__).resolve().parents[3])
 

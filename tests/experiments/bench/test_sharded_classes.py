@@ -1,6 +1,11 @@
 """Smoke test of experiments/bench/sharded_classes.py (tiny shapes)."""
 
+import pytest
+
 from experiments.bench import sharded_classes as bench
+
+# Slow (a benchmark script run): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
 
 
 def test_sharding_the_class_rows_shrinks_the_per_device_step():

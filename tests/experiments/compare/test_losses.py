@@ -13,6 +13,9 @@ from experiments.compare import losses as compare
 from experiments.compare import runs as compare_runs
 from experiments.compare import report as compare_report
 
+# Slow (whole jobs or benchmarks): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 REPO = pathlib.Path(__file__).resolve().parents[3]
 DIGITS = str(REPO / "experiments" / "configs" / "digits.py")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

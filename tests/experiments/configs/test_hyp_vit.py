@@ -24,6 +24,9 @@ from tests.experiments.configs.test_paper_configs import _words  # pylint: disab
 from tests.experiments.configs.test_paper_configs import compilation_cache_dir  # noqa: F401  pylint: disable=unused-import
 from tests.experiments.configs.test_paper_configs import tiny_datasets  # noqa: F401  pylint: disable=unused-import
 
+# Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 MODULES = {"hyp_vit.py": hyp_vit, "hyp_vit_dino.py": hyp_vit_dino}
 PAIRS = [(f, d) for f, m in MODULES.items() for d in m.DATASETS]
 IDS = [f"{f[:-3]}:{d}" for f, d in PAIRS]

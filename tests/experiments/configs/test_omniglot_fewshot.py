@@ -8,6 +8,9 @@ from circle_jax.train import config_checks
 from circle_jax.train import run as run_lib
 from experiments.configs import omniglot_fewshot
 
+# Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 
 def test_recipe_is_valid_and_trains_rotation_and_mirror_classes():
   c = omniglot_fewshot.get_config()

@@ -43,6 +43,9 @@ from experiments.configs import ranked_proxy_anchor
 from experiments.configs import recipes
 from tests.data import fixtures
 
+# Slow (whole jobs or benchmarks): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 REPO = pathlib.Path(__file__).resolve().parents[3]
 TABLES = REPO / "experiments/results/main_paper_tables.md"
 

@@ -22,6 +22,9 @@ from circle_jax.analysis import pair_plane
 from circle_jax.analysis import pairs
 from experiments.figures import circle_loss as cf
 
+# Slow (whole jobs or benchmarks): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 RESULTS = str(pathlib.Path(__file__).resolve().parents[3] / "experiments"
               / "results" / "figures" / "circle_loss")
 

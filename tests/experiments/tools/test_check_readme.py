@@ -13,6 +13,9 @@ import pytest
 
 from experiments.tools import check_readme
 
+# Slow (whole jobs or benchmarks): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 REPO = str(pathlib.Path(__file__).resolve().parents[3])
 
 

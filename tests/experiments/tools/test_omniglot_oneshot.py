@@ -12,6 +12,9 @@ from circle_jax.evaluation import omniglot_oneshot
 from circle_jax.train import restore as restore_lib
 from tests.evaluation.oneshot_fixture import make_runs, train_tiny_workdir
 
+# Slow (whole jobs or benchmarks): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 REPO = str(pathlib.Path(__file__).resolve().parents[3])
 
 

@@ -20,6 +20,9 @@ from jax.sharding import Mesh, PartitionSpec as P
 import circle_jax.losses as losses
 from tests.losses import reference as ref
 
+# Slow (every engine compiled per rule): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 # ----------------------------------------------------------------------------
 # Float64 numpy references (naive per-anchor loops).
 # ----------------------------------------------------------------------------

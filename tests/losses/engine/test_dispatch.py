@@ -20,6 +20,9 @@ from tests.losses.engine_checks import sharded_vg as _sharded_vg
 from tests.losses.engine_checks import vg as _vg
 from tests.losses.reference import contrastive_ref, triplet_ref
 
+# Slow (every engine compiled per rule): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 # 16 samples, 2 per device; label 9 has no positive.
 LABELS = np.array([0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 4, 4, 9, 0], np.int32)
 B = len(LABELS)

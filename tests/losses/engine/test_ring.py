@@ -24,6 +24,9 @@ from circle_jax.losses import engine
 from circle_jax.losses.engine import ring
 from circle_jax.losses.multi_similarity import MultiSimilarity
 
+# Slow (every engine compiled per rule): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 N_DEV = 8
 LOCAL = 4
 B = N_DEV * LOCAL

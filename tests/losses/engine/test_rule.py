@@ -31,6 +31,9 @@ from circle_jax.losses.multi_similarity import MultiSimilarity
 from circle_jax.losses.contrastive import Contrastive
 from circle_jax.losses.ranked_list import RankedList
 
+# Slow (every engine compiled per rule): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 # 16 samples, 2 per device; label 9 has no positive, label 0 has 4 samples.
 LABELS = np.array([0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 4, 4, 9, 0], np.int32)
 B, D = len(LABELS), 8

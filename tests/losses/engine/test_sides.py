@@ -21,6 +21,9 @@ from jax.test_util import check_grads
 import circle_jax.losses as losses
 from tests.losses import reference as ref
 
+# Slow (many compiled cases): not in the fast tier (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
+
 Y = np.array([0, 1, 2, 0, 1, 2, 3, 0], np.int32)                      # B = 8
 RY = np.array([0, 1, 2, 3, 4, 0, 1, 2, 0, 3, 1, 2, 4, 0], np.int32)   # M = 14
 BETA = np.array([1.0, 1.1, 0.9, 1.2, 1.05], np.float32)  # margin's beta

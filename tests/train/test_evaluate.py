@@ -1,4 +1,8 @@
-"""Few-shot accuracies in the trainer's evaluations (``config.fewshot``)."""
+"""Tests of circle_jax/train/evaluate.py: the evaluator and the final table.
+
+The summary line and the final table by hand, then the few-shot accuracies
+in the trainer's evaluations (``config.fewshot``).
+"""
 
 import json
 import os
@@ -21,6 +25,7 @@ KEYS = {"fewshot_2way_1shot", "fewshot_2way_1shot_ci95",
         "fewshot_2way_3shot", "fewshot_2way_3shot_ci95"}
 
 
+@pytest.mark.slow  # a training job
 def test_fewshot_metrics_with_validation_selection(tmp_path):
   """Few-shot keys in every test and validation evaluation; the selected
   step's numbers are those of its checkpoint's embeddings; a few-shot
@@ -124,3 +129,61 @@ def test_runs_saved_before_the_fewshot_section_resume_and_compare_equal():
   del old["eval_ks"]
   assert workdir_lib.config_diff(old, dict(old, eval_ks=[1, 2])) == [
       ("eval_ks", workdir_lib.ABSENT, [1, 2])]
+
+
+_CONFIG = {"dataset": {"name": "digits"}, "model": {"name": "conv4"},
+           "loss": {"name": "circle"}}
+_FINAL = {"recall@1": 0.5, "map@r": 0.25, "nmi": 0.5}
+
+
+def test_result_table_of_a_validation_selected_run():
+  result = {"step": 20, "init": {"recall@1": 0.1, "map@r": 0.05},
+            "final": _FINAL, "config": _CONFIG,
+            "best": {"step": 10, "validation": {"recall@1": 0.75}},
+            "result": {"selection": "validation", "step": 10,
+                       "metric": "recall@1",
+                       "test": {"recall@1": 0.625, "map@r": 0.125,
+                                "nmi": 0.375}},
+            "validation": {"num_classes": 2}}
+  assert evaluate_lib.result_table(result).splitlines() == [
+      "digits / conv4 / circle: test-split metrics",
+      "metric         init   final@20 selected@10",
+      "recall@1     0.1000     0.5000      0.6250",
+      "map@r        0.0500     0.2500      0.1250",
+      "nmi               -     0.5000      0.3750",
+      "selected@10: the step with the best validation recall@1 (0.7500) on 2 "
+      "held-out train classes; its test numbers are the result."]
+
+
+def test_result_table_says_a_test_selected_step_is_optimistic():
+  result = {"step": 20, "final": _FINAL, "config": _CONFIG,
+            "best": {"step": 10},
+            "result": {"selection": "test", "step": 10, "metric": "recall@1",
+                       "test": {"recall@1": 0.625}}}
+  lines = evaluate_lib.result_table(result).splitlines()
+  assert lines[1].split() == ["metric", "final@20", "best@10",
+                              "(test-selected)"]
+  assert lines[2].split() == ["recall@1", "0.5000", "0.6250"]
+  assert lines[3].split() == ["map@r", "0.2500", "-"]
+  assert lines[-1].startswith("note: best@10 was selected on the TEST split")
+
+
+def test_result_table_of_the_last_step_carries_its_note():
+  result = {"step": 20, "init": None, "best": None, "final": _FINAL,
+            "config": _CONFIG,
+            "result": {"selection": "last", "step": 20, "metric": "recall@1",
+                       "test": _FINAL, "note": "the best step is unreadable"}}
+  assert evaluate_lib.result_table(result).splitlines() == [
+      "digits / conv4 / circle: test-split metrics",
+      "metric     final@20",
+      "recall@1     0.5000",
+      "map@r        0.2500",
+      "nmi          0.5000",
+      "note: the best step is unreadable"]
+
+
+def test_summary_shows_the_headline_metrics_present():
+  assert evaluate_lib.summary({"nmi": 0.5, "recall@1": 0.25, "ami": 0.1,
+                               "map@r": 0.125}) == (
+      "recall@1 0.2500, map@r 0.1250, nmi 0.5000")
+  assert evaluate_lib.summary({"ami": 0.1}) == ""

@@ -1,5 +1,7 @@
-"""Corrupt checkpoints fall back to an older step; failed writes are one line.
+"""Tests of circle_jax/train/checkpoint.py: the orbax checkpoints of a run.
 
+Round trips of the ``latest`` and ``best`` checkpoints, then real faults:
+corrupt checkpoints fall back to an older step; failed writes are one line.
 The corruption tests damage real orbax checkpoint files. The write-failure
 tests run on a real 1 MiB tmpfs (and a read-only remount of it) mounted in a
 private mount namespace (``unshare -rm``), where the machine allows it; where
@@ -146,6 +148,116 @@ def test_digest_sees_every_byte_dtype_and_shape():
   c = _tree(1)
   c["params"]["w"] = c["params"]["w"].reshape(2, -1)
   assert ckpt_lib.state_digest(a) != ckpt_lib.state_digest(c)
+
+
+def test_latest_round_trip_keeps_state_data_and_meta(tmp_path):
+  ck = ckpt_lib.Checkpoints(str(tmp_path / "checkpoints"),
+                            asynchronous=False)
+  tree = _tree(7, n=10)
+  assert ck.latest_step() is None and ck.restore_newest(tree) is None
+  with pytest.raises(FileNotFoundError, match="No latest checkpoint"):
+    ck.restore(tree)
+  assert ck.save_latest(7, tree, {"pos": np.int64(3)},
+                        {"lr": np.float32(0.5), "ks": (1, 2)})
+  assert not ck.save_latest(7, _tree(8, n=10))  # a saved step is kept as is
+  ck.wait()
+  got, data, meta = ck.restore(_tree(0, n=10))
+  np.testing.assert_array_equal(got["params"]["w"], tree["params"]["w"])
+  assert got["params"]["w"].dtype == np.float32 and int(got["step"]) == 7
+  # numpy scalars and tuples are stored as JSON numbers and lists.
+  assert data == {"pos": 3}
+  assert meta == {"lr": 0.5, "ks": [1, 2], "step": 7,
+                  "state_crc32": ckpt_lib.state_digest(tree)}
+  # Without a template the saved tree comes back as it was written.
+  bare, _, _ = ck.restore()
+  np.testing.assert_array_equal(bare["params"]["w"], tree["params"]["w"])
+  ck.close()
+
+
+def test_max_to_keep_drops_the_oldest_latest_steps(tmp_path):
+  ck = ckpt_lib.Checkpoints(str(tmp_path / "checkpoints"), max_to_keep=2,
+                            asynchronous=False)
+  for s in (1, 2, 3):
+    ck.save_latest(s, _tree(s, n=4))
+  ck.wait()
+  assert sorted(ck.latest.all_steps()) == [2, 3] and ck.latest_step() == 3
+  tree, _, meta = ck.restore(_tree(0, n=4), step=2)
+  assert int(tree["step"]) == 2 and meta["step"] == 2
+  ck.close()
+
+
+@pytest.mark.parametrize("mode, want", [("max", 20), ("min", 40)])
+def test_best_keeps_the_best_evaluation_by_its_mode(tmp_path, mode, want):
+  ck = ckpt_lib.Checkpoints(str(tmp_path / "checkpoints"),
+                            best_metric="recall@1", best_mode=mode)
+  for s, r in ((20, 0.9), (40, 0.5), (60, 0.7)):
+    ck.save_best(s, _tree(s, n=4), {"pos": s},
+                 {"recall@1": np.float32(r), "note": "text is kept"})
+  assert ck.best_step() == want
+  best = ck.best_metrics()
+  assert best["step"] == want and best["metrics"]["note"] == "text is kept"
+  assert best["metrics"]["recall@1"] == pytest.approx(
+      {20: 0.9, 40: 0.5}[want])
+  tree, data, _ = ck.restore(_tree(0, n=4), which="best")
+  assert int(tree["step"]) == want and data == {"pos": want}
+  # The latest checkpoints are another folder: none was written.
+  assert ck.latest_step() is None
+  ck.close()
+
+
+def test_a_run_without_best_metric_keeps_no_best(tmp_path):
+  ck = ckpt_lib.Checkpoints(str(tmp_path / "checkpoints"))
+  assert ck.best is None and ck.best_step() is None
+  assert ck.best_metrics() is None
+  assert not ck.save_best(5, _tree(5, n=4), None, {"recall@1": 1.0})
+  with pytest.raises(ValueError, match="no `best` checkpoints"):
+    ck.restore(which="best")
+  ck.close()
+  assert not os.path.exists(tmp_path / "checkpoints" / "best")
+
+
+def test_bad_best_mode_is_refused():
+  with pytest.raises(ValueError, match="'max' or 'min'; got 'up'"):
+    ckpt_lib.Checkpoints("/nonexistent/checkpoints", best_metric="x",
+                         best_mode="up")
+
+
+def test_errno_of_follows_the_cause_and_context_chain():
+  assert ckpt_lib.errno_of(ValueError("no errno")) is None
+  try:
+    try:
+      raise OSError(errno.EROFS, "Read-only file system")
+    except OSError as inner:
+      raise RuntimeError("wrapped") from inner
+  except RuntimeError as e:
+    assert ckpt_lib.errno_of(e) == errno.EROFS
+  try:
+    try:
+      raise OSError(errno.ENOSPC, "full")
+    except OSError:
+      raise KeyError("raised while handling")  # __context__, not __cause__
+  except KeyError as e:
+    assert ckpt_lib.errno_of(e) == errno.ENOSPC
+
+
+@pytest.mark.parametrize("error, want", [
+    (OSError(errno.EROFS, "x"), "the folder is read-only"),
+    (OSError(errno.EACCES, "x"), "the folder is read-only"),
+    (RuntimeError("Permission denied: /a"), "the folder is read-only"),
+    (OSError(errno.ENOSPC, "x"), "no space left on the device ("),
+    (RuntimeError("RESOURCE_EXHAUSTED: disk"), "no space left on the device"),
+    (RuntimeError("tensorstore failed\nsecond line"),
+     "RuntimeError: tensorstore failed"),
+])
+def test_write_failure_names_the_cause(tmp_path, error, want):
+  got = ckpt_lib.write_failure(str(tmp_path / "not" / "yet"), error)
+  assert got.startswith(want) and "\n" not in got
+
+
+def test_error_line_is_the_first_line_or_the_type():
+  assert ckpt_lib.error_line(ValueError("first\nsecond")) == "first"
+  assert ckpt_lib.error_line(ValueError("x" * 300)) == "x" * 160
+  assert ckpt_lib.error_line(KeyError()) == "KeyError"
 
 
 # ----------------------------------------------------------------------------
