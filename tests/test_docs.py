@@ -8,6 +8,7 @@ import re
 import pytest
 
 from circle_jax import docs_tables
+from circle_jax import losses
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

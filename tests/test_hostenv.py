@@ -133,6 +133,7 @@ def test_a_second_process_loads_its_programs_from_the_cache(tmp_path):
   assert run() >= 1                      # served from it
 
 
+@pytest.mark.slow
 def test_a_fresh_install_runs_the_digits_job_without_warnings(tmp_path):
   """The digits job, twice on one compilation cache (the second run reads
   its entries): stderr holds progress lines and no warning. Without the

@@ -117,8 +117,8 @@ def zero_everywhere(fn, x, labels, **hyper):
 def ball_distances(x, ball):
   """Float64 Poincaré distances of ``x`` on ``ball`` (Hyp-ViT's Möbius
   formula, as tests/losses/engine/test_geometry.py)."""
-  from tests.losses.test_contrastive_family import mobius_distance_ref
-  from tests.losses.test_contrastive_family import poincare_ref
+  from tests.losses.reference import mobius_distance_ref
+  from tests.losses.reference import poincare_ref
   z = poincare_ref(np.asarray(x, np.float32), ball.c, ball.r)
   d = mobius_distance_ref(z, z, ball.c)
   np.fill_diagonal(d, 0.0)

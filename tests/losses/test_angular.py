@@ -12,6 +12,10 @@ from circle_jax import losses
 from tests.losses import engine_checks
 from tests.losses import pml_checks
 
+# Slow (value and gradient against PML on every engine, 8 simulated devices):
+# not in the fast tier (CONTRIBUTING.md); CI runs it.
+pytestmark = pytest.mark.slow
+
 pml = pytest.importorskip("pytorch_metric_learning.losses")
 
 X, Y = pml_checks.batch(seed=4), pml_checks.LABELS

@@ -12,6 +12,10 @@ from circle_jax import losses
 from circle_jax.losses import large_margin
 from tests.losses import class_matrix_checks as cmc
 
+# Slow (value and gradient against PML on every engine, 8 simulated devices):
+# not in the fast tier (CONTRIBUTING.md); CI runs it.
+pytestmark = pytest.mark.slow
+
 _RNG = np.random.default_rng(7)
 _B, _D, _C = 12, 5, 4
 _X = _RNG.normal(size=(_B, _D))

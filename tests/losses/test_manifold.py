@@ -11,6 +11,10 @@ from jax.test_util import check_grads
 from circle_jax import losses
 from tests.losses import class_matrix_checks as cmc
 
+# Slow (value and gradient against PML on every engine, 8 simulated devices):
+# not in the fast tier (CONTRIBUTING.md); CI runs it.
+pytestmark = pytest.mark.slow
+
 _RNG = np.random.default_rng(6)
 _N, _D, _K = 12, 5, 4
 _X = _RNG.normal(size=(_N, _D))

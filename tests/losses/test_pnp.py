@@ -10,6 +10,10 @@ from circle_jax import losses
 from circle_jax.losses import pnp
 from tests.losses import engine_checks
 
+# Slow (value and gradient against PML on every engine, 8 simulated devices):
+# not in the fast tier (CONTRIBUTING.md); CI runs it.
+pytestmark = pytest.mark.slow
+
 _RNG = np.random.default_rng(4)
 _B, _D = 16, 4
 _X = _RNG.normal(size=(_B, _D))

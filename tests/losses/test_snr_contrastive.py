@@ -10,6 +10,10 @@ from circle_jax import losses
 from tests.losses import engine_checks
 from tests.losses import pml_checks
 
+# Slow (value and gradient against PML on every engine, 8 simulated devices):
+# not in the fast tier (CONTRIBUTING.md); CI runs it.
+pytestmark = pytest.mark.slow
+
 pml = pytest.importorskip("pytorch_metric_learning.losses")
 pml_distances = pytest.importorskip("pytorch_metric_learning.distances")
 

@@ -9,6 +9,10 @@ from jax.test_util import check_grads
 from circle_jax import losses
 from tests.losses import engine_checks
 
+# Slow (value and gradient against PML on every engine, 8 simulated devices):
+# not in the fast tier (CONTRIBUTING.md); CI runs it.
+pytestmark = pytest.mark.slow
+
 _RNG = np.random.default_rng(3)
 _B, _D = 16, 4
 _X = _RNG.normal(size=(_B, _D))

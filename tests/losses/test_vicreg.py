@@ -11,6 +11,10 @@ from jax.test_util import check_grads
 
 from circle_jax import losses
 
+# Slow (value and gradient against PML on every engine, 8 simulated devices):
+# not in the fast tier (CONTRIBUTING.md); CI runs it.
+pytestmark = pytest.mark.slow
+
 _RNG = np.random.default_rng(5)
 _N, _D = 16, 6
 _A = 0.7 * _RNG.normal(size=(_N, _D))

@@ -17,6 +17,9 @@ from circle_jax.train import loop
 from tests.evaluation import test_knn
 from tests.experiments import test_main
 
+# Slow (trains two digits runs and starts the command line): not in the fast tier (CONTRIBUTING.md); CI runs it.
+pytestmark = pytest.mark.slow
+
 REPO = test_main.REPO
 
 

@@ -127,6 +127,7 @@ def test_load_sources_holds_out_whole_classes(tmp_path):
   assert validation is None and len(train) == len(full)
 
 
+@pytest.mark.slow
 def test_rgb_vit_weights_start_a_grayscale_run(tmp_path):
   """digits is grayscale and every ViT checkpoint is RGB: the patch
   projection is summed over its channels (timm's adapt_input_conv)."""
