@@ -30,6 +30,7 @@ def test_poincare_distance_equals_the_float64_mobius_form():
   assert np.all(np.abs(np.diag(got)) <= np.maximum(bound, 1e-5))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scale", [1e30])
 def test_poincare_is_safe_at_the_boundary_under_jit(scale):
   """Norms driven to the ball's edge 1/sqrt(c) (no clipping, huge inputs):

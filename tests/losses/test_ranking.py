@@ -11,6 +11,7 @@ from tests.losses.test_ranking_losses import (
 
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_tiles_of_any_size_equal_one_tile(case):
   fn, _, hyper = ranking_case(case)

@@ -133,6 +133,7 @@ def round_trip():
   return run(X, Y, params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(_SPEC))
 def test_every_entry_initialises_runs_under_jit_and_differentiates(
     round_trip, name):

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from circle_jax import models
 from tests.models import helpers
@@ -19,6 +20,7 @@ def test_resnet50_size_matches_keras():
     assert sum(stages) == blocks and 3 * blocks + 2 == depth
 
 
+@pytest.mark.slow
 def test_resnet50_forward_train_and_eval():
   model = models.get_model("resnet50", embedding_dim=16, pooling="avg+max")
   x = np.random.default_rng(0).uniform(-1, 1, (2, 64, 64, 3)).astype(

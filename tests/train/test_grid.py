@@ -150,6 +150,7 @@ def test_unrolled_conv_equals_the_convolution_under_vmap(kwargs, x_batched):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_unrolled_interceptor_leaves_the_model_unchanged():
   model = models_lib.get_model("conv4", embedding_dim=4, width=8, num_blocks=2)
   x = jnp.asarray(np.random.default_rng(0).standard_normal((6, 12, 12, 1)),

@@ -26,6 +26,7 @@ def _toy_local_loss(x, labels, axis_name):
   return reductions.mean_over_valid(per, pos.any(1), axis_name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["shard_map", "pmap"])
 def test_global_batch_value_and_gradient_equal_single_device(mode):
   n = jax.device_count()
