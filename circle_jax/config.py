@@ -307,6 +307,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_at_init = True            # evaluate the untrained model (step 0)
   c.eval_ks = placeholder(tuple)   # Recall@K's K; None: the dataset's
   c.eval_clustering = True         # NMI / AMI of k-means
+  # Retrieval metrics besides Recall@K, among circle_jax.evaluation.retrieval
+  # .METRICS (e.g. add "mean_reciprocal_rank", "mean_average_precision");
+  # None: its DEFAULT_METRICS.
+  c.eval_metrics = placeholder(tuple)
+  c.eval_avg_of_avgs = False       # per query class first (PML avg_of_avgs)
   # Test-time augmentation: every evaluation image is also embedded shifted
   # by this many pixels up, down, left and right, and the 5 unit embeddings
   # averaged (circle_jax.evaluation.embedding.model_apply). 0: off.

@@ -13,9 +13,10 @@ from typing import Optional, Tuple
 
 from circle_jax import data as data_lib
 from circle_jax.evaluation import fewshot as fewshot_lib
+from circle_jax.evaluation import retrieval as retrieval_lib
 from circle_jax import losses as losses_lib
 
-RETRIEVAL_METRICS = ("precision@1", "r_precision", "map@r")
+RETRIEVAL_METRICS = retrieval_lib.DEFAULT_METRICS
 CLUSTERING_METRICS = ("nmi", "ami")
 VALIDATION_BY = ("class", "superclass")
 
@@ -86,9 +87,17 @@ def global_batch_size(config) -> int:
   return config.batch.classes_per_batch * config.batch.images_per_class
 
 
-def metric_names(ks, clustering: bool, fewshot=None):
-  """The metrics an evaluation computes (``fewshot``: ``config.fewshot``)."""
-  names = [f"recall@{k}" for k in ks] + list(RETRIEVAL_METRICS)
+def retrieval_metrics(config) -> Tuple[str, ...]:
+  """The retrieval metrics besides Recall@K: ``config.eval_metrics``, or
+  :data:`RETRIEVAL_METRICS`."""
+  return tuple(config.get("eval_metrics", None) or RETRIEVAL_METRICS)
+
+
+def metric_names(ks, clustering: bool, fewshot=None, retrieval=None):
+  """The metrics an evaluation computes (``fewshot``: ``config.fewshot``;
+  ``retrieval``: :func:`retrieval_metrics`, default
+  :data:`RETRIEVAL_METRICS`)."""
+  names = [f"recall@{k}" for k in ks] + list(retrieval or RETRIEVAL_METRICS)
   if clustering:
     names += list(CLUSTERING_METRICS)
   if fewshot is not None and fewshot.ways:

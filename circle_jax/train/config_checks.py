@@ -19,6 +19,7 @@ from circle_jax import config as config_lib
 from circle_jax import config_facts as facts
 from circle_jax import data as data_lib
 from circle_jax.evaluation import fewshot as fewshot_lib
+from circle_jax.evaluation import retrieval as eval_retrieval
 from circle_jax.errors import UserError
 from circle_jax import losses as losses_lib
 from circle_jax.losses.engine import COLLECTIVES
@@ -501,7 +502,13 @@ def _check_evaluation(config, info, held_out: int) -> None:
           f"the {size} px evaluation image; 0: off); got {shift!r}.")
   ks = tuple(config.eval_ks or info.ks)
   _check_fewshot(config, info, held_out)
-  names = facts.metric_names(ks, config.eval_clustering, config.fewshot)
+  metrics = facts.retrieval_metrics(config)
+  unknown = [m for m in metrics if m not in eval_retrieval.METRICS]
+  if unknown:
+    _fail("eval_metrics", f"must be a tuple of {list(eval_retrieval.METRICS)}"
+          f" (Recall@K comes from eval_ks); got {config.eval_metrics!r}.")
+  names = facts.metric_names(ks, config.eval_clustering, config.fewshot,
+                             metrics)
   best = config.best_metric
   if best and best not in names:
     _fail("best_metric", f"{best!r} is not computed; choose one of {names}.")

@@ -35,6 +35,8 @@ def test_default_configs_pass():
     ({"eval_shift": -1}, "config.eval_shift: must be an int in"),
     ({"eval_shift": 8}, "of the 16 px evaluation image; 0: off); got 8."),
     ({"eval_shift": True}, "config.eval_shift"),
+    ({"eval_metrics": ("mAP",)}, "config.eval_metrics: must be a tuple of"),
+    ({"best_metric": "mean_average_precision"}, "config.best_metric"),
     ({"loss.collective": "rign"}, "config.loss.collective: must be one of "
      "('all_gather', 'ring')"),
 ])
