@@ -275,10 +275,14 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.batch = Config()
   c.batch.sampler = "pk"           # "pk": P classes x K images; "random";
-  # "views": P images x K augmented views, each image its own label
+  # "views": P images x K augmented views, each image its own label;
+  # "hierarchical": the P classes from S super-classes (PML's
+  # HierarchicalSampler; datasets that declare super-classes)
   c.batch.classes_per_batch = 8    # P (the global batch is P x K) ...
   c.batch.images_per_class = 4     # ... K
   c.batch.size = 0                 # global batch of the random sampler
+  c.batch.super_classes_per_batch = 2  # S, hierarchical sampler (P/S each)
+  c.batch.batches_per_super_tuple = 4  # per S-tuple and epoch, hierarchical
   c.batch.eval_batch_size = 256    # global batch of the evaluation
   # GradCache (circle_jax.train.gradcache): embed each device's slice of the
   # batch this many images at a time, keeping no activations, and re-run each

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
+import numpy as np
+
 from circle_jax import data as data_lib
 from circle_jax.evaluation import fewshot as fewshot_lib
 from circle_jax.evaluation import retrieval as retrieval_lib
@@ -27,6 +29,22 @@ def validation_superclasses(config, info) -> Optional[Tuple[int, ...]]:
   if config.dataset.validation_by == "superclass":
     return tuple(info.train_superclasses)
   return None
+
+
+def train_label_superclasses(config, info) -> np.ndarray:
+  """The super-class (index into ``info.train_superclasses``) of each label
+  the model trains on (``0 .. data_classes - 1``): the classes kept after
+  the validation hold-out, renumbered in order, then their rotated (and
+  mirrored) copies, each in its class's super-class."""
+  counts = tuple(info.train_superclasses)
+  of_class = np.repeat(np.arange(len(counts)), counts)
+  kept = np.arange(of_class.size)
+  if config.dataset.validation_fraction:
+    kept = np.setdiff1d(kept, data_lib.holdout_classes(
+        of_class.size, config.dataset.validation_fraction,
+        config.dataset.validation_seed,
+        superclasses=validation_superclasses(config, info)))
+  return np.tile(of_class[kept], class_copies(config))
 
 
 def class_copies(config) -> int:
