@@ -275,10 +275,14 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.batch = Config()
   c.batch.sampler = "pk"           # "pk": P classes x K images; "random";
-  # "views": P images x K augmented views, each image its own label
+  # "views": P images x K augmented views, each image its own label;
+  # "hierarchical": the P classes from S super-classes (PML's
+  # HierarchicalSampler; datasets that declare super-classes)
   c.batch.classes_per_batch = 8    # P (the global batch is P x K) ...
   c.batch.images_per_class = 4     # ... K
   c.batch.size = 0                 # global batch of the random sampler
+  c.batch.super_classes_per_batch = 2  # S, hierarchical sampler (P/S each)
+  c.batch.batches_per_super_tuple = 4  # per S-tuple and epoch, hierarchical
   c.batch.eval_batch_size = 256    # global batch of the evaluation
   # GradCache (circle_jax.train.gradcache): embed each device's slice of the
   # batch this many images at a time, keeping no activations, and re-run each
@@ -307,6 +311,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_at_init = True            # evaluate the untrained model (step 0)
   c.eval_ks = placeholder(tuple)   # Recall@K's K; None: the dataset's
   c.eval_clustering = True         # NMI / AMI of k-means
+  # Retrieval metrics besides Recall@K, among circle_jax.evaluation.retrieval
+  # .METRICS (e.g. add "mean_reciprocal_rank", "mean_average_precision");
+  # None: its DEFAULT_METRICS.
+  c.eval_metrics = placeholder(tuple)
+  c.eval_avg_of_avgs = False       # per query class first (PML avg_of_avgs)
   # Test-time augmentation: every evaluation image is also embedded shifted
   # by this many pixels up, down, left and right, and the 5 unit embeddings
   # averaged (circle_jax.evaluation.embedding.model_apply). 0: off.

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
+import numpy as np
+
 from circle_jax import data as data_lib
 from circle_jax.evaluation import fewshot as fewshot_lib
+from circle_jax.evaluation import retrieval as retrieval_lib
 from circle_jax import losses as losses_lib
 
-RETRIEVAL_METRICS = ("precision@1", "r_precision", "map@r")
+RETRIEVAL_METRICS = retrieval_lib.DEFAULT_METRICS
 CLUSTERING_METRICS = ("nmi", "ami")
 VALIDATION_BY = ("class", "superclass")
 
@@ -26,6 +29,22 @@ def validation_superclasses(config, info) -> Optional[Tuple[int, ...]]:
   if config.dataset.validation_by == "superclass":
     return tuple(info.train_superclasses)
   return None
+
+
+def train_label_superclasses(config, info) -> np.ndarray:
+  """The super-class (index into ``info.train_superclasses``) of each label
+  the model trains on (``0 .. data_classes - 1``): the classes kept after
+  the validation hold-out, renumbered in order, then their rotated (and
+  mirrored) copies, each in its class's super-class."""
+  counts = tuple(info.train_superclasses)
+  of_class = np.repeat(np.arange(len(counts)), counts)
+  kept = np.arange(of_class.size)
+  if config.dataset.validation_fraction:
+    kept = np.setdiff1d(kept, data_lib.holdout_classes(
+        of_class.size, config.dataset.validation_fraction,
+        config.dataset.validation_seed,
+        superclasses=validation_superclasses(config, info)))
+  return np.tile(of_class[kept], class_copies(config))
 
 
 def class_copies(config) -> int:
@@ -86,9 +105,17 @@ def global_batch_size(config) -> int:
   return config.batch.classes_per_batch * config.batch.images_per_class
 
 
-def metric_names(ks, clustering: bool, fewshot=None):
-  """The metrics an evaluation computes (``fewshot``: ``config.fewshot``)."""
-  names = [f"recall@{k}" for k in ks] + list(RETRIEVAL_METRICS)
+def retrieval_metrics(config) -> Tuple[str, ...]:
+  """The retrieval metrics besides Recall@K: ``config.eval_metrics``, or
+  :data:`RETRIEVAL_METRICS`."""
+  return tuple(config.get("eval_metrics", None) or RETRIEVAL_METRICS)
+
+
+def metric_names(ks, clustering: bool, fewshot=None, retrieval=None):
+  """The metrics an evaluation computes (``fewshot``: ``config.fewshot``;
+  ``retrieval``: :func:`retrieval_metrics`, default
+  :data:`RETRIEVAL_METRICS`)."""
+  names = [f"recall@{k}" for k in ks] + list(retrieval or RETRIEVAL_METRICS)
   if clustering:
     names += list(CLUSTERING_METRICS)
   if fewshot is not None and fewshot.ways:

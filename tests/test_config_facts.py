@@ -3,6 +3,7 @@
 import itertools
 
 import ml_collections
+import numpy as np
 import pytest
 
 from circle_jax import config as config_lib
@@ -95,3 +96,22 @@ def test_metric_names_in_order():
   off = ml_collections.ConfigDict({"ways": (), "shots": (1,)})
   assert config_facts.metric_names((2,), False, off) == [
       "recall@2", "precision@1", "r_precision", "map@r"]
+
+
+def test_train_label_superclasses_follow_the_holdout_and_the_copies():
+  info = data_lib.DATASETS["omniglot_small"]       # alphabets 24, 22, 24, 40, 26
+  c = config_lib.base_config()
+  c.dataset.name = "omniglot_small"
+  alphabet = np.repeat(np.arange(5), info.train_superclasses)
+  np.testing.assert_array_equal(
+      config_facts.train_label_superclasses(c, info), alphabet)
+  c.dataset.validation_fraction, c.dataset.validation_by = 0.2, "superclass"
+  c.dataset.rotations = 2
+  held = data_lib.holdout_classes(136, 0.2, c.dataset.validation_seed,
+                                  superclasses=info.train_superclasses)
+  kept = np.setdiff1d(np.arange(136), held)
+  got = config_facts.train_label_superclasses(c, info)
+  np.testing.assert_array_equal(got, np.tile(alphabet[kept], 2))
+  assert got.size == config_facts.data_classes(c, info)
+  assert len(set(got)) == 4                         # one alphabet held out
+

@@ -12,6 +12,7 @@ batch axis sharded over a mesh of the processes' devices in order.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from typing import Tuple
 
@@ -241,3 +242,127 @@ class ViewSampler(_Sampler):
     """The record index: the views of one image share it."""
     del record_label
     return int(index)
+
+
+class HierarchicalSampler(_Sampler):
+  """Batches of classes drawn from a few super-classes (PML's
+  ``HierarchicalSampler``, as the SOP recipes of RS@k use it).
+
+  An epoch is every tuple of ``S = super_classes_per_batch`` distinct
+  super-classes (``itertools.combinations`` of the sorted super-labels),
+  each ``batches_per_super_tuple`` times, in the order of a permutation drawn
+  from ``numpy.random.default_rng([seed, 0, epoch])``; step ``s`` is entry
+  ``s mod T`` of epoch ``s // T`` (``T`` the epoch's length). Its batch
+  holds, for each super-class of its tuple in turn, ``batch_size / S``
+  records: ``batch_size / (S K)`` distinct classes of that super-class drawn
+  uniformly, ``K = samples_per_class`` records of each (without replacement
+  when the class has at least ``K``, with replacement otherwise, as PML's
+  ``safe_random_choice``), from ``default_rng([seed, 1, s])``. So the batch
+  of a step depends on ``(seed, s)`` alone, like :class:`PKSampler`'s, and
+  :meth:`local_indices` gives each process its contiguous share.
+
+  Differences from PML 2.9, whose batches these otherwise equal in
+  distribution: the batch stays super-class-major and class-major (PML
+  shuffles the order of a batch's records, which no loss of the global
+  batch sees) and the step order is a function of ``(seed, step)``, not of
+  a global random state; ``samples_per_class='all'`` is refused (a batch
+  must keep one shape), and so is a super-class with fewer than
+  ``batch_size / (S K)`` classes (PML would return a short batch).
+
+  Args:
+    labels: int array ``[N, H]``: per record, its labels at each level of
+      the hierarchy (e.g. class and super-class).
+    batch_size: the global batch size, a multiple of ``S K``.
+    samples_per_class: K.
+    batches_per_super_tuple: batches per tuple of super-classes per epoch.
+    super_classes_per_batch: S.
+    inner_label: the column of ``labels`` holding the class.
+    outer_label: the column holding the super-class.
+    seed: non-negative int.
+  """
+
+  def __init__(self, labels, *, batch_size: int, samples_per_class: int,
+               batches_per_super_tuple: int = 4,
+               super_classes_per_batch: int = 2, inner_label: int = 0,
+               outer_label: int = 1, seed: int = 0):
+    labels = np.asarray(labels)
+    if labels.ndim != 2 or not np.issubdtype(labels.dtype, np.integer):
+      raise ValueError(
+          f"`labels` must be a 2-D integer array [num_records, levels] (class"
+          f" and super-class per record); got shape {labels.shape} and dtype "
+          f"{labels.dtype}.")
+    for name, col in (("inner_label", inner_label),
+                      ("outer_label", outer_label)):
+      if not 0 <= col < labels.shape[1]:
+        raise ValueError(f"`{name}`={col} is not a column of `labels` "
+                         f"(it has {labels.shape[1]}).")
+    if samples_per_class == "all":
+      raise ValueError("samples_per_class='all' gives batches of varying "
+                       "size; pass K, the records per class.")
+    s, k = super_classes_per_batch, samples_per_class
+    for name, v in (("batch_size", batch_size), ("samples_per_class", k),
+                    ("batches_per_super_tuple", batches_per_super_tuple),
+                    ("super_classes_per_batch", s)):
+      if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+        raise ValueError(f"`{name}` must be a positive int; got {v!r}.")
+    if batch_size % (s * k):
+      raise ValueError(
+          f"`batch_size`={batch_size} must be a multiple of "
+          f"super_classes_per_batch x samples_per_class = {s} x {k}.")
+    if seed < 0:
+      raise ValueError(f"`seed` must be >= 0; got {seed}.")
+    inner, outer = labels[:, inner_label], labels[:, outer_label]
+    self.super_labels = np.unique(outer)
+    if s > self.super_labels.size:
+      raise ValueError(
+          f"`super_classes_per_batch`={s} but the labels have only "
+          f"{self.super_labels.size} super-classes; lower it.")
+    self.C = batch_size // (s * k)      # classes per super-class per batch
+    # Records of each (super-class, class), both sorted.
+    order = np.lexsort((inner, outer))
+    pairs, starts, counts = np.unique(
+        np.stack([outer[order], inner[order]], 1), axis=0, return_index=True,
+        return_counts=True)
+    self._order, self._starts, self._counts = order, starts, counts
+    self._classes_of = {}
+    for sup in self.super_labels:
+      rows = np.flatnonzero(pairs[:, 0] == sup)
+      if rows.size < self.C:
+        raise ValueError(
+            f"super-class {sup} has {rows.size} classes but each batch takes "
+            f"{self.C} of it (batch_size / (super_classes_per_batch x "
+            f"samples_per_class)); lower the batch size.")
+      self._classes_of[int(sup)] = rows
+    self.tuples = np.asarray(list(itertools.combinations(
+        range(self.super_labels.size), s)), np.int64)
+    self.batches_per_super_tuple = int(batches_per_super_tuple)
+    self.S, self.K = int(s), int(k)
+    self.batch_size = int(batch_size)
+    self.seed = int(seed)
+    self.num_examples = int(labels.shape[0])
+
+  @property
+  def steps_per_epoch(self) -> int:
+    """``T``: every tuple of super-classes ``batches_per_super_tuple``
+    times."""
+    return len(self.tuples) * self.batches_per_super_tuple
+
+  def super_tuple(self, step: int) -> np.ndarray:
+    """The super-labels ``[S]`` of the batch of `step`."""
+    epoch, pos = divmod(_check_step(step), self.steps_per_epoch)
+    perm = np.random.default_rng([self.seed, 0, epoch]).permutation(
+        self.steps_per_epoch)
+    return self.super_labels[self.tuples[perm[pos] % len(self.tuples)]]
+
+  def indices(self, step: int) -> np.ndarray:
+    """Record indices ``[batch_size]`` (int64) of the global batch of
+    `step`: ``S`` blocks of ``C`` classes x ``K`` records."""
+    rng = np.random.default_rng([self.seed, 1, _check_step(step)])
+    out = np.empty((self.S, self.C, self.K), np.int64)
+    for i, sup in enumerate(self.super_tuple(step)):
+      rows = self._classes_of[int(sup)]
+      for j, row in enumerate(rng.choice(rows, self.C, replace=False)):
+        n = int(self._counts[row])
+        pick = rng.choice(n, self.K, replace=n < self.K)
+        out[i, j] = self._order[self._starts[row] + pick]
+    return out.reshape(-1)

@@ -3,6 +3,8 @@
 Retrieval (:mod:`circle_jax.evaluation.retrieval`) and few-shot
 (:mod:`circle_jax.evaluation.fewshot`) accept the same embeddings, labels and
 device arguments, checked here once, each bad input naming its argument.
+:func:`run_chunks` feeds the queries to the retrieval and k-NN programs in
+chunks of a fixed shape.
 """
 
 from __future__ import annotations
@@ -124,3 +126,45 @@ def resolve_devices(mesh, devices) -> Tuple[jax.Device, ...]:
 def round_up(x: int, m: int) -> int:
   """The smallest multiple of ``m`` that is >= ``x``."""
   return -(-x // m) * m
+
+
+# Query chunks are padded to a multiple of this (never a 1-row matrix-vector
+# product, whose rounding differs from the matrix-matrix one).
+CHUNK_ALIGN = 8
+
+
+def run_chunks(fn, columns, chunk_size, sharding, on_chunk=None):
+  """``fn`` over the queries in chunks of a fixed row count; its outputs
+  concatenated over the chunks, cut to the number of queries.
+
+  Args:
+    fn: ``fn(*chunk_columns) -> tuple of [C, ...] arrays``, jitted.
+    columns: ``[(host array [Q, ...], pad value)]``: the per-query inputs,
+      each chunk padded with its pad value to ``C`` rows (one compilation;
+      ``C`` a multiple of 8, never a 1-row matrix-vector product).
+    chunk_size: ``C`` before rounding (at most ``Q`` rounded up).
+    sharding: where the chunks are placed (replicated).
+    on_chunk: called with the number of queries done after each chunk has
+      been computed (for a progress bar); ``None`` dispatches all chunks
+      asynchronously and waits once.
+
+  Returns:
+    A tuple of host numpy arrays ``[Q, ...]``.
+  """
+  num_q = columns[0][0].shape[0]
+  c = round_up(min(chunk_size, num_q), CHUNK_ALIGN)
+  outputs = []
+  for lo in range(0, num_q, c):
+    hi = min(lo + c, num_q)
+    args = []
+    for col, pad in columns:
+      a = np.full((c,) + col.shape[1:], pad, col.dtype)
+      a[: hi - lo] = col[lo:hi]
+      args.append(jax.device_put(a, sharding))
+    outputs.append(fn(*args))  # dispatched asynchronously
+    if on_chunk is not None:
+      outputs[-1] = jax.device_get(outputs[-1])
+      on_chunk(hi)
+  outputs = jax.device_get(outputs)
+  return tuple(np.concatenate([o[i] for o in outputs])[:num_q]
+               for i in range(len(outputs[0])))

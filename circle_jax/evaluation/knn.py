@@ -161,7 +161,7 @@ def nearest_neighbors(
                 exclude_self)
   own = (np.arange(q.shape[0], dtype=np.int32) if exclude_self
          else np.full((q.shape[0],), -1, np.int32))
-  top, idx = retrieval.run_chunks(
+  top, idx = checks.run_chunks(
       lambda qc, sc: fn(qc, sc, gallery.tiles), [(q, 0.0), (own, -1)],
       chunk_size, NamedSharding(gallery.mesh, P()), on_chunk)
   return top.astype(np.float32), idx.astype(np.int64)

@@ -1,4 +1,5 @@
-"""Exact retrieval metrics on device: Recall@K, P@1, R-Precision and MAP@R.
+"""Exact retrieval metrics on device: Recall@K, P@1, R-Precision, MAP@R, MRR
+and mAP.
 
 For every query ``q`` the gallery is ranked by cosine similarity, highest
 first; equal similarities are ranked by gallery index (lower index first), so
@@ -18,9 +19,18 @@ has the label of ``q``. Over the queries with ``R_q > 0``:
   rel_q(i)``.
 * ``map@r`` (Musgrave et al. 2020): ``mean_q (1/R_q) sum_{i<=R_q} rel_q(i)
   P_q(i)`` with ``P_q(i) = (1/i) sum_{j<=i} rel_q(j)``.
+* ``mean_reciprocal_rank`` (PML's name): ``mean_q 1 / rank_q``, ``rank_q``
+  the rank of the first relevant item.
+* ``mean_average_precision`` (PML's name; its ``k=None``, the whole
+  ranking): ``mean_q (1/R_q) sum_i rel_q(i) P_q(i)`` over every rank ``i``,
+  i.e. ``(1/R_q) sum_j j / rank_q(j)`` with ``rank_q(j)`` the rank of the
+  ``j``-th relevant item.
 
 Queries with ``R_q = 0`` (their class has no gallery item) are left out of all
-means and counted in ``num_queries_without_match``.
+means and counted in ``num_queries_without_match``. "Has the label of ``q``"
+can also mean intersecting multi-hot label sets, or a custom relation, and
+the means can be per class first (PML 2.9's ``AccuracyCalculator`` options,
+which the tests check): see :mod:`circle_jax.evaluation.relevance`.
 
 How it is computed (exactly, no approximate search):
 
@@ -56,6 +66,10 @@ How it is computed (exactly, no approximate search):
   lists are merged with ``top_k`` again. Candidates are kept in gallery-index
   order and ``top_k`` puts the lower index first among equal values, so
   every selection keeps the index tie-break exactly.
+* MRR is ``1 / rank`` of that first relevant item. mAP needs the rank of
+  every relevant item: the same count, once per item of the largest class
+  (a ``lax.map`` over the columns of the relevant indices), so it is
+  computed only when asked for.
 * Every matmul has the same ``[chunk, T]`` shape whatever the number of
   devices, so one device and eight give bitwise identical similarities and
   identical metrics (XLA's matmul results can depend on the operand shapes).
@@ -69,14 +83,16 @@ References:
   https://arxiv.org/abs/2003.08505
   Oh Song, Xiang, Jegelka, Savarese. "Deep Metric Learning via Lifted
   Structured Feature Embedding". CVPR 2016. https://arxiv.org/abs/1511.06452
+  Musgrave, Belongie, Lim. pytorch-metric-learning 2.9,
+  ``utils.accuracy_calculator.AccuracyCalculator``.
+  https://github.com/KevinMusgrave/pytorch-metric-learning
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 import math
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -84,15 +100,21 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from circle_jax.evaluation import checks
+from circle_jax.evaluation import relevance
 from circle_jax.evaluation.ks import DEFAULT_KS, default_ks
 
 Array = jax.Array
 
 __all__ = [
     "DEFAULT_KS",
+    "DEFAULT_METRICS",
+    "METRICS",
     "default_ks",
     "retrieval_metrics",
 ]
+
+METRICS = relevance.METRICS
+DEFAULT_METRICS = relevance.DEFAULT_METRICS
 
 # Gallery tile rows: at most this many; smaller galleries use one tile of their
 # own (rounded-up) size. It must not depend on the number of devices.
@@ -101,9 +123,6 @@ _TILE_ALIGN = 8
 # Gallery items per block of the top-k pre-selection (`_block_candidates`).
 # Tiles are a multiple of it.
 _BLOCK = 32
-# Query chunks are padded to a multiple of this (never a 1-row matrix-vector
-# product, whose rounding differs from the matrix-matrix one).
-_CHUNK_ALIGN = 8
 _AXIS = "gallery"
 # The mesh axis that the gallery's tiles are sharded over (the device
 # programs of :mod:`circle_jax.evaluation.knn` use it too).
@@ -176,6 +195,28 @@ def _block_max_and_count(s, gidx, b, bi, block):
       lambda x, y: (jnp.maximum(x[0], y[0]), x[1] + y[1]),
       (2,))
   return bmax, jnp.sum(count, axis=1)
+
+
+def _count_ahead(s_tiles, gidx, b, bi):
+  """``[C]`` int32: the items of the raw tiles ranked before ``(b, bi)``
+  (higher similarity, or equal and a lower gallery index), without the
+  block maxima of :func:`_block_max_and_count`."""
+  return sum(jnp.sum((s > b[:, None]) | ((s == b[:, None])
+                                         & (g[None, :] < bi[:, None])),
+                     axis=1, dtype=jnp.int32)
+             for s, g in zip(s_tiles, gidx))
+
+
+def _uncount_excluded(ahead, b, bi, self_s, q_self, num_pad):
+  """``ahead`` (local counts of the items before ``(b, bi)``, any shape
+  ``b`` has) less what the raw tiles counted for the query's own entry
+  (similarity ``self_s``, index ``q_self``; ``None`` outside self-retrieval)
+  and for the ``num_pad`` padding rows (zero vectors: similarity exactly 0,
+  and an index above every real item's)."""
+  if self_s is not None:
+    ahead -= ((self_s > b) | ((self_s == b) & (q_self < bi))).astype(
+        jnp.int32)
+  return ahead - num_pad * (b < 0.0).astype(jnp.int32)
 
 
 def _block_candidates(s_tiles, bmax_tiles, first_index, q_self, num_gallery,
@@ -282,8 +323,10 @@ def similarity_tiles(q, g, tile):
 
 @functools.lru_cache(maxsize=32)
 def _chunk_fn(devices: Tuple[jax.Device, ...], tile: int, block: int,
-              num_gallery: int, k: int, self_retrieval: bool):
-  """Jitted ``(q, q_lab, q_self, q_pos, g, g_lab) -> (rank_first, rel)``.
+              num_gallery: int, k: int, self_retrieval: bool,
+              by_label: bool = True, all_ranks: bool = False):
+  """Jitted ``(q, q_lab, q_self, q_pos, g, g_lab) -> (rank_first, rel)``
+  (``+ (ranks,)`` with ``all_ranks``).
 
   Shapes: ``q [C, D]``, ``q_lab [C]``, ``q_self [C]`` (gallery index to skip,
   or -1), ``q_pos [C, P]`` (the gallery indices of each query's relevant
@@ -292,7 +335,12 @@ def _chunk_fn(devices: Tuple[jax.Device, ...], tile: int, block: int,
   ``rank_first [C]`` int32, the 1-based rank of the first relevant item (0
   where there is none) and ``rel [C, k]`` bool, the relevance of the top
   ``k`` items. ``block`` (a divisor of ``tile``) is the block size of the
-  top-k pre-selection (see ``_block_candidates``).
+  top-k pre-selection (see ``_block_candidates``). ``by_label``: an item is
+  relevant when its label equals the query's; otherwise when ``q_pos`` lists
+  it (any relation; ``q_lab`` and ``g_lab`` unused). ``all_ranks`` adds
+  ``ranks [C, P]`` int32, the 1-based rank of each of ``q_pos``'s items (0
+  for padding): one more counting pass over the similarities per column of
+  ``q_pos``.
   """
   mesh = Mesh(np.array(devices), (_AXIS,))
   # Blocks that the query's own entry and a part-padding block can lift.
@@ -324,35 +372,46 @@ def _chunk_fn(devices: Tuple[jax.Device, ...], tile: int, block: int,
     # pre-selection) and its items ranked before it.
     bmax, ahead = zip(*(_block_max_and_count(s, gidx_t, b, bi, block)
                         for s, gidx_t in zip(s_tiles, gidx)))
-    ahead = sum(ahead)
     # Take back what the raw tiles counted for the query's own entry and
-    # for the padding rows (zero vectors: similarity exactly 0, and an index
-    # above every real item's).
-    if self_retrieval:
-      ahead -= ((self_s > b) | ((self_s == b) & (q_self < bi))).astype(
-          jnp.int32)
+    # for the padding rows.
     num_pad = sum(jnp.sum(gidx_t >= num_gallery, dtype=jnp.int32)
                   for gidx_t in gidx)
-    ahead -= num_pad * (b < 0.0).astype(jnp.int32)
+    if not self_retrieval:
+      self_s = None
+    ahead = _uncount_excluded(sum(ahead), b, bi, self_s, q_self, num_pad)
     rank_first = jnp.where(b > -jnp.inf, jax.lax.psum(ahead, _AXIS) + 1, 0)
+    extra_out = ()
+    if all_ranks:
+      # Every relevant item's rank (average precision over the whole
+      # ranking): one counting pass per column of q_pos.
+      pos_all = jax.lax.pmax(pos_s, _AXIS)                       # [C, P]
+      counts = jax.lax.map(lambda a: _count_ahead(s_tiles, gidx, *a),
+                           (pos_all.T, q_pos.T)).T
+      counts = _uncount_excluded(
+          counts, pos_all, q_pos, None if self_s is None else self_s[:, None],
+          q_self[:, None], num_pad)
+      extra_out = (jnp.where(q_pos >= 0, jax.lax.psum(counts, _AXIS) + 1,
+                             0),)
 
     # This device's top k (exact, via the block pre-selection), then the
     # per-device lists merged (device order = gallery order).
     top, idx = local_top(s_tiles, bmax, first, q_self, num_gallery, k,
                           extra, block)
-    idx = idx - first
-    rel = (jnp.take(g_lab.reshape(-1), idx) == q_lab[:, None]) & (
-        top > -jnp.inf)
+    if by_label:
+      rel = jnp.take(g_lab.reshape(-1), idx - first) == q_lab[:, None]
+    else:
+      rel = jnp.any(idx[:, :, None] == q_pos[:, None, :], axis=2)
+    rel &= top > -jnp.inf
     top = jax.lax.all_gather(top, _AXIS, axis=1, tiled=True)     # [C, n*k]
     rel = jax.lax.all_gather(rel, _AXIS, axis=1, tiled=True)
     _, rel = _merge_top(top, rel, k)
-    return rank_first, rel
+    return (rank_first, rel) + extra_out
 
   fn = jax.shard_map(
       body,
       mesh=mesh,
       in_specs=(P(), P(), P(), P(), P(_AXIS), P(_AXIS)),
-      out_specs=(P(), P()),
+      out_specs=(P(),) * (3 if all_ranks else 2),
       check_vma=False,
   )
   jitted = jax.jit(fn)
@@ -372,11 +431,17 @@ def retrieval_metrics(
     gallery_labels=None,
     *,
     ks: Sequence[int] = (1, 2, 4, 8),
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    avg_of_avgs: bool = False,
+    return_per_class: bool = False,
+    label_comparison_fn: Optional[Callable[[np.ndarray, np.ndarray],
+                                           np.ndarray]] = None,
     chunk_size: int = 1024,
     mesh: Optional[Mesh] = None,
     devices: Optional[Sequence[jax.Device]] = None,
-) -> Dict[str, Union[float, int]]:
-  """Exact Recall@K, P@1, R-Precision and MAP@R by cosine similarity.
+) -> Dict[str, Any]:
+  """Exact Recall@K, P@1, R-Precision, MAP@R, MRR and mAP by cosine
+  similarity.
 
   See the module docstring for the definitions, the tie-breaking rule and how
   the computation is laid out over devices.
@@ -384,13 +449,24 @@ def retrieval_metrics(
   Args:
     query: ``[Q, D]`` float query embeddings (numpy or JAX; any float dtype,
       computed in float32). They need not be normalised.
-    query_labels: ``[Q]`` integer class ids.
+    query_labels: ``[Q]`` integer class ids, ``[Q, L]`` multi-hot labels
+      (0/1 or bool; relevant: the label sets intersect) or, with
+      ``label_comparison_fn``, any ``[Q, ...]`` array.
     gallery: ``[G, D]`` float gallery embeddings, or ``None`` to use the
       queries as their own gallery, leaving out each query's own entry.
-    gallery_labels: ``[G]`` integer class ids; given exactly when ``gallery``
-      is.
+    gallery_labels: labels of the gallery, as ``query_labels``; given
+      exactly when ``gallery`` is.
     ks: the cut-offs ``K`` of Recall@K (any positive ints; ``K`` may exceed
       the gallery size). See :func:`default_ks`.
+    metrics: which of :data:`METRICS` to compute besides Recall@K (default
+      :data:`DEFAULT_METRICS`). ``mean_average_precision`` costs one more
+      pass over the similarities per item of the largest class.
+    avg_of_avgs: average per query class (a distinct query label), then
+      over the classes (PML's ``avg_of_avgs``).
+    return_per_class: each metric as a list over the query classes in
+      sorted order, which ``"classes"`` lists (PML's ``return_per_class``).
+    label_comparison_fn: PML's, on host numpy arrays: query labels
+      ``[c, 1, ...]`` and gallery labels ``[1, G, ...]`` -> ``[c, G]`` bool.
     chunk_size: number of query rows per device step. Each device holds about
       ``4 * chunk_size * G / num_devices`` bytes of similarities.
     mesh: a ``jax.sharding.Mesh`` whose devices (all of its axes, flattened)
@@ -400,73 +476,35 @@ def retrieval_metrics(
       the number of devices.
 
   Returns:
-    A dict with Python floats ``recall@K`` (one per ``K``), ``precision@1``,
-    ``r_precision``, ``map@r``, each a mean over the queries with at least one
-    relevant gallery item, and Python ints ``num_queries`` (``Q``) and
-    ``num_queries_without_match`` (queries left out of the means). When no
-    query has a match, every metric is 0.0.
+    A dict with Python floats ``recall@K`` (one per ``K``) and one per name
+    of ``metrics``, each a mean over the queries with at least one relevant
+    gallery item (lists per class with ``return_per_class``), and Python
+    ints ``num_queries`` (``Q``) and ``num_queries_without_match`` (queries
+    left out of the means). When no query has a match, every metric is 0.0
+    (an empty list per class).
 
   Raises:
     ValueError / TypeError: on inputs of the wrong rank, dtype or length, on
-      NaN/inf embeddings, bad ``ks`` or ``chunk_size``.
+      NaN/inf embeddings, bad ``ks``, ``metrics`` or ``chunk_size``.
   """
   ks = checks.check_ks(ks)
+  metrics = relevance.check_metrics(metrics)
+  if avg_of_avgs and return_per_class:
+    raise ValueError("`avg_of_avgs` and `return_per_class` are mutually "
+                     "exclusive (as in PML); pass one of them.")
   chunk_size = checks.check_positive_int(chunk_size, "chunk_size")
-  q = checks.check_embeddings(query, "query")
-  q_lab = checks.check_labels(query_labels, q.shape[0], "query_labels", "query")
-  if (gallery is None) != (gallery_labels is None):
-    raise ValueError(
-        "Pass both `gallery` and `gallery_labels`, or neither (then the "
-        "queries are their own gallery)."
-    )
+  q, q_lab, g, g_lab, compare = relevance.check_inputs(
+      query, query_labels, gallery, gallery_labels, label_comparison_fn)
   self_retrieval = gallery is None
-  if self_retrieval:
-    g, g_lab = q, q_lab
-  else:
-    g = checks.check_embeddings(gallery, "gallery")
-    g_lab = checks.check_labels(gallery_labels, g.shape[0], "gallery_labels",
-                          "gallery")
-    if g.shape[1] != q.shape[1]:
-      raise ValueError(
-          f"`gallery` has dimension {g.shape[1]} but `query` has "
-          f"{q.shape[1]}; they must match."
-      )
   devs = checks.resolve_devices(mesh, devices)
 
-  rank_first, rel, r = _rank_queries(q, q_lab, g, g_lab, self_retrieval,
-                                     chunk_size, devs)
-  return _metrics_from_ranks(rank_first, rel, r, ks)
-
-
-def _class_ids(q_lab, g_lab, self_retrieval):
-  """Dense int32 class ids of queries and gallery, and ``R`` of each query."""
-  num_q = q_lab.shape[0]
-  classes, inverse = np.unique(np.concatenate([q_lab, g_lab]),
-                               return_inverse=True)
-  inverse = inverse.astype(np.int32).reshape(-1)
-  q_ids, g_ids = inverse[:num_q], inverse[num_q:]
-  counts = np.bincount(g_ids, minlength=classes.size)
-  r = counts[q_ids] - (1 if self_retrieval else 0)
-  return q_ids, g_ids, r
-
-
-def _relevant_indices(q_ids, g_ids, self_retrieval):
-  """``[Q, P]`` int32: each query's relevant gallery indices, -1 padded.
-
-  ``P`` is the largest gallery class size (at least 1). In self-retrieval the
-  query's own index is left out (set to -1).
-  """
-  order = np.argsort(g_ids, kind="stable")
-  counts = np.bincount(g_ids, minlength=int(max(q_ids.max(), g_ids.max())) + 1)
-  starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-  cnt, st = counts[q_ids], starts[q_ids]
-  width = max(1, int(cnt.max()))
-  j = np.arange(width)[None, :]
-  idx = order[np.minimum(st[:, None] + j, order.size - 1)]
-  pos = np.where(j < cnt[:, None], idx, -1).astype(np.int32)
-  if self_retrieval:
-    pos[pos == np.arange(q_ids.shape[0])[:, None]] = -1
-  return pos
+  facts = _rank_queries(q, q_lab, g, g_lab, self_retrieval, chunk_size, devs,
+                        compare=compare,
+                        all_ranks="mean_average_precision" in metrics)
+  mode = ("per_class" if return_per_class else
+          "avg_of_avgs" if avg_of_avgs else "mean")
+  return relevance.metrics_from_ranks(*facts, ks, metrics=metrics, labels=q_lab,
+                             mode=mode)
 
 
 def gallery_tiles(g, n_dev):
@@ -493,56 +531,31 @@ def l2_normalize_rows(x, out=None) -> np.ndarray:
                      out=out)
 
 
-def run_chunks(fn, columns, chunk_size, sharding, on_chunk=None):
-  """``fn`` over the queries in chunks of a fixed row count; its outputs
-  concatenated over the chunks, cut to the number of queries.
-
-  Args:
-    fn: ``fn(*chunk_columns) -> tuple of [C, ...] arrays``, jitted.
-    columns: ``[(host array [Q, ...], pad value)]``: the per-query inputs,
-      each chunk padded with its pad value to ``C`` rows (one compilation;
-      ``C`` a multiple of 8, never a 1-row matrix-vector product).
-    chunk_size: ``C`` before rounding (at most ``Q`` rounded up).
-    sharding: where the chunks are placed (replicated).
-    on_chunk: called with the number of queries done after each chunk has
-      been computed (for a progress bar); ``None`` dispatches all chunks
-      asynchronously and waits once.
-
-  Returns:
-    A tuple of host numpy arrays ``[Q, ...]``.
-  """
-  num_q = columns[0][0].shape[0]
-  c = checks.round_up(min(chunk_size, num_q), _CHUNK_ALIGN)
-  outputs = []
-  for lo in range(0, num_q, c):
-    hi = min(lo + c, num_q)
-    args = []
-    for col, pad in columns:
-      a = np.full((c,) + col.shape[1:], pad, col.dtype)
-      a[: hi - lo] = col[lo:hi]
-      args.append(jax.device_put(a, sharding))
-    outputs.append(fn(*args))  # dispatched asynchronously
-    if on_chunk is not None:
-      outputs[-1] = jax.device_get(outputs[-1])
-      on_chunk(hi)
-  outputs = jax.device_get(outputs)
-  return tuple(np.concatenate([o[i] for o in outputs])[:num_q]
-               for i in range(len(outputs[0])))
-
-
-def _rank_queries(q, q_lab, g, g_lab, self_retrieval, chunk_size, devs):
+def _rank_queries(q, q_lab, g, g_lab, self_retrieval, chunk_size, devs, *,
+                  compare=None, all_ranks=False):
   """Per-query ranking facts, computed on device.
 
+  ``compare``: ``None`` (labels are class ids, compared for equality) or the
+  label relation of :func:`relevance.relevant_by`. ``all_ranks``: also the rank of
+  every relevant item.
+
   Returns:
-    ``(rank_first, rel, r)``: ``rank_first [Q]`` int64, the 1-based rank of
-    each query's first relevant item (0 where ``r == 0``); ``rel
+    ``(rank_first, rel, r, ranks)``: ``rank_first [Q]`` int64, the 1-based
+    rank of each query's first relevant item (0 where ``r == 0``); ``rel
     [Q, k]`` bool, the relevance of the top ``k = max(1, max(r))`` items;
-    ``r [Q]`` int64, the number of relevant gallery items of each query.
+    ``r [Q]`` int64, the number of relevant gallery items of each query;
+    ``ranks [Q, P]`` int64, the 1-based ranks of the relevant items (0 for
+    padding), or ``None`` without ``all_ranks``.
   """
   num_q = q.shape[0]
   num_g = g.shape[0]
-  q_ids, g_ids, r = _class_ids(q_lab, g_lab, self_retrieval)
-  q_pos = _relevant_indices(q_ids, g_ids, self_retrieval)
+  if compare is None:
+    q_ids, g_ids, r = relevance.class_ids(q_lab, g_lab, self_retrieval)
+    q_pos = relevance.relevant_indices(q_ids, g_ids, self_retrieval)
+  else:
+    q_pos, r = relevance.relevant_by(compare, q_lab, g_lab, self_retrieval)
+    q_ids = np.zeros(num_q, np.int32)   # unused: relevance from q_pos
+    g_ids = np.zeros(num_g, np.int32)
   # Top-k length: enough for every query's R (Recall@K does not need it).
   k = max(1, int(r.max()))
 
@@ -550,7 +563,8 @@ def _rank_queries(q, q_lab, g, g_lab, self_retrieval, chunk_size, devs):
   lab_pad = np.full((g_tiles.shape[0] * tile,), -1, np.int32)
   lab_pad[:num_g] = g_ids
 
-  fn, mesh = _chunk_fn(devs, tile, _BLOCK, num_g, k, self_retrieval)
+  fn, mesh = _chunk_fn(devs, tile, _BLOCK, num_g, k, self_retrieval,
+                       compare is None, bool(all_ranks))
   sharded = NamedSharding(mesh, P(_AXIS))
   replicated = NamedSharding(mesh, P())
   g_dev = jax.device_put(g_tiles, sharded)
@@ -559,40 +573,9 @@ def _rank_queries(q, q_lab, g, g_lab, self_retrieval, chunk_size, devs):
 
   own = (np.arange(num_q, dtype=np.int32) if self_retrieval
          else np.full((num_q,), -1, np.int32))
-  rank_first, rel = run_chunks(
+  out = checks.run_chunks(
       functools.partial(fn, g_dev=g_dev, lab_dev=lab_dev),
       [(q, 0.0), (q_ids, -2), (own, -1), (q_pos, -1)], chunk_size,
       replicated)
-  return rank_first.astype(np.int64), rel, r.astype(np.int64)
-
-
-def _metrics_from_ranks(rank_first, rel, r, ks) -> Dict[str, Union[float, int]]:
-  """The metric means (float64) over the queries with ``r > 0``."""
-  num_q = r.shape[0]
-  has_match = r > 0
-  num_valid = int(has_match.sum())
-  result: Dict[str, Union[float, int]] = {}
-  if num_valid == 0:
-    logging.warning(
-        "retrieval_metrics: none of the %d queries has a relevant gallery "
-        "item; all metrics are 0.", num_q)
-    for k_ in ks:
-      result[f"recall@{k_}"] = 0.0
-    result.update({"precision@1": 0.0, "r_precision": 0.0, "map@r": 0.0})
-  else:
-    rank_first = rank_first[has_match]
-    rel = rel[has_match].astype(np.float64)
-    rv = r[has_match].astype(np.float64)
-    k = rel.shape[1]
-    positions = np.arange(1, k + 1, dtype=np.float64)[None, :]
-    rel_r = rel * (positions <= rv[:, None])
-    precision_at_i = np.cumsum(rel_r, axis=1) / positions
-    for k_ in ks:
-      result[f"recall@{k_}"] = float(np.mean(rank_first <= k_))
-    result["precision@1"] = float(np.mean(rel[:, 0]))
-    result["r_precision"] = float(np.mean(rel_r.sum(axis=1) / rv))
-    result["map@r"] = float(
-        np.mean((rel_r * precision_at_i).sum(axis=1) / rv))
-  result["num_queries"] = int(num_q)
-  result["num_queries_without_match"] = int(num_q - num_valid)
-  return result
+  ranks = out[2].astype(np.int64) if all_ranks else None
+  return out[0].astype(np.int64), out[1], r.astype(np.int64), ranks

@@ -19,6 +19,7 @@ from circle_jax import config as config_lib
 from circle_jax import config_facts as facts
 from circle_jax import data as data_lib
 from circle_jax.evaluation import fewshot as fewshot_lib
+from circle_jax.evaluation import retrieval as eval_retrieval
 from circle_jax.errors import UserError
 from circle_jax import losses as losses_lib
 from circle_jax.losses.engine import COLLECTIVES
@@ -351,9 +352,11 @@ def _check_sampler(config, info, held_out: int, entry) -> None:
   loss), or ``P`` images times ``K >= 2`` views for a pair loss."""
   name = config.dataset.name
   sampler = config.batch.sampler
-  if sampler not in ("pk", "random", "views"):
-    _fail("batch.sampler", f"must be 'pk', 'random' or 'views'; got "
-          f"{sampler!r}.")
+  if sampler not in ("pk", "random", "views", "hierarchical"):
+    _fail("batch.sampler", f"must be 'pk', 'random', 'views' or "
+          f"'hierarchical'; got {sampler!r}.")
+  if sampler == "hierarchical":
+    _check_hierarchical(config, info)
   if sampler == "views" and (entry.kind != "pair"
                              or entry.param_name is not None):
     _fail("batch.sampler", f"'views' labels each image by its own index "
@@ -388,6 +391,26 @@ def _check_sampler(config, info, held_out: int, entry) -> None:
   if entry.kind == "pair" and k < 2:
     _fail("batch.images_per_class", f"pair loss {entry.name!r} needs "
           f"positive pairs: use at least 2 images per class; got {k}.")
+
+
+def _check_hierarchical(config, info) -> None:
+  """The hierarchical sampler needs declared super-classes, and ``P`` a
+  multiple of ``S`` (what each super-class holds is checked when the
+  sampler is built from the train split)."""
+  if not info.train_superclasses:
+    _fail("batch.sampler", f"'hierarchical' draws each batch's classes from "
+          f"super-classes, which {info.name!r} does not declare "
+          f"(DatasetSpec.train_superclasses); use 'pk'.")
+  p, s = config.batch.classes_per_batch, config.batch.super_classes_per_batch
+  for field, v in (("super_classes_per_batch", s),
+                   ("batches_per_super_tuple",
+                    config.batch.batches_per_super_tuple)):
+    if not _is_int(v) or v < 1:
+      _fail(f"batch.{field}", f"must be a positive int; got {v!r}.")
+  if _is_int(p) and p % s:
+    _fail("batch.classes_per_batch", f"{p} classes per batch do not split "
+          f"over batch.super_classes_per_batch={s} super-classes; make it a "
+          f"multiple of {s}.")
 
 
 def _check_batch_classes(config, info, num_classes: int, held_out: int,
@@ -501,7 +524,13 @@ def _check_evaluation(config, info, held_out: int) -> None:
           f"the {size} px evaluation image; 0: off); got {shift!r}.")
   ks = tuple(config.eval_ks or info.ks)
   _check_fewshot(config, info, held_out)
-  names = facts.metric_names(ks, config.eval_clustering, config.fewshot)
+  metrics = facts.retrieval_metrics(config)
+  unknown = [m for m in metrics if m not in eval_retrieval.METRICS]
+  if unknown:
+    _fail("eval_metrics", f"must be a tuple of {list(eval_retrieval.METRICS)}"
+          f" (Recall@K comes from eval_ks); got {config.eval_metrics!r}.")
+  names = facts.metric_names(ks, config.eval_clustering, config.fewshot,
+                             metrics)
   best = config.best_metric
   if best and best not in names:
     _fail("best_metric", f"{best!r} is not computed; choose one of {names}.")

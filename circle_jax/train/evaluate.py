@@ -9,6 +9,7 @@ from typing import Any, Dict, Tuple
 import jax
 import numpy as np
 
+from circle_jax import config_facts
 from circle_jax import evaluation as eval_lib
 from circle_jax.evaluation import embedding as embedding_lib
 from circle_jax.evaluation import knn
@@ -56,7 +57,10 @@ class Evaluator:
         num_threads=self.config.dataset.num_threads)
 
   def _metrics(self, emb, lab, gallery=()):
-    out = dict(eval_lib.retrieval_metrics(emb, lab, *gallery, ks=self.ks))
+    out = dict(eval_lib.retrieval_metrics(
+        emb, lab, *gallery, ks=self.ks,
+        metrics=config_facts.retrieval_metrics(self.config),
+        avg_of_avgs=bool(self.config.get("eval_avg_of_avgs", False))))
     if self.config.eval_clustering:
       out.update(eval_lib.clustering_metrics(
           emb, lab, key=jax.random.PRNGKey(self.config.seed)))
@@ -129,7 +133,8 @@ class Evaluator:
 
 
 _SHOWN = ("recall@1", "map@r", "nmi")
-_ORDER = ("precision@1", "r_precision", "map@r", "nmi", "ami")
+_ORDER = ("precision@1", "r_precision", "map@r", "mean_reciprocal_rank",
+          "mean_average_precision", "nmi", "ami")
 
 
 def _fewshot_order(names) -> Tuple[str, ...]:

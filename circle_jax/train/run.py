@@ -14,6 +14,7 @@ import os
 from absl import logging
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from circle_jax import config_facts
 from circle_jax import data as data_lib
@@ -87,8 +88,30 @@ def load_sources(config, info, reporter=None):
 
 
 def make_sampler(config, train_source):
-  """The train batches' sampler: P x K classes (``pk``), ``random``, or
-  P images x K views (``views``)."""
+  """The train batches' sampler: P x K classes (``pk``), ``random``, P
+  images x K views (``views``), or P x K classes from S super-classes
+  (``hierarchical``; the dataset's :attr:`DatasetSpec.train_superclasses`,
+  :func:`circle_jax.config_facts.train_label_superclasses`)."""
+  if config.batch.sampler == "hierarchical":
+    labels = data_lib.split_labels(train_source)
+    supers = config_facts.train_label_superclasses(
+        config, data_lib.get_dataset_info(config.dataset.name))
+    if labels.max() + 1 != supers.size:  # a partial copy of the dataset
+      raise config_checks.ConfigError(
+          f"config.batch.sampler: the train split has {labels.max() + 1} "
+          f"classes, not the {supers.size} of its declared super-classes; "
+          "use 'pk'.")
+    try:
+      return data_lib.HierarchicalSampler(
+          np.stack([labels, supers[labels]], 1),
+          batch_size=config_facts.global_batch_size(config),
+          samples_per_class=config.batch.images_per_class,
+          batches_per_super_tuple=config.batch.batches_per_super_tuple,
+          super_classes_per_batch=config.batch.super_classes_per_batch,
+          seed=config.seed)
+    except ValueError as e:
+      raise config_checks.ConfigError(
+          f"config.batch.sampler: 'hierarchical': {e}") from None
   if config.batch.sampler == "views":
     return data_lib.ViewSampler(
         len(train_source), images_per_batch=config.batch.classes_per_batch,

@@ -1,4 +1,8 @@
-"""PKSampler / RandomSampler: determinism, resume, structure, shards."""
+"""PKSampler / RandomSampler / HierarchicalSampler: determinism, resume,
+structure, shards."""
+
+import collections
+import itertools
 
 import numpy as np
 import pytest
@@ -8,6 +12,20 @@ from circle_jax import data
 # 7 classes: sizes 5, 1, 3, 8, 2, 4, 6 (two classes have fewer than K=3).
 LABELS = np.random.default_rng(0).permutation(
     np.repeat(np.arange(7), [5, 1, 3, 8, 2, 4, 6]))
+
+# 4 super-classes of 3, 4, 2, 3 classes (12 classes of 1 to 6 records), as
+# [class, super-class] rows in random order.
+_SUPER_OF = np.repeat(np.arange(4), [3, 4, 2, 3])
+_CLASS = np.random.default_rng(1).permutation(
+    np.repeat(np.arange(12), [2, 5, 1, 3, 6, 2, 4, 3, 2, 1, 4, 5]))
+HLABELS = np.stack([_CLASS, 10 + _SUPER_OF[_CLASS]], 1)  # super-labels 10..13
+
+
+def _hierarchical(seed=0, **kw):
+  args = dict(batch_size=8, samples_per_class=2, batches_per_super_tuple=3,
+              super_classes_per_batch=2, seed=seed)
+  args.update(kw)
+  return data.HierarchicalSampler(HLABELS, **args)
 
 
 def test_pk_batches_are_p_classes_by_k_images():
@@ -40,6 +58,7 @@ def test_small_classes_are_sampled_with_replacement():
     lambda seed: data.PKSampler(LABELS, classes_per_batch=2,
                                 images_per_class=4, seed=seed),
     lambda seed: data.RandomSampler(len(LABELS), batch_size=8, seed=seed),
+    _hierarchical,
 ])
 def test_deterministic_in_seed_and_step_and_resumable(make):
   a, b = make(5), make(5)
@@ -65,12 +84,69 @@ def test_random_sampler_visits_every_example_once_per_epoch():
 
 @pytest.mark.parametrize("count", [1, 2, 4])
 def test_process_shards_are_contiguous_slices(count):
-  s = data.PKSampler(LABELS, classes_per_batch=4, images_per_class=2, seed=0)
-  full = s.indices(9)
-  parts = [s.local_indices(9, p, count) for p in range(count)]
-  np.testing.assert_array_equal(np.concatenate([i for i, _ in parts]), full)
-  np.testing.assert_array_equal(np.concatenate([p for _, p in parts]),
-                                np.arange(8))
+  for s in (data.PKSampler(LABELS, classes_per_batch=4, images_per_class=2,
+                           seed=0), _hierarchical()):
+    full = s.indices(9)
+    parts = [s.local_indices(9, p, count) for p in range(count)]
+    np.testing.assert_array_equal(np.concatenate([i for i, _ in parts]), full)
+    np.testing.assert_array_equal(np.concatenate([p for _, p in parts]),
+                                  np.arange(8))
+
+
+def _batch_structure(batch, k):
+  """``(super-tuple, classes per super-class)`` of a batch, asserting each
+  of its classes has ``k`` records of one super-class."""
+  cls = collections.Counter(HLABELS[batch, 0].tolist())
+  assert set(cls.values()) == {k}
+  per_super = collections.Counter(_SUPER_OF[c] + 10 for c in cls)
+  return tuple(sorted(per_super)), sorted(per_super.values())
+
+
+def test_hierarchical_batches_have_the_structure_of_pmls():
+  s = _hierarchical(seed=4)
+  assert s.steps_per_epoch == 6 * 3  # C(4, 2) super-tuples, 3 times each
+  ours = []
+  for step in range(2 * s.steps_per_epoch):
+    idx = s.indices(step)
+    assert idx.shape == (8,) and idx.dtype == np.int64
+    # Super-class-major, class-major: blocks [S, C, K].
+    blocks = HLABELS[idx].reshape(2, 2, 2, 2)
+    assert (blocks[..., 1] == blocks[:, :1, :1, 1]).all()
+    assert (blocks[..., 0] == blocks[:, :, :1, 0]).all()
+    assert (blocks[:, 0, 0, 1] == s.super_tuple(step)).all()
+    tup, counts = _batch_structure(idx, 2)
+    assert counts == [2, 2]
+    ours.append(tup)
+  # Each epoch holds every pair of super-classes 3 times.
+  want = collections.Counter(
+      t for t in itertools.combinations(range(10, 14), 2) for _ in range(3))
+  assert collections.Counter(ours[:18]) == want
+  assert collections.Counter(ours[18:]) == want
+  assert ours[:18] != ours[18:]  # epochs in different orders
+  # PML 2.9's batches (one epoch) have the same structure.
+  samplers = pytest.importorskip("pytorch_metric_learning.samplers")
+  np.random.seed(0)  # PML draws from numpy's global state
+  theirs = [_batch_structure(np.asarray(b), 2) for b in
+            samplers.HierarchicalSampler(HLABELS, 8, 2, 3, 2)]
+  assert collections.Counter(t for t, _ in theirs) == want
+  assert all(c == [2, 2] for _, c in theirs)
+
+
+def test_hierarchical_bad_arguments_fail_in_one_line():
+  cases = [
+      (dict(samples_per_class="all"), "varying size"),
+      (dict(batch_size=10), "multiple of super_classes_per_batch"),
+      (dict(super_classes_per_batch=5, batch_size=10), "only 4 super"),
+      (dict(batch_size=12), "super-class 12 has 2 classes"),
+      (dict(outer_label=2), "not a column"),
+      (dict(batches_per_super_tuple=0), "positive int"),
+  ]
+  for kw, match in cases:
+    with pytest.raises(ValueError, match=match) as e:
+      _hierarchical(**kw)
+    assert "\n" not in str(e.value)
+  with pytest.raises(ValueError, match="2-D integer"):
+    data.HierarchicalSampler(LABELS, batch_size=4, samples_per_class=2)
 
 
 def test_bad_arguments():

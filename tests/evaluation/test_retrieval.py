@@ -59,6 +59,49 @@ def test_hand_computed_self_retrieval():
   }
 
 
+_ALL_METRICS = retrieval.METRICS
+
+
+def test_hand_computed_mrr_and_map_and_their_class_averages():
+  # The case of test_hand_computed_self_retrieval; the relevant items' ranks:
+  #   q0 (A): 1, 3  AP (1/1 + 2/3)/2 = 5/6  RR 1
+  #   q1 (A): 1, 3  AP 5/6                 RR 1
+  #   q2 (B): 4     AP 1/4                 RR 1/4
+  #   q3 (A): 2, 4  AP (1/2 + 2/4)/2 = 1/2 RR 1/2
+  #   q4 (B): 2     AP 1/2                 RR 1/2
+  # Per class: A (q0, q1, q3) AP 13/18, RR 5/6; B (q2, q4) AP 3/8, RR 3/8.
+  x = _circle([0, 10, 25, 42, 80, 200])
+  y = np.array([0, 0, 1, 0, 1, 2])
+  kw = dict(ks=(1,), metrics=_ALL_METRICS, devices=ONE_DEVICE)
+  got = retrieval_metrics(x, y, **kw)
+  assert got["mean_average_precision"] == pytest.approx(7 / 12, abs=1e-15)
+  assert got["mean_reciprocal_rank"] == pytest.approx(0.65, abs=1e-15)
+  assert got["map@r"] == pytest.approx(1.25 / 5, abs=1e-15)
+  avg = retrieval_metrics(x, y, avg_of_avgs=True, **kw)
+  assert avg["mean_average_precision"] == pytest.approx(
+      (13 / 18 + 3 / 8) / 2, abs=1e-15)
+  assert avg["mean_reciprocal_rank"] == pytest.approx(
+      (5 / 6 + 3 / 8) / 2, abs=1e-15)
+  assert avg["recall@1"] == pytest.approx((2 / 3 + 0) / 2, abs=1e-15)
+  per = retrieval_metrics(x, y, return_per_class=True, **kw)
+  assert per["classes"] == [0, 1]  # class 2 has no match: left out
+  np.testing.assert_allclose(per["mean_average_precision"], [13 / 18, 3 / 8],
+                             rtol=1e-15)
+  np.testing.assert_allclose(per["mean_reciprocal_rank"], [5 / 6, 3 / 8],
+                             rtol=1e-15)
+  assert per["num_queries_without_match"] == 1
+  # Label sets that intersect: item 4 (B) also carries A, so it is relevant
+  # to the A queries, at ranks 4 (q0, q1) and 3 (q3, ranking 2B 1A 4AB 0A):
+  # APs (1/1 + 2/3 + 3/4)/3 (q0, q1) and (1/2 + 2/3 + 3/4)/3 (q3).
+  multi = np.eye(3, dtype=np.int32)[y]
+  multi[4, 0] = 1
+  per = retrieval_metrics(x, multi, return_per_class=True, **kw)
+  assert per["classes"] == [(0, 1, 0), (1, 0, 0), (1, 1, 0)]
+  assert per["mean_average_precision"][1] == pytest.approx(
+      (2 * (1 + 2 / 3 + 3 / 4) / 3 + (1 / 2 + 2 / 3 + 3 / 4) / 3) / 3,
+      abs=1e-15)
+
+
 @pytest.mark.parametrize("swap", [False, True])
 def test_hand_computed_tie_broken_by_gallery_index(swap):
   # Gallery items 1 and 2 are the same vector: an exact tie (similarity 1)
@@ -161,7 +204,7 @@ def clustered():
 
 
 def _assert_facts_equal(got, want_facts):
-  rank_first, rel, r = got
+  rank_first, rel, r, _ = got
   for i, f in enumerate(want_facts):
     assert r[i] == f["r"], i
     if f["r"]:
@@ -318,19 +361,6 @@ def test_block_preselection_keeps_the_exact_top_k(k):
     assert np.all(got_v[i, n:] == -np.inf)
 
 
-@pytest.mark.parametrize("self_mode", [True, False])
-def test_relevant_indices_list_each_querys_class_members(self_mode):
-  g_ids = np.array([2, 0, 2, 1, 2, 0], np.int32)
-  q_ids = g_ids if self_mode else np.array([0, 2, 3], np.int32)
-  got = retrieval._relevant_indices(q_ids, g_ids, self_mode)
-  assert got.dtype == np.int32 and got.shape == (len(q_ids), 3)
-  for i, c in enumerate(q_ids):
-    want = [j for j in range(len(g_ids))
-            if g_ids[j] == c and not (self_mode and j == i)]
-    assert sorted(v for v in got[i] if v >= 0) == want
-    assert np.sum(got[i] >= 0) == len(want)  # the rest is -1 padding
-
-
 def test_one_device_equals_eight_devices_metrics(clustered):
   x, y = clustered
   ks = (1, 2, 4, 8, 16, 500)  # as in test_self_retrieval_matches_reference
@@ -339,6 +369,79 @@ def test_one_device_equals_eight_devices_metrics(clustered):
   mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
   meshed = retrieval_metrics(x, y, ks=ks, chunk_size=48, mesh=mesh)
   assert one == default == meshed
+
+
+# PML 2.9's AccuracyCalculator names of our metrics.
+_PML_NAMES = {"precision@1": "precision_at_1", "r_precision": "r_precision",
+              "map@r": "mean_average_precision_at_r",
+              "mean_reciprocal_rank": "mean_reciprocal_rank",
+              "mean_average_precision": "mean_average_precision"}
+
+
+def _pml_intersect(a, b):
+  """Multi-hot label sets intersect (numpy and torch alike)."""
+  return (a * b).sum(-1) > 0
+
+
+def _pml_accuracy(x, y, xg=None, yg=None, fn=None, **options):
+  torch = pytest.importorskip("torch")
+  acc = pytest.importorskip("pytorch_metric_learning.utils.accuracy_calculator")
+  calc = acc.AccuracyCalculator(
+      include=tuple(_PML_NAMES.values()), label_comparison_fn=fn,
+      device=torch.device("cpu"), **options)
+  t = lambda a: None if a is None else torch.from_numpy(np.asarray(a))
+  return calc.get_accuracy(t(x), t(y), t(xg), t(yg))
+
+
+def _random_retrieval(seed, n, labels):
+  """Unit float64 embeddings without near-ties, and their labels."""
+  rng = np.random.default_rng(seed)
+  x = rng.standard_normal((n, 8))
+  x /= np.linalg.norm(x, axis=1, keepdims=True)
+  s = np.sort(x @ x.T, axis=1)[:, :-1]  # each row without itself
+  assert np.diff(s, axis=1).min() > 1e-6  # distinct similarities
+  return x, labels(rng, n)
+
+
+def _assert_equals_pml(split, options, **kwargs):
+  multi = split[1].ndim == 2
+  want = _pml_accuracy(*split, fn=_pml_intersect if multi else None,
+                       **options)
+  got = retrieval_metrics(*split, ks=(1,), metrics=_ALL_METRICS, **options,
+                          **kwargs)
+  for ours, theirs in _PML_NAMES.items():
+    np.testing.assert_allclose(got[ours], want[theirs], rtol=1e-6,
+                               err_msg=f"{options} {ours}")
+  # recall@1 is PML's precision_at_1, averaged alike.
+  np.testing.assert_allclose(got["recall@1"], want["precision_at_1"],
+                             rtol=1e-6)
+  return got
+
+
+_PML_OPTIONS = ({}, {"avg_of_avgs": True}, {"return_per_class": True})
+
+
+def test_equals_pytorch_metric_learning_accuracy_calculator():
+  # Class ids in self-retrieval, two singleton classes without a match (the
+  # multi-hot labels from queries to a gallery: the next test).
+  x, y = _random_retrieval(0, 40, lambda rng, n: rng.integers(0, 6, n))
+  y[:2] = (7, 8)
+  for options in _PML_OPTIONS:
+    _assert_equals_pml((x, y), options, devices=ONE_DEVICE)
+
+
+def test_new_metrics_chunked_tiled_and_sharded_are_identical(small_tiles):
+  # Multi-hot label sets (the q_pos relevance path; some empty: no match)
+  # from 60 queries to a gallery of 100, and every relevant item's rank
+  # (mAP): on one device in one chunk over 2 tiles, and on 8 devices in
+  # chunks of 8, each equal to PML 2.9.
+  x, y = _random_retrieval(
+      5, 160, lambda rng, n: (rng.random((n, 12)) < 0.06).astype(np.int64))
+  split = (x[:60], y[:60], x[60:], y[60:])
+  for options in _PML_OPTIONS:
+    one = _assert_equals_pml(split, options, chunk_size=1024,
+                             devices=ONE_DEVICE)
+    assert _assert_equals_pml(split, options, chunk_size=8) == one
 
 
 def test_inputs_as_jax_arrays_and_bfloat16(clustered):
@@ -391,7 +494,16 @@ _Y = np.array([0, 0, 1, 1])
          ValueError, "NaN"),
         (dict(query_labels=_Y[:3]), ValueError, "length 3"),
         (dict(query_labels=_Y.astype(np.float32)), TypeError, "integer"),
-        (dict(query_labels=_Y[:, None]), ValueError, "rank 1"),
+        (dict(query_labels=_Y[:, None, None]), ValueError, "rank 1"),
+        (dict(query_labels=_Y[:, None] * 2), ValueError, "only 0 and 1"),
+        (dict(gallery=_X, gallery_labels=_Y[:, None]), ValueError,
+         "past the first axis"),
+        (dict(label_comparison_fn=lambda a, b: a == 0), ValueError,
+         "must return"),
+        (dict(label_comparison_fn=3), TypeError, "callable"),
+        (dict(metrics=("mAP",)), ValueError, "Unknown retrieval metric"),
+        (dict(avg_of_avgs=True, return_per_class=True), ValueError,
+         "mutually exclusive"),
         (dict(gallery=_X), ValueError, "both"),
         (dict(gallery_labels=_Y), ValueError, "both"),
         (dict(gallery=np.ones((4, 5), np.float32), gallery_labels=_Y),

@@ -35,6 +35,8 @@ def test_default_configs_pass():
     ({"eval_shift": -1}, "config.eval_shift: must be an int in"),
     ({"eval_shift": 8}, "of the 16 px evaluation image; 0: off); got 8."),
     ({"eval_shift": True}, "config.eval_shift"),
+    ({"eval_metrics": ("mAP",)}, "config.eval_metrics: must be a tuple of"),
+    ({"best_metric": "mean_average_precision"}, "config.best_metric"),
     ({"loss.collective": "rign"}, "config.loss.collective: must be one of "
      "('all_gather', 'ring')"),
 ])
@@ -84,6 +86,28 @@ def test_omniglot_small_config_is_valid():
   c = helpers.omniglot_small_config()
   c.dataset.manual_dir = "/data"
   config_checks.check_config(c, device_count=8, process_count=1)
+
+
+def test_hierarchical_sampler_checks_in_one_line():
+  c = helpers.omniglot_small_config(**{
+      "batch.sampler": "hierarchical", "batch.classes_per_batch": 8,
+      "batch.images_per_class": 2, "dataset.manual_dir": "/data"})
+  config_checks.check_config(c, device_count=8, process_count=1)
+  for overrides, message in (
+      ({"batch.super_classes_per_batch": 3}, "config.batch.classes_per_batch:"
+       " 8 classes per batch do not split over"),
+      ({"batch.batches_per_super_tuple": 0}, "config.batch.batches_per_super"
+       "_tuple: must be a positive int"),
+  ):
+    with pytest.raises(config_checks.ConfigError, match=message) as e:
+      config_checks.check_config(helpers.override(c.copy_and_resolve_references(
+      ), **overrides), device_count=8, process_count=1)
+    assert "\n" not in str(e.value)
+  # digits declares no super-classes.
+  with pytest.raises(config_checks.ConfigError, match="config.batch.sampler: "
+                     "'hierarchical' draws .* 'digits' does not declare"):
+    config_checks.check_config(_config(**{"batch.sampler": "hierarchical"}),
+                               device_count=1, process_count=1)
 
 
 def test_random_sampler_batch_checks():

@@ -187,3 +187,27 @@ def test_summary_shows_the_headline_metrics_present():
                                "map@r": 0.125}) == (
       "recall@1 0.2500, map@r 0.1250, nmi 0.5000")
   assert evaluate_lib.summary({"ami": 0.1}) == ""
+
+
+def test_metrics_follow_eval_metrics_and_eval_avg_of_avgs():
+  c = helpers.digits_config(**{
+      "eval_metrics": ("map@r", "mean_reciprocal_rank"),
+      "eval_avg_of_avgs": True, "eval_clustering": False,
+      "best_metric": "mean_reciprocal_rank"})
+  config_checks.check_config(c, device_count=8, process_count=1)
+  assert config_facts.metric_names((1,), False, None,
+                                   config_facts.retrieval_metrics(c)) == [
+      "recall@1", "map@r", "mean_reciprocal_rank"]
+  ev = evaluate_lib.Evaluator.__new__(evaluate_lib.Evaluator)  # no data
+  ev.config, ev.ks = c, (1,)
+  rng = np.random.default_rng(0)
+  emb = rng.standard_normal((12, 4)).astype(np.float32)
+  lab = np.array([0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 2, 2])
+  got = ev._metrics(emb, lab)
+  assert set(got) == {"recall@1", "map@r", "mean_reciprocal_rank",
+                      "num_queries", "num_queries_without_match"}
+  kw = dict(ks=(1,), metrics=("map@r", "mean_reciprocal_rank"))
+  avg = eval_lib.retrieval_metrics(emb, lab, avg_of_avgs=True, **kw)
+  mean = eval_lib.retrieval_metrics(emb, lab, **kw)
+  assert mean["mean_reciprocal_rank"] != avg["mean_reciprocal_rank"]
+  assert got["mean_reciprocal_rank"] == avg["mean_reciprocal_rank"]

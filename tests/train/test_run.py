@@ -50,6 +50,27 @@ def test_make_sampler_follows_batch_sampler():
   assert (rnd.batch_size, rnd.num_examples, rnd.seed) == (4, 10, 5)
 
 
+def test_hierarchical_sampler_draws_from_the_alphabets():
+  # omniglot_small's 136 train classes in 5 alphabets, two records each.
+  records = [{"label": c} for c in np.repeat(np.arange(136), 2)]
+  c = helpers.omniglot_small_config(**{
+      "batch.sampler": "hierarchical", "batch.classes_per_batch": 6,
+      "batch.images_per_class": 2, "batch.super_classes_per_batch": 3,
+      "seed": 2})
+  s = run_lib.make_sampler(c, records)
+  assert isinstance(s, data_lib.HierarchicalSampler)
+  assert (s.batch_size, s.S, s.K, s.C, s.seed) == (12, 3, 2, 2, 2)
+  alphabet = np.repeat(np.arange(5), data_lib.DATASETS[
+      "omniglot_small"].train_superclasses)
+  labels = np.repeat(np.arange(136), 2)[s.indices(7)].reshape(3, 2, 2)
+  np.testing.assert_array_equal(alphabet[labels], np.broadcast_to(
+      s.super_tuple(7)[:, None, None], (3, 2, 2)))
+  # A partial copy (fewer classes than the alphabets declare) is refused.
+  with pytest.raises(config_checks.ConfigError, match="not the 136 of its "
+                     "declared super-classes"):
+    run_lib.make_sampler(c, records[:200])
+
+
 def test_build_model_reads_the_model_section():
   c = helpers.digits_config(**{"model.embedding_dim": 6,
                                "model.dtype": "bfloat16"})
