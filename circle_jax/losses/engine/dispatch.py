@@ -76,7 +76,13 @@ def embedding_loss(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
   Args:
     rule: the pair rule (its hyperparameters already set).
     embeddings: ``[B, D]`` float32 or bfloat16 (the local anchors).
-    labels: ``[B]`` integer labels.
+    labels: ``[B]`` integer labels, or ``[B, L]`` multi-hot label sets
+      (bool or 0/1; pytorch-metric-learning issue #658): a pair is then
+      positive when the two sets intersect and negative otherwise, a sample
+      without labels a negative of every other
+      (:func:`circle_jax.losses.engine.tiles.same_labels`). Every engine,
+      ``ref`` (its ``labels`` of the same kind), the miner masks and the
+      matrix forms take them; the class-matrix losses refuse them.
     axis_name: optional mapped axis (``jax.shard_map`` / ``jax.pmap``). The
       local anchors meet the candidates of every device; the result is the
       loss of the global batch on every device and the gradient that of the

@@ -1,9 +1,11 @@
 """Tests of the tile pieces (circle_jax/losses/engine/tiles.py)."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from circle_jax import losses
 from circle_jax.losses import engine
 import chex
 from circle_jax.losses.engine import tiles
@@ -69,3 +71,137 @@ def test_tile_pieces_make_another_engine_without_touching_a_loss(name):
   got = _column_chunk_engine(rule, s, pos, neg, chunk=3)
   chex.assert_trees_all_close(got[0], want[0], rtol=1e-5, atol=1e-6)
   np.testing.assert_array_equal(got[1], want[1])
+
+
+# ----------------------------------------------------------------------------
+# Multi-hot labels (issue 40 item 8; pytorch-metric-learning issue #658).
+# ----------------------------------------------------------------------------
+
+# Five samples: {0}, {0, 1}, {1}, {} (no label) and {2}.
+SETS = [{0}, {0, 1}, {1}, set(), {2}]
+MULTI_HOT = np.array([[c in s for c in range(3)] for s in SETS])
+
+
+def test_multi_hot_pairs_by_hand():
+  """Positive iff the sets intersect; the empty set is a negative of all."""
+  ids = jnp.arange(5)
+  pos, neg = engine.pair_masks(jnp.asarray(MULTI_HOT), ids,
+                               jnp.asarray(MULTI_HOT.astype(np.int32)), ids)
+  want_pos = np.zeros((5, 5), bool)
+  for i, j in ((0, 1), (1, 0), (1, 2), (2, 1)):
+    want_pos[i, j] = True
+  np.testing.assert_array_equal(np.asarray(pos), want_pos)
+  np.testing.assert_array_equal(np.asarray(neg),
+                                ~want_pos & ~np.eye(5, dtype=bool))
+  # Class ids are the one-hot sets.
+  y = jnp.array([0, 1, 1, 2])
+  np.testing.assert_array_equal(
+      np.asarray(tiles.same_labels(y, y)),
+      np.asarray(tiles.same_labels(jax.nn.one_hot(y, 3) > 0,
+                                   jax.nn.one_hot(y, 3) > 0)))
+
+
+def _contrastive_ref(x, sets, pos_margin, neg_margin):
+  """Float64 loop: PML's contrastive loss on the label-set pairs."""
+  z = x / np.linalg.norm(x, axis=1, keepdims=True)
+  pos_terms, neg_terms = [], []
+  for i, j in np.ndindex(len(sets), len(sets)):
+    if i == j:
+      continue
+    d = np.linalg.norm(z[i] - z[j])
+    if sets[i] & sets[j]:
+      pos_terms.append(max(d - pos_margin, 0.0))
+    else:
+      neg_terms.append(max(neg_margin - d, 0.0))
+  mean = lambda t: np.mean([v for v in t if v > 0]) if any(t) else 0.0
+  return mean(pos_terms) + mean(neg_terms)
+
+
+def test_multi_hot_loss_by_a_float64_loop():
+  x = np.random.default_rng(3).normal(size=(5, 4))
+  got = losses.contrastive_loss(jnp.asarray(x, jnp.float32),
+                                jnp.asarray(MULTI_HOT), pos_margin=0.1,
+                                neg_margin=1.6)
+  np.testing.assert_allclose(float(got),
+                             _contrastive_ref(x, SETS, 0.1, 1.6), rtol=1e-5)
+
+
+def test_one_hot_rows_equal_class_ids_for_every_pair_loss():
+  """Every registered pair loss gives the same value, bit for bit, with
+  class ids and with their one-hot rows (bool and 0/1 ints), in one
+  program (compiled without XLA's slow passes: values are unchanged)."""
+  y = np.array([0, 1, 2, 0, 1, 2, 3, 0])
+  x = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+  names = [n for n, e in losses.LOSSES.items() if e.kind == "pair"]
+
+  def run(x, y, one_hot, one_hot_int):
+    out = {}
+    for n in names:
+      e = losses.LOSSES[n]
+      beta = jnp.float32(1.2) if e.param_name else None  # margin's scalar
+      kw = {"key": None} if e.needs_key else {}
+      out[n] = [e.apply(x, labels, beta, **kw)
+                for labels in (y, one_hot, one_hot_int)]
+    return out
+
+  one_hot = np.eye(4, dtype=bool)[y]
+  args = (x, y, one_hot, one_hot.astype(np.int32))
+  compiled = jax.jit(run).lower(*args).compile(compiler_options={
+      "xla_backend_optimization_level": 0,
+      "xla_llvm_disable_expensive_passes": True})
+  for n, (ids, bools, ints) in compiled(*args).items():
+    assert float(ids) == float(bools) == float(ints), n
+    assert np.isfinite(float(ids)), n
+
+
+def test_multi_hot_equals_pml_on_the_intersecting_pairs():
+  """PML 2.9 has no multi-label comparison (its PR #667 came later), so its
+  losses get the intersecting pairs as ``indices_tuple``; value and
+  gradient agree, on the embeddings and on the matrix form, and a miner
+  mask only removes pairs."""
+  from pytorch_metric_learning import losses as pml
+  from tests.losses import pml_checks
+  rng = np.random.default_rng(5)
+  sets = rng.random((12, 4)) < 0.3
+  sets[3] = False  # a sample without labels
+  x = rng.normal(size=(12, 6))
+  shared = sets.astype(int) @ sets.T.astype(int) > 0
+  off = ~np.eye(12, dtype=bool)
+  pairs = pml_checks.pairs_of(shared & off, ~shared & off)
+  cases = (
+      (losses.contrastive_loss, dict(pos_margin=0.2, neg_margin=1.1),
+       pml.ContrastiveLoss(pos_margin=0.2, neg_margin=1.1)),
+      (losses.supcon_loss, dict(tau=0.2), pml.SupConLoss(temperature=0.2)),
+      (losses.circle_loss, dict(margin=0.4, gamma=80.0),
+       pml.CircleLoss(m=0.4, gamma=80.0)),
+  )
+  for fn, hyper, peer in cases:
+    want = pml_checks.pml_vg(peer, x, np.arange(12), indices_tuple=pairs)
+    pml_checks.close(pml_checks.vg(fn, x, sets, **hyper), want)
+  z = x / np.linalg.norm(x, axis=1, keepdims=True)
+  s = jnp.asarray(z @ z.T, jnp.float32)
+  np.testing.assert_allclose(
+      float(losses.circle_loss_from_similarity(s, sets, margin=0.4,
+                                               gamma=80.0)),
+      float(losses.circle_loss(jnp.asarray(x, jnp.float32), sets,
+                               margin=0.4, gamma=80.0)), rtol=1e-5)
+  keep = rng.random((12, 12)) < 0.5
+  pairs = pml_checks.pairs_of(shared & off & keep, ~shared & off)
+  pml_checks.close(
+      pml_checks.vg(losses.contrastive_loss, x, sets, pos_mask=keep,
+                    **cases[0][1]),
+      pml_checks.pml_vg(cases[0][2], x, np.arange(12), indices_tuple=pairs))
+
+
+def test_bad_multi_hot_labels_are_one_line_errors():
+  x = jnp.ones((3, 2))
+  for labels, match in ((np.array([[0, 2], [1, 0], [0, 0]]), "only 0 and 1"),
+                        (np.ones((3, 2), np.float32), "bool or 0/1"),
+                        (np.ones((2, 2), bool), "2 rows but there are 3"),
+                        (np.ones((3, 0), bool), "no classes")):
+    with pytest.raises((ValueError, TypeError), match=match) as info:
+      losses.circle_loss(x, labels)
+    assert "\n" not in str(info.value)
+  with pytest.raises(ValueError, match="both class ids or both multi-hot"):
+    losses.circle_loss(x, np.ones((3, 2), bool),
+                       ref=losses.Candidates(x, np.array([0, 1, 0])))
