@@ -109,9 +109,11 @@ def embedding_loss(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
       (cosine for most losses): a :class:`circle_jax.losses.engine.Geometry`
       such as ``losses.Poincare(c=0.1, r=2.3)`` (Hyp-ViT's ball,
       :mod:`circle_jax.losses.hyperbolic`), or a registered name
-      (``"cosine"``, ``"poincare"`` with its defaults, ``"dot"``). Every
-      engine runs every geometry; losses that read distances take the
-      geometry's (``sqrt(2 - 2 cos)``, or the Poincaré distance).
+      (``"cosine"``, ``"poincare"`` with its defaults, ``"dot"``, and
+      pytorch-metric-learning's distances ``"lp"`` and ``"snr"``,
+      :class:`circle_jax.losses.engine.Lp`). Every engine runs every
+      geometry; losses that read distances take the geometry's
+      (``sqrt(2 - 2 cos)``, the Poincaré distance, ``d ** power``).
 
   Returns:
     float32 scalar: the rule's reduction of the per-anchor losses.
