@@ -124,73 +124,83 @@ def test_multi_hot_loss_by_a_float64_loop():
                                 neg_margin=1.6)
   np.testing.assert_allclose(float(got),
                              _contrastive_ref(x, SETS, 0.1, 1.6), rtol=1e-5)
+  # 0/1 integers are the same sets.
+  assert float(got) == float(losses.contrastive_loss(
+      jnp.asarray(x, jnp.float32), MULTI_HOT.astype(np.int32),
+      pos_margin=0.1, neg_margin=1.6))
+
+
+def _fast_jit(fn, *args):
+  """``jit(fn)(*args)`` compiled without XLA's slow passes (one small
+  program per test; the values are unchanged)."""
+  return jax.jit(fn).lower(*args).compile(compiler_options={
+      "xla_backend_optimization_level": 0,
+      "xla_llvm_disable_expensive_passes": True})(*args)
 
 
 def test_one_hot_rows_equal_class_ids_for_every_pair_loss():
   """Every registered pair loss gives the same value, bit for bit, with
-  class ids and with their one-hot rows (bool and 0/1 ints), in one
+  class ids and with their one-hot rows, in one
   program (compiled without XLA's slow passes: values are unchanged)."""
   y = np.array([0, 1, 2, 0, 1, 2, 3, 0])
   x = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
   names = [n for n, e in losses.LOSSES.items() if e.kind == "pair"]
 
-  def run(x, y, one_hot, one_hot_int):
+  def run(x, y, one_hot):
     out = {}
     for n in names:
       e = losses.LOSSES[n]
       beta = jnp.float32(1.2) if e.param_name else None  # margin's scalar
       kw = {"key": None} if e.needs_key else {}
-      out[n] = [e.apply(x, labels, beta, **kw)
-                for labels in (y, one_hot, one_hot_int)]
+      out[n] = [e.apply(x, labels, beta, **kw) for labels in (y, one_hot)]
     return out
 
   one_hot = np.eye(4, dtype=bool)[y]
-  args = (x, y, one_hot, one_hot.astype(np.int32))
-  compiled = jax.jit(run).lower(*args).compile(compiler_options={
-      "xla_backend_optimization_level": 0,
-      "xla_llvm_disable_expensive_passes": True})
-  for n, (ids, bools, ints) in compiled(*args).items():
-    assert float(ids) == float(bools) == float(ints), n
+  for n, (ids, sets) in _fast_jit(run, x, y, one_hot).items():
+    assert float(ids) == float(sets), n
     assert np.isfinite(float(ids)), n
 
 
 def test_multi_hot_equals_pml_on_the_intersecting_pairs():
   """PML 2.9 has no multi-label comparison (its PR #667 came later), so its
   losses get the intersecting pairs as ``indices_tuple``; value and
-  gradient agree, on the embeddings and on the matrix form, and a miner
-  mask only removes pairs."""
+  gradient agree (a miner mask only removes pairs), and the matrix form
+  equals the embedding form."""
   from pytorch_metric_learning import losses as pml
   from tests.losses import pml_checks
   rng = np.random.default_rng(5)
   sets = rng.random((12, 4)) < 0.3
   sets[3] = False  # a sample without labels
   x = rng.normal(size=(12, 6))
+  keep = rng.random((12, 12)) < 0.5
   shared = sets.astype(int) @ sets.T.astype(int) > 0
   off = ~np.eye(12, dtype=bool)
-  pairs = pml_checks.pairs_of(shared & off, ~shared & off)
-  cases = (
-      (losses.contrastive_loss, dict(pos_margin=0.2, neg_margin=1.1),
-       pml.ContrastiveLoss(pos_margin=0.2, neg_margin=1.1)),
-      (losses.supcon_loss, dict(tau=0.2), pml.SupConLoss(temperature=0.2)),
+  contrastive = dict(pos_margin=0.2, neg_margin=1.1)
+  cases = (  # (ours, hyperparameters, PML's, PML's positive pairs)
+      (losses.contrastive_loss, contrastive,
+       pml.ContrastiveLoss(**contrastive), shared),
+      (losses.supcon_loss, dict(tau=0.2), pml.SupConLoss(temperature=0.2),
+       shared),
       (losses.circle_loss, dict(margin=0.4, gamma=80.0),
-       pml.CircleLoss(m=0.4, gamma=80.0)),
+       pml.CircleLoss(m=0.4, gamma=80.0), shared),
+      (losses.contrastive_loss, dict(pos_mask=keep, **contrastive),
+       pml.ContrastiveLoss(**contrastive), shared & keep),
   )
-  for fn, hyper, peer in cases:
-    want = pml_checks.pml_vg(peer, x, np.arange(12), indices_tuple=pairs)
-    pml_checks.close(pml_checks.vg(fn, x, sets, **hyper), want)
-  z = x / np.linalg.norm(x, axis=1, keepdims=True)
-  s = jnp.asarray(z @ z.T, jnp.float32)
-  np.testing.assert_allclose(
-      float(losses.circle_loss_from_similarity(s, sets, margin=0.4,
-                                               gamma=80.0)),
-      float(losses.circle_loss(jnp.asarray(x, jnp.float32), sets,
-                               margin=0.4, gamma=80.0)), rtol=1e-5)
-  keep = rng.random((12, 12)) < 0.5
-  pairs = pml_checks.pairs_of(shared & off & keep, ~shared & off)
-  pml_checks.close(
-      pml_checks.vg(losses.contrastive_loss, x, sets, pos_mask=keep,
-                    **cases[0][1]),
-      pml_checks.pml_vg(cases[0][2], x, np.arange(12), indices_tuple=pairs))
+
+  def ours(x, sets):
+    z = x / jnp.linalg.norm(x, axis=1, keepdims=True)
+    return ([jax.value_and_grad(lambda x: fn(x, sets, **hyper))(x)
+             for fn, hyper, _, _ in cases],
+            losses.circle_loss_from_similarity(z @ z.T, sets, margin=0.4,
+                                               gamma=80.0))
+
+  got, matrix_form = _fast_jit(ours, jnp.asarray(x, jnp.float32), sets)
+  for vg, (_, _, peer, pos) in zip(got, cases):
+    pairs = pml_checks.pairs_of(pos & off, ~shared & off)
+    pml_checks.close(vg, pml_checks.pml_vg(peer, x, np.arange(12),
+                                           indices_tuple=pairs))
+  np.testing.assert_allclose(float(matrix_form), float(got[2][0]),
+                             rtol=1e-5)
 
 
 def test_bad_multi_hot_labels_are_one_line_errors():
