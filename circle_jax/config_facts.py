@@ -95,7 +95,9 @@ def head_normalizes(config) -> bool:
   name = config.loss.get("geometry", None)
   if name is None:
     return True
-  return losses_lib.engine.resolve_geometry(name).head_normalizes
+  return losses_lib.engine.build_geometry(name, **{
+      k: config.loss[k] for k in losses_lib.engine.geometry_fields()
+      if config.loss.get(k) is not None}).head_normalizes
 
 
 def global_batch_size(config) -> int:

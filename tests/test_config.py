@@ -109,7 +109,8 @@ def test_loss_name_swaps_in_that_losses_own_defaults(config_file):
                           "beta": 50.0, "base": 0.5, "epsilon": 0.1,
                           "mining": True, "block_size": None,
                           "collective": None, "geometry": "cosine",
-                          "c": 0.1, "r": 2.3}
+                          "c": 0.1, "r": 2.3, "p": 2.0, "power": 1.0,
+                          "normalize_embeddings": True}
   # Circle's class-level variant gets its own gamma/m, not Circle's.
   c = parse(config_file, "--config.loss.name=circle_class_level")
   assert (c.loss.gamma, c.loss.margin) == (256.0, 0.25)
@@ -235,7 +236,13 @@ def test_contrastive_losses_and_the_poincare_geometry_by_flag(config_file):
             "--config.loss.name=supcon")
   assert dict(c.loss) == {"name": "supcon", "tau": 0.1,
                           "geometry": "poincare", "c": 0.1, "r": 2.3,
+                          "p": 2.0, "power": 1.0,
+                          "normalize_embeddings": True,
                           "block_size": None, "collective": None}
+  c = parse(config_file, "--config.loss.geometry=lp", "--config.loss.p=1",
+            "--config.loss.normalize_embeddings=false")
+  assert (c.loss.geometry, c.loss.p, c.loss.normalize_embeddings) == (
+      "lp", 1.0, False)
   c = parse(config_file, "--config.loss.name=pairwise_ce")
   assert (c.loss.geometry, c.loss.tau) == ("poincare", 0.2)
   for name in ("nt_xent", "pairwise_sigmoid"):

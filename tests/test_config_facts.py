@@ -71,6 +71,11 @@ def test_the_ball_takes_raw_features_and_every_other_geometry_unit_ones():
   assert c.loss.geometry == "cosine" and config_facts.head_normalizes(c)
   c.loss.geometry = "poincare"
   assert not config_facts.head_normalizes(c)
+  # A PML distance normalises as its field says.
+  c.loss.geometry = "lp"
+  assert config_facts.head_normalizes(c)
+  c.loss.normalize_embeddings = False
+  assert not config_facts.head_normalizes(c)
   # A loss without a geometry field keeps the normalising head.
   c.loss = ml_collections.ConfigDict({"name": "softmax"})
   assert config_facts.head_normalizes(c)

@@ -120,7 +120,8 @@ from circle_jax.losses.generalized_lifted_structure import (
     generalized_lifted_structure_loss,
 )
 from circle_jax.losses.intra_pair_variance import intra_pair_variance_loss
-from circle_jax.losses.snr_contrastive import SNR, snr_contrastive_loss
+from circle_jax.losses.engine import SNR, Lp
+from circle_jax.losses.snr_contrastive import snr_contrastive_loss
 from circle_jax.losses.tuplet_margin import tuplet_margin_loss
 from circle_jax.losses.large_margin import (
     large_margin_softmax_loss,

@@ -5,7 +5,11 @@ Conventions used by every loss in :mod:`circle_jax.losses`:
 
 * Embeddings are ``[B, D]`` float arrays (float32 or bfloat16). They are cast to
   float32 and L2-normalised inside (``l2_normalize`` is safe for zero vectors).
-* Labels are integer arrays ``[B]``.
+* Labels are integer arrays ``[B]``; the pair losses also take multi-hot
+  ``[B, L]`` label sets (bool or 0/1), a pair then positive when the two
+  sets intersect (:func:`circle_jax.losses.engine.tiles.same_labels`, the
+  one comparison); the class-matrix losses refuse them
+  (:func:`require_class_ids`).
 * A pair-based loss is written as a function of a similarity (or distance)
   matrix of shape ``[M, N]``: ``M`` anchor rows against ``N`` candidate columns.
   In the single-device case ``M == N == B``; with ``axis_name`` the rows are the
@@ -97,18 +101,77 @@ def check_embeddings(embeddings, name: str = "embeddings") -> Array:
                       " Reshape it to [batch, dim].")
 
 
-def check_labels(labels, batch_size: int, name: str = "labels") -> Array:
-  """Checks an integer ``[batch_size]`` label vector and returns it as int32."""
+def check_labels(labels, batch_size: int, name: str = "labels", *,
+                 multi_hot: bool = False) -> Array:
+  """Checks the labels of ``batch_size`` samples.
+
+  Args:
+    labels: ``[batch_size]`` integer class ids or, with ``multi_hot``, also
+      ``[batch_size, L]`` multi-hot label sets (bool, or 0/1 integers).
+    batch_size: the number of samples.
+    name: the argument's name, for the messages.
+    multi_hot: whether multi-hot labels are accepted (the pair losses';
+      their pairs are compared by
+      :func:`circle_jax.losses.engine.tiles.same_labels`). Without it a
+      ``[B, L]`` array is refused by :func:`require_class_ids`.
+
+  Returns:
+    int32 ``[B]``, or bool ``[B, L]`` (multi-hot).
+  """
   labels = jnp.asarray(labels)
-  check_rank(labels, 1, f"`{name}` must have rank 1 ([batch]); got shape "
-                        f"{labels.shape}.")
+  if labels.ndim == 2:
+    if not multi_hot:
+      require_class_ids(labels, "this loss", name)
+    return _check_multi_hot(labels, batch_size, name)
+  check_rank(labels, 1, f"`{name}` must have rank 1 ([batch]"
+                        f"{', or [batch, L] multi-hot' if multi_hot else ''}); "
+                        f"got shape {labels.shape}.")
   _check_integer(labels,
                  f"`{name}` must be an integer array of class ids; got dtype "
                  f"{labels.dtype}. Cast it with `.astype(jnp.int32)`.")
   _check_dim(labels, 0, batch_size,
-             f"`{name}` has length {labels.shape[0]} but the batch has "
+             f"`{name}` has length {labels.shape[0]} but there are "
              f"{batch_size} embeddings; they must match.")
   return labels.astype(jnp.int32)
+
+
+def is_multi_hot(labels) -> bool:
+  """Whether checked labels are multi-hot ``[B, L]`` (not class ids)."""
+  return jnp.ndim(labels) == 2
+
+
+def require_class_ids(labels, what: str, name: str = "labels") -> None:
+  """Refuses multi-hot labels where ``what`` needs one class per sample.
+
+  A class-matrix loss (proxies, class weights, a per-class ``beta``) looks
+  up one row per sample: a sample with several classes has no one row, and
+  pytorch-metric-learning 2.9 defines no multi-label form of these losses.
+  """
+  if is_multi_hot(labels):
+    raise ValueError(
+        f"`{name}` is multi-hot {tuple(jnp.shape(labels))}, but {what} needs "
+        "one class id per sample ([batch] ints: it reads one class row per "
+        "sample); multi-hot labels are for the pair losses.")
+
+
+def _check_multi_hot(labels, batch_size: int, name: str) -> Array:
+  """A ``[B, L]`` bool or 0/1 integer label-set array, as bool."""
+  if labels.dtype != jnp.bool_:
+    _check_integer(labels, f"`{name}` is [batch, L] multi-hot and must be "
+                           f"bool or 0/1 integers; got dtype {labels.dtype}.")
+    if not isinstance(labels, jax.core.Tracer):
+      values = np.unique(np.asarray(labels)).tolist()
+      if set(values) - {0, 1}:
+        raise ValueError(
+            f"`{name}` is [batch, L] multi-hot and must hold only 0 and 1; "
+            f"got values {values[:5]}. Pass class ids as a [batch] vector.")
+  _check_dim(labels, 0, batch_size,
+             f"`{name}` has {labels.shape[0]} rows but there are {batch_size} "
+             "embeddings; they must match.")
+  if labels.shape[1] < 1:
+    raise ValueError(f"`{name}` is multi-hot with no classes (shape "
+                     f"{labels.shape}); give at least one column.")
+  return labels.astype(bool)
 
 
 def check_class_vectors(vectors, dim: int, name: str = "proxies") -> Array:
@@ -126,7 +189,7 @@ def check_similarity(similarity, labels, name: str = "similarity"):
   _check_dim(similarity, 1, similarity.shape[0],
              f"`{name}` must be a square [batch, batch] matrix; got shape "
              f"{similarity.shape}.")
-  labels = check_labels(labels, similarity.shape[0])
+  labels = check_labels(labels, similarity.shape[0], multi_hot=True)
   return similarity, labels
 
 

@@ -14,9 +14,10 @@ hyperparameters once (what the train step calls).
 
 A pair loss that takes the shared ``geometry`` option has
 ``entry.geometry``, its default geometry's name; a config then gives the
-geometry as three fields, ``geometry`` (a name), ``c`` and ``r`` (the
-Poincaré ball's curvature and clipping radius, :data:`GEOMETRY_FIELDS`),
-which ``apply`` turns into the geometry
+geometry as fields: ``geometry`` (a name) and the geometries' own
+(:data:`GEOMETRY_FIELDS`: the Poincaré ball's curvature ``c`` and clipping
+radius ``r``; the ``lp`` and ``snr`` distances' ``p``, ``power`` and
+``normalize_embeddings``), which ``apply`` turns into the geometry
 (:func:`circle_jax.losses.hyperbolic.geometry_of`).
 
 ``entry.hyper_ranges`` are the documented ranges of the hyperparameters that
@@ -52,10 +53,10 @@ _PER_BATCH = ("pos_mask", "neg_mask", "pair_weights", "bias")
 # listed among the hyperparameter defaults): the blockwise engine and the
 # device ring of the rule-based pair losses.
 _EXECUTION = engine.EXECUTION_OPTIONS
-# The config fields of the geometry option (the ball's c and r; the name is
-# the entry's default geometry).
-GEOMETRY_FIELDS = types.MappingProxyType(
-    {"c": _hyperbolic.DEFAULT_C, "r": _hyperbolic.DEFAULT_R})
+# The config fields of the geometry option, with their defaults (the
+# registered geometries' fields: the ball's c and r, the distances' p, power
+# and normalize_embeddings; the name is the entry's default geometry).
+GEOMETRY_FIELDS = types.MappingProxyType(engine.geometry_fields())
 # The layout of the class matrix of the proxy and classifier losses
 # (circle_jax.losses.class_shard): the rows sharded over the devices and
 # PartialFC's negative-class sampling; accepted by `apply`, not defaults.
@@ -235,8 +236,10 @@ class LossEntry:
 
   def field_ranges(self) -> Dict[str, ranges.HyperRange]:
     """The ranges of every config field of the loss: ``hyper_ranges`` and,
-    with the geometry option, the Poincaré ball's ``c`` and ``r``."""
-    extra = _hyperbolic.GEOMETRY_RANGES if self.geometry is not None else {}
+    with the geometry option, the geometry fields' (the Poincaré ball's
+    ``c`` and ``r``, the distances' ``p`` and ``power``)."""
+    extra = ({**_hyperbolic.GEOMETRY_RANGES, **engine.geometry.DISTANCE_RANGES}
+             if self.geometry is not None else {})
     return {**self.hyper_ranges, **extra}
 
   def apply(self, embeddings, labels, params=None, *, key=None,
@@ -299,7 +302,7 @@ class LossEntry:
       fields = {**self.geometry_defaults(), **hyper}
       hyper = {k: v for k, v in hyper.items() if k not in GEOMETRY_FIELDS}
       hyper["geometry"] = _hyperbolic.geometry_of(
-          fields["geometry"], *(fields[k] for k in GEOMETRY_FIELDS))
+          fields["geometry"], **{k: fields[k] for k in GEOMETRY_FIELDS})
     return functools.partial(self.fn, **hyper)
 
   def routed(self, *, key=None, axis_name=None, ref=None) -> Dict[str, Any]:

@@ -134,16 +134,17 @@ engine.register_geometry("poincare", Poincare())
 
 
 def geometry_of(geometry: str = "cosine", c: float = DEFAULT_C,
-                r: float = DEFAULT_R) -> engine.Geometry:
+                r: float = DEFAULT_R, **fields) -> engine.Geometry:
   """The geometry named ``geometry`` (a registered name, the
-  trainer's ``config.loss.geometry``), the ball's ``c`` and ``r`` given.
+  trainer's ``config.loss.geometry``), the ball's ``c`` and ``r`` and the
+  other geometries' ``fields`` given
+  (:func:`circle_jax.losses.engine.build_geometry`, which ignores the fields
+  of the other geometries).
 
   Raises:
-    ValueError: an unknown name, or ``c`` / ``r`` outside their ranges.
+    ValueError: an unknown name, or a field outside its range.
   """
   names = engine.geometry_names()
   if geometry not in names:
     raise ValueError(f"`geometry` must be one of {names}; got {geometry!r}.")
-  if geometry != "poincare":
-    return engine.resolve_geometry(geometry)
-  return Poincare(c=float(c), r=float(r))
+  return engine.build_geometry(geometry, c=float(c), r=float(r), **fields)

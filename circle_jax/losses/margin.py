@@ -39,9 +39,10 @@ def _beta_rows(beta, labels):
   checks.check_floating(beta, f"`beta` must be a floating array; got "
                                f"{beta.dtype}.")
   if beta.ndim == 0:
-    return jnp.broadcast_to(beta.astype(jnp.float32), labels.shape)
+    return jnp.broadcast_to(beta.astype(jnp.float32), labels.shape[:1])
   checks.check_rank(beta, 1, f"`beta` must be a scalar or a [num_classes] "
                               f"vector; got shape {beta.shape}.")
+  checks.require_class_ids(labels, "a per-class `beta` (pass a scalar beta)")
   return beta.astype(jnp.float32)[labels]
 
 

@@ -2,24 +2,12 @@ r"""Signal-to-noise-ratio contrastive loss (Yuan et al., CVPR 2019), a rule.
 
 The two-margin contrastive rule (:class:`circle_jax.losses.contrastive.
 Contrastive`) on the SNR distance of L2-normalised embeddings,
-
-.. math::
-
-  d_{ij} = \frac{\operatorname{var}(x_i - x_j)}{\operatorname{var}(x_i)}
-         = \frac{|x_i|^2 + |x_j|^2 - 2 x_i^\top x_j - (m_i - m_j)^2 / D}
-                {|x_i|^2 - m_i^2 / D},
-  \qquad m_i = \textstyle\sum_k x_{ik},
-
-(the variances over the ``D`` features; the anchor's in the denominator,
-so ``d`` is not symmetric). The second form needs a tile's matmul and each
-side's norm and feature sum only, so :class:`SNR` is a geometry (its
-"similarity" is ``-d``) and the loss runs dense, blockwise and on the device
-ring like every rule.
-
-The issue's ``snr`` geometry (PML's ``SNRDistance`` for every loss) did not
-exist when this loss was written: :class:`SNR` is defined here and
-registered as ``"snr"``, so any pair loss that reads distances may already
-take ``geometry="snr"``.
+``d_ij = var(x_i - x_j) / var(x_i)``
+(the anchor's variance in the denominator, so ``d`` is not symmetric). The
+distance is the shared ``snr`` geometry
+(:class:`circle_jax.losses.engine.SNR`, PML's ``SNRDistance``, which any
+pair loss takes as ``geometry="snr"``), so the loss runs dense, blockwise and
+on the device ring like every rule.
 """
 
 from __future__ import annotations
@@ -28,9 +16,7 @@ import dataclasses
 import types
 
 import jax
-import jax.numpy as jnp
 
-from circle_jax import ops
 from circle_jax.losses import contrastive
 from circle_jax.losses import engine
 from circle_jax.losses import entries
@@ -38,35 +24,7 @@ from circle_jax.losses import ranges
 
 Array = jax.Array
 
-_HIGHEST = jax.lax.Precision.HIGHEST
-_TINY = 1e-12
-
-
-@dataclasses.dataclass(frozen=True)
-class SNR(engine.Geometry):
-  """The SNR distance of L2-normalised embeddings, as ``s = -d`` (module
-  docstring); ``to_distance(s) = -s``."""
-
-  def embed(self, x):
-    return ops.l2_normalize(x)
-
-  def tile(self, z_rows, z_cols):
-    dim = z_rows.shape[1]
-    dot = jnp.matmul(z_rows, z_cols.T, precision=_HIGHEST)
-    sum_r = jnp.sum(z_rows, axis=1, keepdims=True)
-    sum_c = jnp.sum(z_cols, axis=1, keepdims=True).T
-    sq_r = jnp.sum(z_rows * z_rows, axis=1, keepdims=True)
-    sq_c = jnp.sum(z_cols * z_cols, axis=1, keepdims=True).T
-    noise = sq_r + sq_c - 2.0 * dot - jnp.square(sum_r - sum_c) / dim
-    signal = sq_r - jnp.square(sum_r) / dim
-    return -jnp.maximum(noise, 0.0) / jnp.maximum(signal, _TINY)
-
-  def to_distance(self, s):
-    return -s
-
-
-SNR_GEOMETRY = SNR()
-engine.register_geometry("snr", SNR_GEOMETRY)
+SNR_GEOMETRY = engine.SNR()
 
 
 @engine.rule_dataclass(meta=("on_distance",))

@@ -164,7 +164,7 @@ def vicreg_loss_of_views(
     float32 scalar, as :func:`vicreg_loss`.
   """
   z = checks.check_embeddings(embeddings)
-  labels = checks.check_labels(labels, z.shape[0])
+  labels = checks.check_labels(labels, z.shape[0], multi_hot=True)
   hyper = dict(invariance_lambda=invariance_lambda, variance_mu=variance_mu,
                covariance_v=covariance_v, eps=eps)
   if z.shape[0] % 2 == 0:

@@ -68,3 +68,21 @@ def test_input_checks_name_the_argument():
     checks.check_labels(jnp.ones((2,), jnp.int32), 3)
   with pytest.raises(ValueError, match="dimension 5"):
     checks.check_class_vectors(jnp.ones((4, 5)), 3)
+
+
+def test_class_matrix_losses_refuse_multi_hot_labels_in_one_line():
+  """Multi-hot labels are for the pair losses: every proxy and classifier
+  loss (and the margin loss's per-class beta) names why it refuses them."""
+  from circle_jax import losses
+  x = jnp.ones((4, 3))
+  sets = np.array([[1, 0], [1, 1], [0, 1], [0, 0]], bool)
+  calls = {name: (lambda e=e: e.apply(
+      x, sets, e.init_params(jax.random.PRNGKey(0), 2, 3)))
+           for name, e in losses.LOSSES.items() if e.kind != "pair"}
+  calls["margin"] = lambda: losses.margin_loss(x, sets, jnp.ones(2),
+                                               key=None)
+  for name, call in calls.items():
+    with pytest.raises(ValueError, match="multi-hot .* one class id per "
+                                         "sample") as info:
+      call()
+    assert "\n" not in str(info.value), name

@@ -208,8 +208,9 @@ def test_registered_with_paper_defaults_and_ranges(name):
   defaults = dict(entry.defaults)
   assert entry.geometry == ("poincare" if name == "pairwise_ce"
                             else "cosine")
-  assert entry.geometry_defaults() == {"geometry": entry.geometry, "c": 0.1,
-                                       "r": 2.3}
+  assert entry.geometry_defaults() == {
+      "geometry": entry.geometry, "c": 0.1, "r": 2.3, "p": 2.0, "power": 1.0,
+      "normalize_embeddings": True}
   with pytest.raises(ValueError, match="`c`"):
     losses.validate_hyper(name, c=-1.0)
   x, labels = jnp.asarray(family_batch()), jnp.asarray(LABELS)

@@ -172,7 +172,7 @@ def test_loss_hyperparameters_are_checked_by_the_loss_itself():
 
 @pytest.mark.parametrize("hyper, message", [
     (dict(geometry="sphere"), "config.loss.geometry: must be one of "
-     "('cosine', 'dot', 'poincare', 'snr'); got 'sphere'."),
+     "('cosine', 'dot', 'lp', 'poincare', 'snr'); got 'sphere'."),
     (dict(geometry="poincare", c=0.0), "config.loss.c: must be in [0.0001, "
      "100] for loss 'supcon' (see its docstring); got 0.0."),
     (dict(tau=1e-4), "config.loss.tau: must be in [0.001, 10000] for loss "

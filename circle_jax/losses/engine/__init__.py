@@ -13,7 +13,8 @@ The rooms, read top to bottom:
 =============  ===========================================================
 ``reductions`` the (global) batch reductions of per-anchor terms
 ``rule``       the rule interface (:class:`PairRule`, ``rule_dataclass``)
-``geometry``   the similarity of a tile (:class:`Cosine`, :class:`Dot`; the
+``geometry``   the similarity of a tile (:class:`Cosine`, :class:`Dot`,
+               the distances :class:`Lp` and :class:`SNR`; the
                Poincaré ball's is in the losses room)
 ``tiles``      tile pieces: sides, the one pair-mask helper, tiling, online
                statistics, the rule-derived ``dL/ds`` of a tile
@@ -77,10 +78,14 @@ from circle_jax.losses.engine.blockwise import (
 from circle_jax.losses.engine.geometry import (
     COSINE,
     DOT,
+    SNR,
     Cosine,
     Dot,
     Geometry,
+    Lp,
 )
+from circle_jax.losses.engine.geometry import build as build_geometry
+from circle_jax.losses.engine.geometry import fields as geometry_fields
 from circle_jax.losses.engine.geometry import names as geometry_names
 from circle_jax.losses.engine.geometry import register as register_geometry
 from circle_jax.losses.engine.geometry import resolve as resolve_geometry

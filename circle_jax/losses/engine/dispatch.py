@@ -76,7 +76,13 @@ def embedding_loss(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
   Args:
     rule: the pair rule (its hyperparameters already set).
     embeddings: ``[B, D]`` float32 or bfloat16 (the local anchors).
-    labels: ``[B]`` integer labels.
+    labels: ``[B]`` integer labels, or ``[B, L]`` multi-hot label sets
+      (bool or 0/1; pytorch-metric-learning issue #658): a pair is then
+      positive when the two sets intersect and negative otherwise, a sample
+      without labels a negative of every other
+      (:func:`circle_jax.losses.engine.tiles.same_labels`). Every engine,
+      ``ref`` (its ``labels`` of the same kind), the miner masks and the
+      matrix forms take them; the class-matrix losses refuse them.
     axis_name: optional mapped axis (``jax.shard_map`` / ``jax.pmap``). The
       local anchors meet the candidates of every device; the result is the
       loss of the global batch on every device and the gradient that of the
@@ -103,9 +109,11 @@ def embedding_loss(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
       (cosine for most losses): a :class:`circle_jax.losses.engine.Geometry`
       such as ``losses.Poincare(c=0.1, r=2.3)`` (Hyp-ViT's ball,
       :mod:`circle_jax.losses.hyperbolic`), or a registered name
-      (``"cosine"``, ``"poincare"`` with its defaults, ``"dot"``). Every
-      engine runs every geometry; losses that read distances take the
-      geometry's (``sqrt(2 - 2 cos)``, or the Poincaré distance).
+      (``"cosine"``, ``"poincare"`` with its defaults, ``"dot"``, and
+      pytorch-metric-learning's distances ``"lp"`` and ``"snr"``,
+      :class:`circle_jax.losses.engine.Lp`). Every engine runs every
+      geometry; losses that read distances take the geometry's
+      (``sqrt(2 - 2 cos)``, the Poincaré distance, ``d ** power``).
 
   Returns:
     float32 scalar: the rule's reduction of the per-anchor losses.

@@ -16,6 +16,11 @@ loss's own module) and no engine changes. The interface:
 A geometry is a frozen (hashable) dataclass: its fields are static.
 :class:`Cosine` is most losses' default geometry (one matmul of unit vectors
 per tile); :class:`Dot` keeps the raw inner products (the N-pair loss).
+:class:`Lp` and :class:`SNR` are pytorch-metric-learning's ``LpDistance``
+and ``SNRDistance`` (``p``, ``power``, ``normalize_embeddings``) as
+similarities ``s = -d ** power`` whose ``to_distance`` is ``d ** power``.
+A config names a geometry and gives its fields by name (:func:`build`,
+:func:`fields`).
 :class:`circle_jax.losses.hyperbolic.Poincare` (in the losses room, since no
 engine needs to know it) maps ``embed`` onto the ball and computes ``tile``
 as ``-d_c`` from the tile's matmul and the two sides' squared norms
@@ -34,8 +39,10 @@ import jax
 import jax.numpy as jnp
 
 from circle_jax import ops
+from circle_jax.losses import ranges as ranges_lib
 
 _HIGHEST = jax.lax.Precision.HIGHEST
+_TINY = 1e-12
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,11 +98,143 @@ class Cosine(Dot):
     return ops.euclidean_from_cosine(s)
 
 
+def _power(d, exponent):
+  """``d ** exponent`` of ``d >= 0``, 0 with gradient 0 where ``d == 0``
+  (the self pairs: no infinite slope of a root at 0)."""
+  positive = d > 0
+  return jnp.where(positive, jnp.where(positive, d, 1.0) ** exponent, 0.0)
+
+
+def _pml_normalize(x, p):
+  """torch's ``F.normalize(x, p)``: ``x / max(|x|_p, 1e-12)`` (float32;
+  ``p = 2``: :func:`circle_jax.ops.l2_normalize`, safe for huge norms)."""
+  if p == 2:
+    return ops.l2_normalize(x)
+  x = x.astype(jnp.float32)
+  norm = jnp.linalg.norm(x, ord=p, axis=-1, keepdims=True)
+  return x / jnp.maximum(norm, 1e-12)
+
+
+# The ranges of the distance geometries' fields (PML's BaseDistance
+# arguments); a p-norm needs p >= 1, a power of a distance p > 0.
+P_RANGE = ranges_lib.HyperRange(1.0, float("inf"))
+POWER_RANGE = ranges_lib.POSITIVE_RANGE
+DISTANCE_RANGES = {"p": P_RANGE, "power": POWER_RANGE}
+
+
+class _Distance(Geometry):
+  """A distance geometry as pytorch-metric-learning's ``BaseDistance``:
+  ``embed`` normalises (``normalize_embeddings``) and the similarity is
+  ``s = -d ** power``, ``to_distance(s) = -s`` (its ``d ** power``)."""
+
+  @property
+  def head_normalizes(self):
+    """The head L2-normalises only if the geometry normalises too."""
+    return self.normalize_embeddings
+
+  def _check(self, **fields):
+    for name, valid in fields.items():
+      ranges_lib.check_range(getattr(self, name), name, valid,
+                             f"the {type(self).__name__} geometry")
+
+  def embed(self, x):
+    if not self.normalize_embeddings:
+      return x.astype(jnp.float32)
+    return _pml_normalize(x, getattr(self, "p", 2))
+
+  def tile(self, z_rows, z_cols):
+    return -_power(self.distance(z_rows, z_cols), self.power)
+
+  def to_distance(self, s):
+    return -s
+
+
+@dataclasses.dataclass(frozen=True)
+class Lp(_Distance):
+  r"""The ``p``-norm distance ``d_ij = |x_i - x_j|_p`` (pytorch-metric-
+  learning's ``LpDistance``, its arguments and defaults).
+
+  ``p = 2`` takes the tile's matmul and the sides' squared norms,
+  ``|x|^2 + |y|^2 - 2 x.y`` (clamped at 0), like the cosine geometry;
+  another ``p`` forms the tile's ``[R, C, D]`` differences (memory
+  ``O(R C D)``: pass ``block_size`` for large batches); ``p = inf`` the
+  largest absolute difference.
+
+  Attributes:
+    p: the norm's order, in ``[1, inf]`` (also of the normalisation).
+    power: ``d`` is raised to it (> 0).
+    normalize_embeddings: divide each embedding by its ``p``-norm first
+      (False: the raw features; the trainer's head then does not
+      L2-normalise).
+  """
+
+  p: float = 2.0
+  power: float = 1.0
+  normalize_embeddings: bool = True
+
+  def __post_init__(self):
+    self._check(**DISTANCE_RANGES)
+
+  def distance(self, z_rows, z_cols):
+    """``[R, C]`` ``p``-norm distances of two embedded sides."""
+    if self.p == 2:
+      sq_r = jnp.sum(z_rows * z_rows, axis=-1)
+      sq_c = jnp.sum(z_cols * z_cols, axis=-1)
+      dot = jnp.matmul(z_rows, z_cols.T, precision=_HIGHEST)
+      return _power(jnp.maximum(sq_r[:, None] + sq_c[None, :] - 2.0 * dot,
+                                0.0), 0.5)
+    diff = jnp.abs(z_rows[:, None, :] - z_cols[None, :, :])
+    if self.p == float("inf"):
+      return jnp.max(diff, axis=-1)
+    return _power(jnp.sum(_power(diff, self.p), axis=-1), 1.0 / self.p)
+
+
+@dataclasses.dataclass(frozen=True)
+class SNR(_Distance):
+  r"""The signal-to-noise-ratio distance (Yuan et al., CVPR 2019;
+  pytorch-metric-learning's ``SNRDistance``, its ``power`` and
+  ``normalize_embeddings``; not symmetric: the anchor's variance below),
+
+  .. math::
+
+    d_{ij} = \frac{\operatorname{var}(x_i - x_j)}{\operatorname{var}(x_i)}
+           = \frac{|x_i|^2 + |x_j|^2 - 2 x_i^\top x_j - (m_i - m_j)^2 / D}
+                  {|x_i|^2 - m_i^2 / D},
+    \qquad m_i = \textstyle\sum_k x_{ik},
+
+  the variances over the ``D`` features; the second form needs a tile's
+  matmul and each side's norm and feature sum only, so every engine runs
+  it.
+
+  Attributes:
+    power: ``d`` is raised to it (> 0).
+    normalize_embeddings: L2-normalise the embeddings first.
+  """
+
+  power: float = 1.0
+  normalize_embeddings: bool = True
+
+  def __post_init__(self):
+    self._check(power=POWER_RANGE)
+
+  def distance(self, z_rows, z_cols):
+    """``[R, C]`` SNR distances of two embedded sides."""
+    dim = z_rows.shape[1]
+    dot = jnp.matmul(z_rows, z_cols.T, precision=_HIGHEST)
+    sum_r = jnp.sum(z_rows, axis=1, keepdims=True)
+    sum_c = jnp.sum(z_cols, axis=1, keepdims=True).T
+    sq_r = jnp.sum(z_rows * z_rows, axis=1, keepdims=True)
+    sq_c = jnp.sum(z_cols * z_cols, axis=1, keepdims=True).T
+    noise = sq_r + sq_c - 2.0 * dot - jnp.square(sum_r - sum_c) / dim
+    signal = sq_r - jnp.square(sum_r) / dim
+    return jnp.maximum(noise, 0.0) / jnp.maximum(signal, _TINY)
+
+
 COSINE = Cosine()
 DOT = Dot()
 
 # The geometries a loss's ``geometry`` option may name (register adds).
-_NAMED = {"cosine": COSINE, "dot": DOT}
+_NAMED = {"cosine": COSINE, "dot": DOT, "lp": Lp(), "snr": SNR()}
 
 
 def register(name: str, geometry: Geometry) -> None:
@@ -121,3 +260,29 @@ def resolve(geometry):
     raise ValueError(f"`geometry` must be one of {names()} or a Geometry; "
                      f"got {geometry!r}.")
   return _NAMED[geometry]
+
+
+def fields():
+  """``{field: default}`` of every registered geometry's fields (the
+  config's geometry fields: the Poincaré ball's ``c`` and ``r``, the
+  distances' ``p``, ``power`` and ``normalize_embeddings``); a field
+  shared by two geometries has one default."""
+  out = {}
+  for geometry in _NAMED.values():
+    for f in dataclasses.fields(geometry):
+      out.setdefault(f.name, f.default)
+  return out
+
+
+def build(name: str, **values) -> Geometry:
+  """The geometry ``name`` with the fields it has among ``values`` (the
+  others, meant for other geometries, are ignored): the one reading of a
+  config's ``loss.geometry`` and its fields.
+
+  Raises:
+    ValueError: an unknown name, or a field outside its range.
+  """
+  default = resolve(name)
+  own = {f.name for f in dataclasses.fields(default)}
+  return dataclasses.replace(
+      default, **{k: v for k, v in values.items() if k in own})

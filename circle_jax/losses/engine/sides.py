@@ -33,7 +33,8 @@ class Candidates(NamedTuple):
   Attributes:
     embeddings: ``[K, D]`` float references (this device's shard under
       ``axis_name``; the shards are gathered, or travel on the ring).
-    labels: ``[K]`` int labels of the references.
+    labels: ``[K]`` int labels of the references, or ``[K, L]`` multi-hot
+      (the batch's kind, over the same ``L`` classes).
     valid: optional ``[K]`` bool; an invalid reference takes no part in any
       pair (an empty memory slot). ``None``: all valid.
     ids: optional ``[K]`` int sample ids of the references.
@@ -68,22 +69,29 @@ def _vector(x, length: int, name: str, kind: str):
   return x.astype(jnp.int32) if kind == "int" else x
 
 
-def _reference_side(ref: Candidates, embeddings, x, row_index, gather, embed):
+def _reference_side(ref: Candidates, embeddings, x, labels, row_index, gather,
+                    embed):
   """``(row ids, columns)`` of the references ``ref`` (checked)."""
   if not isinstance(ref, Candidates):
     raise TypeError(
         "`ref` must be a circle_jax.losses.Candidates(embeddings, labels, "
         f"valid=None, ids=None, anchor_ids=None); got {type(ref).__name__}.")
   if ref.labels is None:
-    raise ValueError("`ref` needs its `labels`, the [K] integer labels of the "
-                     "reference embeddings.")
+    raise ValueError("`ref` needs its `labels`, the [K] integer (or [K, L] "
+                     "multi-hot) labels of the reference embeddings.")
   r = checks.check_embeddings(ref.embeddings, "ref.embeddings")
   if r.shape[1] != x.shape[1]:
     raise ValueError(
         f"`ref.embeddings` has dimension {r.shape[1]} but the embeddings have "
         f"dimension {x.shape[1]}; they must match.")
   m, k = x.shape[0], r.shape[0]
-  labels = _vector(ref.labels, k, "ref.labels", "int")
+  ref_labels = checks.check_labels(ref.labels, k, "ref.labels",
+                                   multi_hot=True)
+  if ref_labels.shape[1:] != labels.shape[1:]:
+    raise ValueError(
+        f"`ref.labels` has shape {ref_labels.shape} but the batch's labels "
+        f"{labels.shape}: give both class ids or both multi-hot over the "
+        "same classes.")
   valid = ref.valid
   if valid is not None:
     valid = gather(_vector(valid, k, "ref.valid", "bool"))
@@ -98,7 +106,7 @@ def _reference_side(ref: Candidates, embeddings, x, row_index, gather, embed):
   else:  # ids that never match: every anchor-reference pair counts
     ids = jnp.full((m,), -1, jnp.int32)
     ref_ids = jnp.full((k,), -2, jnp.int32)
-  cols = tiles.PairSide(embed(gather(r)), gather(labels), gather(ref_ids),
+  cols = tiles.PairSide(embed(gather(r)), gather(ref_labels), gather(ref_ids),
                         valid)
   return ids, cols
 
@@ -112,7 +120,7 @@ def pair_sides(embeddings, labels, *, axis_name=None,
 
   Args:
     embeddings: ``[B, D]`` float (the local anchors).
-    labels: ``[B]`` int.
+    labels: ``[B]`` int, or ``[B, L]`` multi-hot (bool or 0/1).
     axis_name: optional mapped axis.
     ref: optional :class:`Candidates` (module docstring).
     geometry: its ``embed`` maps both sides (cosine: L2 normalisation).
@@ -128,7 +136,7 @@ def pair_sides(embeddings, labels, *, axis_name=None,
       non-bool ``valid``, or only one of ``ids`` / ``anchor_ids``.
   """
   x = checks.check_embeddings(embeddings)
-  labels = checks.check_labels(labels, x.shape[0])
+  labels = checks.check_labels(labels, x.shape[0], multi_hot=True)
   m = x.shape[0]
   embed = geometry.embed
   row_index = (jnp.arange(m, dtype=jnp.int32)
@@ -138,7 +146,8 @@ def pair_sides(embeddings, labels, *, axis_name=None,
   else:
     gather = lambda v: v
   if ref is not None:
-    ids, cols = _reference_side(ref, embeddings, x, row_index, gather, embed)
+    ids, cols = _reference_side(ref, embeddings, x, labels, row_index, gather,
+                                embed)
     return tiles.PairSide(embed(x), labels, ids), cols
   if not gather_columns:
     z = embed(x)

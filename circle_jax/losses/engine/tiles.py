@@ -7,7 +7,8 @@ pre-pass (:func:`prepass_update`) and online set statistics
 (:func:`stats_update`), finishes them (:func:`stats_finish`) for the rule's
 ``combine``, and in a backward pass takes the tile's ``dL/ds`` from
 :func:`tile_cotangent`. :func:`pair_masks` is the one definition of a
-positive and a negative pair.
+positive and a negative pair, and :func:`same_labels` the one comparison of
+two samples' labels (integer class ids, or multi-hot label sets).
 
 The backward pass derives ``dL/ds`` from the rule instead of asking for a
 hand-written gradient: for a pair ``j`` of set ``P`` of anchor ``i``,
@@ -42,7 +43,8 @@ class PairSide(NamedTuple):
 
   Attributes:
     z: ``[K, D]`` float32 embeddings after the geometry's ``embed``.
-    labels: ``[K]`` int32 labels.
+    labels: ``[K]`` int32 class ids, or ``[K, L]`` bool multi-hot label
+      sets (compared by :func:`same_labels`).
     ids: ``[K]`` int32 sample ids; a row and a column with the same id are the
       same sample (a self pair: neither positive nor negative).
     valid: optional ``[K]`` bool; a column with False takes no part in any
@@ -66,14 +68,41 @@ def prepare(rule, s, aux=None):
   return rule.prepare(s) if aux is None else rule.prepare(s, *aux)
 
 
+def same_labels(row_labels, col_labels):
+  """``[R, C]`` bool: whether a row's and a column's labels match.
+
+  The one label comparison of every pair loss, engine and miner. Integer
+  class ids ``[R]`` / ``[C]`` match when equal. Multi-hot label sets
+  ``[R, L]`` / ``[C, L]`` (pytorch-metric-learning issue #658) match when
+  they intersect, i.e. share a class: a one-hot row is its class id. A row
+  with no label (all zero) matches nothing, so it is a negative of every
+  other sample, another empty row included: "positive iff the sets
+  intersect, negative iff they are disjoint" keeps the positives and
+  negatives a partition of the usable pairs, as with class ids (an empty
+  set is disjoint from every set). To leave such samples out instead, mask
+  their pairs (``neg_mask``) or drop them.
+
+  The intersection is a matmul of the 0/1 sets, exact on every backend
+  (bfloat16 holds 0 and 1 exactly; the counts accumulate in float32).
+  """
+  if row_labels.ndim == 1:
+    return row_labels[:, None] == col_labels[None, :]
+  shared = jnp.matmul(row_labels.astype(jnp.bfloat16),
+                      col_labels.astype(jnp.bfloat16).T,
+                      preferred_element_type=F32)
+  return shared > 0.5
+
+
 def pair_masks(row_labels, row_ids, col_labels, col_ids, ok=None,
                pos_mask=None, neg_mask=None):
   """``(pos, neg)`` of rows x columns: same / other label, not a self pair.
 
-  The one definition of the pairs of every loss.
+  The one definition of the pairs of every loss (labels compared by
+  :func:`same_labels`).
 
   Args:
-    row_labels, row_ids: ``[R]`` labels and sample ids of the anchors.
+    row_labels, row_ids: ``[R]`` labels (or ``[R, L]`` multi-hot) and
+      sample ids of the anchors.
     col_labels, col_ids: ``[C]`` of the candidates (a column with the id of
       a row is that row's sample: neither positive nor negative).
     ok: optional mask broadcastable to ``[R, C]`` of the usable pairs (valid
@@ -81,7 +110,7 @@ def pair_masks(row_labels, row_ids, col_labels, col_ids, ok=None,
     pos_mask, neg_mask: optional ``[R, C]`` miner masks intersected with the
       label masks (a miner only removes pairs).
   """
-  same = row_labels[:, None] == col_labels[None, :]
+  same = same_labels(row_labels, col_labels)
   usable = row_ids[:, None] != col_ids[None, :]
   if ok is not None:
     usable = usable & ok

@@ -190,3 +190,85 @@ def test_registry_apply_builds_the_geometry_from_config_fields():
   assert float(got) == float(want)
   assert float(entry.apply(x, labels, geometry="cosine", c=0.5)) == float(
       losses.supcon_loss(x, labels))
+
+
+# ----------------------------------------------------------------------------
+# PML's distances as geometries (issue 40 item 5): "lp" and "snr".
+# ----------------------------------------------------------------------------
+
+LP_CASES = (dict(), dict(p=1.0), dict(p=3.0, power=2.0),
+            dict(p=float("inf")), dict(normalize_embeddings=False, power=0.5))
+SNR_CASES = (dict(), dict(power=2.0), dict(normalize_embeddings=False))
+
+
+def test_lp_and_snr_equal_pml_distance_matrices():
+  """Rows against other columns, float64 PML against our float32 tiles."""
+  import torch
+  from pytorch_metric_learning import distances as pml
+  rng = np.random.default_rng(2)
+  x, r = rng.normal(size=(6, 5)), rng.normal(size=(4, 5))
+  for ours, theirs, cases in ((losses.Lp, pml.LpDistance, LP_CASES),
+                              (losses.SNR, pml.SNRDistance, SNR_CASES)):
+    for kw in cases:
+      g = ours(**kw)
+      want = theirs(**kw)(torch.tensor(x), torch.tensor(r)).numpy()
+      got = g.to_distance(g.tile(g.embed(jnp.asarray(x, jnp.float32)),
+                                 g.embed(jnp.asarray(r, jnp.float32))))
+      np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5,
+                                 atol=1e-6, err_msg=f"{ours.__name__} {kw}")
+  # The registered names are the defaults; fields are checked.
+  assert losses.engine.resolve_geometry("lp") == losses.Lp()
+  assert losses.engine.resolve_geometry("snr") == losses.SNR()
+  for bad in (dict(p=0.5), dict(power=0.0)):
+    with pytest.raises(ValueError, match=next(iter(bad))) as info:
+      losses.Lp(**bad)
+    assert "\n" not in str(info.value)
+
+
+def test_losses_on_lp_equal_pml_with_lp_distance():
+  """Value and gradient of contrastive and triplet (all triplets) with
+  ``geometry=Lp(...)`` equal PML's losses with the same LpDistance."""
+  from pytorch_metric_learning import distances as pml_d
+  from pytorch_metric_learning import losses as pml
+  from tests.losses import pml_checks
+  x = pml_checks.batch(seed=4)
+  for kw in (dict(p=1.0, power=2.0), dict(normalize_embeddings=False)):
+    dist = pml_d.LpDistance(**kw)
+    cases = ((losses.contrastive_loss, dict(pos_margin=0.1, neg_margin=1.5),
+              pml.ContrastiveLoss(pos_margin=0.1, neg_margin=1.5,
+                                  distance=dist)),
+             (losses.triplet_margin_loss, dict(margin=0.3, mining="all"),
+              pml.TripletMarginLoss(margin=0.3, distance=dist)))
+    for fn, hyper, peer in cases:
+      want = pml_checks.pml_vg(peer, x, pml_checks.LABELS)
+      got = pml_checks.vg(fn, x, pml_checks.LABELS, geometry=losses.Lp(**kw),
+                          **hyper)
+      pml_checks.close(got, want)
+
+
+def test_lp_runs_on_every_engine():
+  """The tile-by-tile p-norm (p = 3: the [R, C, D] differences) on the
+  blockwise engine and the ring of 8 devices equals the dense one."""
+  from tests.losses import pml_checks
+  got = pml_checks.engines(losses.contrastive_loss, pml_checks.batch(seed=6),
+                           pml_checks.LABELS, geometry=losses.Lp(p=3.0),
+                           neg_margin=1.2)
+  for name in ("blockwise", "all_gather", "ring"):
+    pml_checks.close(got[name], got["dense"])
+
+
+def test_config_fields_build_the_distance_geometries():
+  entry = losses.get_loss("contrastive")
+  assert {"p", "power", "normalize_embeddings", "c", "r"} <= set(
+      entry.geometry_defaults())
+  x, labels = jnp.asarray(_x()), jnp.asarray(LABELS)
+  got = entry.apply(x, labels, geometry="lp", p=1.0, power=2.0, c=0.5)
+  want = losses.contrastive_loss(x, labels,
+                                 geometry=losses.Lp(p=1.0, power=2.0))
+  assert float(got) == float(want)
+  assert float(entry.apply(x, labels, geometry="snr", power=2.0)) == float(
+      losses.contrastive_loss(x, labels, geometry=losses.SNR(power=2.0)))
+  with pytest.raises(ValueError, match="power"):
+    entry.apply(x, labels, geometry="lp", power=-1.0)
+  assert not losses.Lp(normalize_embeddings=False).head_normalizes
+  assert losses.Lp().head_normalizes and losses.SNR().head_normalizes

@@ -297,3 +297,23 @@ def test_a_tuple_axis_name_spans_both_mesh_axes(single_device, collective):
   got = fn(x, labels)
   for name in PUBLIC:
     _assert_vg_close(got[name], single_device[name])
+
+
+def test_multi_hot_labels_on_every_engine():
+  """Multi-hot labels (a pair positive when the label sets intersect):
+  dense == blockwise == all-gathered == ring on the 8 devices, for the
+  batch and for references (a cross-batch memory) with multi-hot labels."""
+  from tests.losses import pml_checks
+  rng = np.random.default_rng(7)
+  sets = rng.random((16, 4)) < 0.35
+  sets[5] = False  # no label: a negative of every sample
+  mem_sets = rng.random((24, 4)) < 0.35
+  x = rng.normal(size=(16, 5))
+  fn = losses.multi_similarity_loss  # a rule with a pre-pass
+  got = pml_checks.engines(fn, x, sets)
+  for name in ("blockwise", "all_gather", "ring"):
+    pml_checks.close(got[name], got["dense"])
+  dense, blockwise, on_ring = pml_checks.with_references(
+      fn, x, sets, rng.normal(size=(24, 5)), mem_sets)
+  pml_checks.close(blockwise, dense)
+  pml_checks.close(on_ring, dense)

@@ -451,8 +451,8 @@ def test_bad_inputs_give_one_line_errors(name):
   cases = [
       (dict(ref=losses.Candidates(r, None)), "needs its `labels`"),
       (dict(ref=losses.Candidates(r[:, :3], RY)), "dimension 3"),
-      (dict(ref=losses.Candidates(r, RY[:13])), r"`ref.labels` must have "
-                                                   r"shape \(14,\)"),
+      (dict(ref=losses.Candidates(r, RY[:13])), r"`ref.labels` has length "
+                                                   r"13 but there are 14"),
       (dict(ref=losses.Candidates(r, RY, ids=rids, anchor_ids=ids + 0.5)),
        "`ref.anchor_ids` must be an integer array"),
       (dict(ref=losses.Candidates(r, RY, ids=rids * 1.0, anchor_ids=ids)),
