@@ -142,3 +142,4 @@ from circle_jax.losses.pnp import (
 from circle_jax.losses.manifold import (
     manifold_loss,
 )
+from circle_jax.losses.instance import instance_loss

@@ -71,6 +71,8 @@ _SPEC.update({
     "pnp": {"b": 2.0, "alpha": 1.0, "anneal": 0.01, "variant": "O"},
     "manifold": {"lambdaC": 1.0, "alpha": 0.8, "margin": 5e-4},
 })
+# Issue #40's last three (helper h40loss), at PML 2.9's defaults.
+_SPEC["instance"] = {"gamma": 64.0}
 _GEOMETRY["vicreg"] = None  # no pairs compared: no geometry
 _PARAM.update({"large_margin_softmax": "class_weights",
                "sphereface": "class_weights", "p2s_grad": "class_weights",
