@@ -143,3 +143,4 @@ from circle_jax.losses.manifold import (
     manifold_loss,
 )
 from circle_jax.losses.instance import instance_loss
+from circle_jax.losses.histogram import histogram_loss

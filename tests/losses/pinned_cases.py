@@ -133,7 +133,7 @@ _REGISTERED_AFTER_PINNING += ("large_margin_softmax", "sphereface",
                               "p2s_grad", "vicreg",
                               "threshold_consistent_margin", "pnp",
                               "manifold")
-_REGISTERED_AFTER_PINNING += ("instance",)
+_REGISTERED_AFTER_PINNING += ("instance", "histogram")
 
 
 def cases():
