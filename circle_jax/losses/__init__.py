@@ -144,3 +144,7 @@ from circle_jax.losses.manifold import (
 )
 from circle_jax.losses.instance import instance_loss
 from circle_jax.losses.histogram import histogram_loss
+from circle_jax.losses.dynamic_soft_margin import (
+    dynamic_soft_margin_loss,
+    dynamic_soft_margin_step,
+)

@@ -74,6 +74,8 @@ _SPEC.update({
 # Issue #40's last three (helper h40loss), at PML 2.9's defaults.
 _SPEC["instance"] = {"gamma": 64.0}
 _SPEC["histogram"] = {"n_bins": None, "delta": None}
+_SPEC["dynamic_soft_margin"] = {"min_val": -2.0, "num_bins": 10,
+                                "momentum": 0.01}
 _GEOMETRY["vicreg"] = None  # no pairs compared: no geometry
 _PARAM.update({"large_margin_softmax": "class_weights",
                "sphereface": "class_weights", "p2s_grad": "class_weights",
