@@ -93,7 +93,7 @@ def test_names_kinds_params_and_paper_defaults():
     assert entry.kind in ("pair", "proxy", "classifier")
     assert entry.param_name == _PARAM.get(name), name
     assert entry.kind == "pair" or entry.param_name is not None
-    assert entry.needs_key == (name == "margin")
+    assert entry.needs_key == (name in ("margin", "triplet"))
     assert entry.paper and entry.reduction
     for key, value in _SPEC[name].items():
       assert entry.defaults[key] == value, (name, key)
