@@ -93,6 +93,7 @@ from circle_jax.losses.classification import (
     cosface_loss,
     arcface_loss,
     subcenter_arcface_loss,
+    subcenter_arcface_outliers,
     softmax_loss,
 )
 from circle_jax.losses.class_shard import (
