@@ -59,10 +59,8 @@ def _checked(min_val, num_bins, momentum):
 
 def _triplets(embeddings, labels, options):
   """``(delta, mask)``: ``d_ap - d_an`` ``[M, N, N]`` and the triplets."""
-  if engine.resolve_geometry(options.get("geometry")) not in (
-      None, engine.COSINE):
-    raise ValueError("The dynamic soft margin loss bins distances of unit "
-                     "vectors: use the cosine geometry (the default).")
+  engine.require_cosine(options.get("geometry"), "dynamic soft margin loss",
+                        "bins distances of unit vectors")
   _, _, d, pos, neg = engine.dense_block(
       embeddings, labels, loss="dynamic soft margin loss", reason=_NOT_TILED,
       distance=True, **options)
@@ -149,10 +147,9 @@ def dynamic_soft_margin_loss(
     num_bins: ``K`` >= 2, the number of bins.
     momentum: the running histogram's weight of a new batch, in [0, 1]
       (:func:`dynamic_soft_margin_step`).
-    **options: the pair losses' shared keywords (``axis_name``,
-      ``pos_mask``, ``neg_mask``, ``ref``), documented once at
-      :func:`circle_jax.losses.engine.embedding_loss`; dense engine only
-      (``block_size`` and ``collective="ring"`` are refused).
+    **options: ``axis_name``, ``pos_mask``, ``neg_mask`` and ``ref``, as
+      every pair loss (:func:`circle_jax.losses.engine.embedding_loss`);
+      the dense engine only: ``block_size`` and the ring are refused.
 
   Returns:
     float32 scalar.

@@ -138,10 +138,8 @@ def histogram_loss(
   """
   delta = bin_width(n_bins, delta)
   nodes = round(1 + 2 / delta)
-  if engine.resolve_geometry(options.get("geometry")) not in (
-      None, engine.COSINE):
-    raise ValueError("The histogram loss bins cosine similarities in "
-                     "[-1, 1]: use the cosine geometry (the default).")
+  engine.require_cosine(options.get("geometry"), "histogram loss",
+                        "bins cosine similarities in [-1, 1]")
   _, _, s, pos, neg = engine.dense_block(
       embeddings, labels, loss="histogram loss", reason=_NOT_TILED,
       **options)

@@ -118,10 +118,8 @@ def instance_loss(
     Multimedia Computing, Communications, and Applications (TOMM) 16(2),
     2020.
   """
-  if engine.resolve_geometry(options.get("geometry")) not in (
-      None, engine.COSINE):
-    raise ValueError("The instance loss classifies by cosine similarity: use "
-                     "the cosine geometry (the default).")
+  engine.require_cosine(options.get("geometry"), "instance loss",
+                        "classifies by cosine similarity")
   rule = Instance(gamma=gamma)
   return engine.embedding_loss(rule, embeddings, labels, **options)
 

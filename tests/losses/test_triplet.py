@@ -63,6 +63,8 @@ def _pml():
   return pytest.importorskip("pytorch_metric_learning.losses")
 
 
+# Slow (PML in float64, several compiles): CI runs it.
+@pytest.mark.slow
 def test_swap_and_smooth_loss_equal_pytorch_metric_learning():
   from tests.losses import pml_checks
   pml = _pml()
@@ -76,6 +78,8 @@ def test_swap_and_smooth_loss_equal_pytorch_metric_learning():
       losses.triplet_margin_loss, x, y, margin=0.1, **kw), want)
 
 
+# Slow (PML in float64, several compiles): CI runs it.
+@pytest.mark.slow
 def test_sampled_triplets_equal_pmls_loss_on_the_same_triplets():
   import torch
   from tests.losses import pml_checks

@@ -121,3 +121,11 @@ def resolve(geometry):
     raise ValueError(f"`geometry` must be one of {names()} or a Geometry; "
                      f"got {geometry!r}.")
   return _NAMED[geometry]
+
+
+def require_cosine(geometry, loss: str, why: str) -> None:
+  """ValueError unless ``geometry`` (a loss's ``geometry`` option) is the
+  cosine one or ``None``; ``why``: what the loss needs unit vectors for."""
+  if resolve(geometry) not in (None, COSINE):
+    raise ValueError(
+        f"The {loss} {why}: use the cosine geometry (the default).")
