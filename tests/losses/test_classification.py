@@ -159,6 +159,8 @@ def test_global_batch_equals_single_device(mode):
   np.testing.assert_allclose(np.asarray(gw), np.asarray(ref_gw), atol=1e-5)
 
 
+# Slow (PyTorch and PML imported, eager ops): CI runs it.
+@pytest.mark.slow
 def test_subcenter_arcface_outliers_equal_pmls_get_outliers():
   # PML's SubCenterArcFaceLoss.get_outliers (issue 40 item 2); class 4 has
   # no sample (PML leaves its centre uninitialised: not compared).
