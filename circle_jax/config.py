@@ -30,6 +30,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 from absl import flags
 import ml_collections
+from ml_collections.config_dict import FieldReference
 from ml_collections.config_dict import placeholder
 from ml_collections import config_flags
 
@@ -183,6 +184,15 @@ def execution_option_types(entry) -> Dict[str, type]:
   return out
 
 
+def _several_types(entry):
+  """The hyperparameters annotated with several types (e.g. triplet's
+  ``triplets_per_anchor``: ``"all"`` or a number), which a config field
+  takes any of."""
+  hints = typing.get_type_hints(entry.fn)
+  return {k for k, h in hints.items() if typing.get_origin(h) is typing.Union
+          and len([a for a in typing.get_args(h) if a is not type(None)]) > 1}
+
+
 def loss_config(name: str = "circle", **hyper) -> ml_collections.ConfigDict:
   """``config.loss`` for the registered loss ``name`` (locked).
 
@@ -219,8 +229,10 @@ def loss_config(name: str = "circle", **hyper) -> ml_collections.ConfigDict:
         f"{sorted(fields) + list(options)}.")
   c = LossSection()
   c.name = name
+  several = _several_types(entry)
   for k, v in fields.items():
-    c[k] = hyper.get(k, v)
+    v = hyper.get(k, v)
+    c[k] = FieldReference(v, field_type=object) if k in several else v
   for o, kind in options.items():
     c[o] = hyper.get(o, placeholder(kind))
   _set_paths(c, "config.loss")

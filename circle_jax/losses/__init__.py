@@ -93,6 +93,7 @@ from circle_jax.losses.classification import (
     cosface_loss,
     arcface_loss,
     subcenter_arcface_loss,
+    subcenter_arcface_outliers,
     softmax_loss,
 )
 from circle_jax.losses.class_shard import (
@@ -142,4 +143,10 @@ from circle_jax.losses.pnp import (
 )
 from circle_jax.losses.manifold import (
     manifold_loss,
+)
+from circle_jax.losses.instance import instance_loss
+from circle_jax.losses.histogram import histogram_loss
+from circle_jax.losses.dynamic_soft_margin import (
+    dynamic_soft_margin_loss,
+    dynamic_soft_margin_step,
 )

@@ -24,6 +24,7 @@ whole matrix.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
 import jax
@@ -290,6 +291,65 @@ def _subcenter_arcface(embeddings, labels, class_weights, hp, axis_name,
   logits = _arcface_logits(cos, onehot, margin=hp.margin, scale=hp.scale,
                            easy_margin=hp.easy_margin)
   return block.cross_entropy(logits, onehot)
+
+
+def subcenter_arcface_outliers(
+    embeddings: Array, labels: Array, class_weights: Array, *,
+    centers_per_class: int = SubCenterArcFace.centers_per_class,
+    threshold: float = 75.0):
+  r"""Sub-center ArcFace's outliers and dominant sub-centres (Deng et al.
+  2020, Sec. 3.2): pytorch-metric-learning's
+  ``SubCenterArcFaceLoss.get_outliers``, as a plain function.
+
+  For each class ``c``, every sample of the class votes for its closest
+  sub-centre ``rg\max_k \hat x \cdot \hat W_c^k``; the dominant
+  sub-centre ``k_c`` has the most votes (the lowest ``k`` among ties), and a
+  sample whose cosine to its class's dominant sub-centre is below
+  ``\cos(	ext{threshold})`` is an outlier, a likely noisy label (the
+  paper drops them, keeps the dominant sub-centres and trains on with
+  ``K = 1``).
+
+  Differences from pytorch-metric-learning 2.9 (equal outliers and centres,
+  tested): PML returns the outliers' indices, class by class; here a
+  ``[B]`` mask (``jnp.flatnonzero(mask)`` gives the indices, sorted), which
+  keeps the shapes static under ``jit``. PML leaves the column of a class
+  without samples uninitialised; here it is the class's first sub-centre.
+  PML returns the centres even with ``return_dominant_centers=False`` (its
+  conditional expression binds before the tuple); here they are always
+  returned. The whole class matrix (not a ``shard_classes`` shard).
+
+  Args:
+    embeddings: ``[B, D]`` float32 or bfloat16.
+    labels: ``[B]`` integer labels in ``[0, C)``.
+    class_weights: ``[C K, D]`` sub-centres, class-major, as
+      :func:`subcenter_arcface_loss` (PML's ``W`` transposed).
+    centers_per_class: ``K`` (static).
+    threshold: the angle in degrees (PML's name and default, 75).
+
+  Returns:
+    ``(is_outlier, dominant_centers)``: ``[B]`` bool and ``[C, D]`` (rows
+    of ``class_weights``, as given).
+  """
+  k = centers_per_class
+  if not isinstance(k, int) or k < 1:
+    raise ValueError(
+        f"`centers_per_class` must be a positive Python int; got {k!r}.")
+  if class_weights.ndim != 2 or class_weights.shape[0] % k:
+    raise ValueError(
+        f"`class_weights` must be [C * centers_per_class, D] with "
+        f"centers_per_class={k}; got shape {class_weights.shape}.")
+  num_classes = class_weights.shape[0] // k
+  own = jnp.asarray(labels)[:, None] * k + jnp.arange(k)  # [B, K] rows
+  z = ops.l2_normalize(embeddings)
+  cos = jnp.einsum("bd,bkd->bk", z, ops.l2_normalize(class_weights)[own],
+                   precision=jax.lax.Precision.HIGHEST)
+  votes = jax.ops.segment_sum(jax.nn.one_hot(jnp.argmax(cos, axis=1), k),
+                              labels, num_classes)  # [C, K]
+  dominant = jnp.argmax(votes, axis=1)  # [C]
+  centers = class_weights[jnp.arange(num_classes) * k + dominant]
+  to_dominant = jnp.take_along_axis(cos, dominant[labels][:, None], 1)[:, 0]
+  cos_threshold = math.cos(math.radians(threshold))
+  return to_dominant < cos_threshold, centers
 
 
 # The registry's facts of this module's losses (circle_jax.losses.registry

@@ -62,18 +62,21 @@ class LiftedNegatives(engine.NegativeLogsumexp):
 
 @engine.rule_dataclass(meta=("on_distance",))
 class LiftedStructure(engine.PositivePairMean):
-  """Lifted structure rule: ``[logaddexp(L_i, L_j) + D_ij]_+^2`` over the
-  positive pairs, ``1 / (2 |P|)`` times their sum; its fields are the
-  defaults of both forms.
+  """Lifted structure rule: ``[logaddexp(L_i, L_j) + D_ij - m_p]_+^2``
+  over the positive pairs, ``1 / (2 |P|)`` times their sum; its fields are
+  the defaults of both forms.
 
   Attributes:
     margin: ``m`` (the paper's ``alpha``).
+    pos_margin: ``m_p``, subtracted from the positive distance (0 in the
+      paper; PML's ``pos_margin``).
     on_distance: the block holds distances (static); otherwise the
       geometry's similarities, turned into its distance (cosine: the
       Euclidean distance of unit vectors; Poincaré: ``-s``).
   """
 
   margin: float = 1.0
+  pos_margin: float = 0.0
   on_distance: bool = False
 
   scale = 0.5
@@ -85,7 +88,7 @@ class LiftedStructure(engine.PositivePairMean):
 
   def prepare(self, s, l_row=None, l_col=None):
     # J_ij; -inf where neither anchor has a negative (the pair adds 0).
-    return _logaddexp(l_row, l_col) + _distance(self, s)
+    return _logaddexp(l_row, l_col) + _distance(self, s) - self.pos_margin
 
   def values(self, j):
     some = j != _NO_SET
@@ -96,19 +99,22 @@ class LiftedStructure(engine.PositivePairMean):
 
 def lifted_structure_loss_from_distance(
     distance: Array, labels: Array, *, margin: float = LiftedStructure.margin,
+    pos_margin: float = LiftedStructure.pos_margin,
     pos_mask: Optional[Array] = None,
     neg_mask: Optional[Array] = None) -> Array:
   """Lifted structure loss of a square ``[B, B]`` distance matrix.
 
   See :func:`lifted_structure_loss`.
   """
-  rule = LiftedStructure(margin=margin, on_distance=True)
+  rule = LiftedStructure(margin=margin, pos_margin=pos_margin,
+                         on_distance=True)
   return engine.matrix_loss(rule, distance, labels, pos_mask=pos_mask,
                             neg_mask=neg_mask, name="distance")
 
 
 def lifted_structure_loss(embeddings: Array, labels: Array, *,
                           margin: float = LiftedStructure.margin,
+                          pos_margin: float = LiftedStructure.pos_margin,
                           **options) -> Array:
   r"""Smooth lifted structured embedding loss (Oh Song et al. 2016, eq. 4).
 
@@ -118,7 +124,7 @@ def lifted_structure_loss(embeddings: Array, labels: Array, *,
   .. math::
 
     J_{ij} = \log\Big(\sum_{k \in N_i} e^{m - D_{ik}}
-                    + \sum_{l \in N_j} e^{m - D_{jl}}\Big) + D_{ij},
+                    + \sum_{l \in N_j} e^{m - D_{jl}}\Big) + D_{ij} - m_p,
     \qquad
     L = \frac{1}{2|P|} \sum_{(i,j) \in P} [J_{ij}]_+^2 .
 
@@ -139,7 +145,13 @@ def lifted_structure_loss(embeddings: Array, labels: Array, *,
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16.
     labels: ``[B]`` integer labels.
-    margin: ``m`` (the paper's ``alpha``).
+    margin: ``m`` (the paper's ``alpha``; pytorch-metric-learning's
+      ``LiftedStructureLoss(neg_margin)``).
+    pos_margin: ``m_p``, subtracted from the positive distance (0 in the
+      paper; PML's ``LiftedStructureLoss(pos_margin)``, same name and
+      default, equal value and gradient, tested in float64; PML's
+      ``GeneralizedLiftedStructureLoss`` has one too:
+      :func:`circle_jax.losses.generalized_lifted_structure_loss`).
     **options: the pair losses' shared keywords (``axis_name``,
       ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``),
       documented once at :func:`circle_jax.losses.engine.embedding_loss`.
@@ -151,7 +163,7 @@ def lifted_structure_loss(embeddings: Array, labels: Array, *,
     Oh Song, Xiang, Jegelka, Savarese, "Deep Metric Learning via Lifted
     Structured Feature Embedding", CVPR 2016.
   """
-  rule = LiftedStructure(margin=margin)
+  rule = LiftedStructure(margin=margin, pos_margin=pos_margin)
   return engine.embedding_loss(rule, embeddings, labels, **options)
 
 

@@ -57,6 +57,9 @@ from circle_jax.losses import vicreg
 from circle_jax.losses import tcm
 from circle_jax.losses import pnp
 from circle_jax.losses import manifold
+from circle_jax.losses import instance
+from circle_jax.losses import histogram
+from circle_jax.losses import dynamic_soft_margin
 
 LossEntry = entries.LossEntry
 GEOMETRY_FIELDS = entries.GEOMETRY_FIELDS
@@ -73,6 +76,7 @@ _MODULES = (circle, multi_similarity, ranked_list, proxy_anchor, contrastive,
 _MODULES += (nca, angular, generalized_lifted_structure,
              intra_pair_variance, snr_contrastive, tuplet_margin)
 _MODULES += (large_margin, p2s_grad, vicreg, tcm, pnp, manifold)
+_MODULES += (instance, histogram, dynamic_soft_margin)
 
 LOSSES: Mapping[str, LossEntry] = types.MappingProxyType(
     {e.name: e for module in _MODULES for e in module.REGISTRY})

@@ -29,7 +29,7 @@ refuses ``block_size`` and the ring with that reason.
 from __future__ import annotations
 
 import types
-from typing import Optional
+from typing import Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -152,6 +152,68 @@ def _dense_core(dist, pos, neg, *, margin, mining, axis_name):
   return reductions.ratio_of_sums(loss, valid, axis_name)
 
 
+def _per_anchor(triplets_per_anchor):
+  """``"all"`` or a positive int (a config gives it as a string)."""
+  value = triplets_per_anchor
+  if isinstance(value, str) and value.isdigit():
+    value = int(value)
+  if value != "all" and not (isinstance(value, int) and value > 0):
+    raise ValueError(
+        "`triplets_per_anchor` must be \"all\" or a positive integer; got "
+        f"{triplets_per_anchor!r}.")
+  return value
+
+
+def sample_triplets(pos: Array, neg: Array, triplets_per_anchor: int,
+                    key: Array):
+  """``k = triplets_per_anchor`` triplets per anchor, as PML's sampler.
+
+  Each draws a positive and a negative of its anchor, uniformly and with
+  replacement (pytorch-metric-learning's ``get_random_triplet_indices``),
+  from ``key``: the same key gives the same triplets.
+
+  Args:
+    pos, neg: ``[M, N]`` bool pair masks.
+    triplets_per_anchor: ``k`` > 0.
+    key: a PRNG key.
+
+  Returns:
+    ``(p, n)``: ``[M, k]`` int32 column indices; the rows of anchors
+    without a positive or a negative are arbitrary (mask them).
+  """
+  kp, kn = jax.random.split(key)
+  shape = (triplets_per_anchor, pos.shape[0])
+  draw = lambda k, mask: jax.random.categorical(
+      k, jnp.where(mask, 0.0, -jnp.inf), shape=shape).T.astype(jnp.int32)
+  return draw(kp, pos), draw(kn, neg)
+
+
+def _pml_triplets(dist, pos, neg, pn_dist, *, margin, swap, smooth_loss,
+                  per_anchor, key, offset, axis_name):
+  """PML's ``TripletMarginLoss`` on an explicit table of triplets: every
+  ``(a, p, n)`` (``[M, N, N]``) or ``per_anchor`` sampled per anchor
+  (``[M, k]``); ``pn_dist`` the ``[N, N]`` candidates' distances (swap)."""
+  if per_anchor == "all":
+    d_ap, d_an = dist[:, :, None], dist[:, None, :]
+    mask = pos[:, :, None] & neg[:, None, :]
+    d_pn = pn_dist[None] if swap else None
+  else:
+    p, n = sample_triplets(pos, neg, per_anchor,
+                           jax.random.fold_in(key, offset))
+    d_ap = jnp.take_along_axis(dist, p, axis=1)
+    d_an = jnp.take_along_axis(dist, n, axis=1)
+    mask = jnp.broadcast_to(pos.any(1, keepdims=True)
+                            & neg.any(1, keepdims=True), p.shape)
+    d_pn = pn_dist[p, n] if swap else None
+  if swap:  # Balntas et al.'s swap: the closer of d_an and d_pn
+    d_an = jnp.minimum(d_an, d_pn)
+  violation = d_ap - d_an + margin
+  loss = jnp.where(mask, (jax.nn.softplus if smooth_loss else jax.nn.relu)(
+      violation), 0.0)
+  # PML's AvgNonZeroReducer: the mean over the triplets with a loss > 0.
+  return reductions.ratio_of_sums(loss, mask & (loss > 0), axis_name)
+
+
 def triplet_margin_loss_from_distance(distance: Array, labels: Array, *,
                                       margin: float = BatchHard.margin,
                                       mining: str = "all",
@@ -173,6 +235,9 @@ def triplet_margin_loss_from_distance(distance: Array, labels: Array, *,
 
 def triplet_margin_loss(embeddings: Array, labels: Array, *,
                         margin: float = BatchHard.margin, mining: str = "all",
+                        swap: bool = False, smooth_loss: bool = False,
+                        triplets_per_anchor: Union[str, int] = "all",
+                        key: Optional[Array] = None,
                         **options) -> Array:
   r"""Triplet margin loss with in-batch mining (Schroff et al.; Hermans et al.).
 
@@ -207,11 +272,35 @@ def triplet_margin_loss(embeddings: Array, labels: Array, *,
   ``(a, p, n)`` with ``p`` and ``n`` among the references, mined per anchor
   as above.
 
+  pytorch-metric-learning's ``TripletMarginLoss`` options (with
+  ``mining="all"``, PML's triplets; equal value and gradient, tested in
+  float64): ``swap`` (Balntas et al.) replaces ``d_{an}`` by
+  ``\min(d_{an}, d_{pn})``; ``smooth_loss`` replaces the hinge by
+  ``\operatorname{softplus}`` (then every triplet counts in the mean);
+  ``triplets_per_anchor=k`` takes ``k`` triplets per anchor that has a
+  positive and a negative, each with a positive and a negative drawn
+  uniformly with replacement, as PML's sampler, but from the PRNG ``key``
+  (JAX's explicit randomness: the same key gives the same triplets; the
+  registry passes the train step's key; on several devices, each device
+  folds its first row's index into the key, so the draws differ from one
+  device's). These three build the explicit table of triplets, ``[M, N, N]``
+  for ``"all"`` (``[M, k]`` sampled), not the sorted form. With miner masks,
+  PML ignores ``triplets_per_anchor`` and takes the mined triplets; here the
+  draws are among the masked pairs. PML bug: with ``ref_emb`` and ``swap``
+  it reads ``d_{pn}`` at row ``p`` of the query-by-reference matrix, a query
+  row, not the reference ``p``; here ``d_{pn}`` is between the references.
+
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16.
     labels: ``[B]`` integer labels.
     margin: the margin ``m``.
     mining: ``"all"``, ``"batch_hard"`` or ``"semi_hard"``.
+    swap: use ``\min(d_{an}, d_{pn})`` (PML's name; ``mining="all"``).
+    smooth_loss: softplus instead of the hinge (PML's name;
+      ``mining="all"``).
+    triplets_per_anchor: ``"all"`` or the number of sampled triplets per
+      anchor (PML's name; ``mining="all"``; needs ``key``).
+    key: the PRNG key of ``triplets_per_anchor``'s draws (else unused).
     **options: the pair losses' shared keywords (``axis_name``,
       ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``),
       documented once at :func:`circle_jax.losses.engine.embedding_loss`.
@@ -224,13 +313,33 @@ def triplet_margin_loss(embeddings: Array, labels: Array, *,
     Leibe, "In Defense of the Triplet Loss for Person Re-Identification",
     arXiv:1703.07737, 2017.
   """
+  per_anchor = _per_anchor(triplets_per_anchor)
+  pml_options = swap or smooth_loss or per_anchor != "all"
+  if pml_options and _checked_mining(mining) != "all":
+    raise ValueError("`swap`, `smooth_loss` and `triplets_per_anchor` are "
+                     "pytorch-metric-learning's options of all triplets: "
+                     "use them with mining=\"all\".")
+  if per_anchor != "all" and key is None:
+    raise ValueError("`triplets_per_anchor` draws triplets: pass a PRNG "
+                     "`key`, or triplets_per_anchor=\"all\".")
   if _checked_mining(mining) == "batch_hard":
     return engine.embedding_loss(BatchHard(margin=margin), embeddings, labels,
                                  **options)
   ranges_lib.check_range(margin, "margin", ranges_lib.NONNEGATIVE_RANGE)
-  _, _, dist, pos, neg = engine.dense_block(
+  rows, cols, dist, pos, neg = engine.dense_block(
       embeddings, labels, loss=f"triplet loss with mining={mining!r}",
       reason=_NOT_A_RULE, distance=True, **options)
+  if pml_options:
+    geometry = engine.resolve_geometry(
+        options.get("geometry")) or engine.COSINE
+    pn_dist = (geometry.to_distance(geometry.tile(cols.z, cols.z))
+               if swap else None)
+    return _pml_triplets(
+        dist, pos, neg, pn_dist, margin=margin, swap=swap,
+        smooth_loss=smooth_loss, per_anchor=per_anchor, key=key,
+        offset=reductions.local_row_offset(rows.z.shape[0],
+                                           options.get("axis_name")),
+        axis_name=options.get("axis_name"))
   return _dense_core(dist, pos, neg, margin=margin,
                      mining=mining, axis_name=options.get("axis_name"))
 
@@ -239,6 +348,7 @@ def triplet_margin_loss(embeddings: Array, labels: Array, *,
 # collects them).
 REGISTRY = (
     entries.entry("triplet", triplet_margin_loss, "pair", tiled=False,
+        needs_key=True,
         paper="Schroff et al., \"FaceNet\", CVPR 2015; Hermans et al., "
               "\"In Defense of the Triplet Loss\", 2017",
         reduction="all: mean over non-zero triplets; batch_hard: mean "

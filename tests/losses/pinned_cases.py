@@ -133,6 +133,8 @@ _REGISTERED_AFTER_PINNING += ("large_margin_softmax", "sphereface",
                               "p2s_grad", "vicreg",
                               "threshold_consistent_margin", "pnp",
                               "manifold")
+_REGISTERED_AFTER_PINNING += ("instance", "histogram",
+                              "dynamic_soft_margin")
 
 
 def cases():

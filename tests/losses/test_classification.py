@@ -157,3 +157,31 @@ def test_global_batch_equals_single_device(mode):
   np.testing.assert_allclose(np.asarray(v), np.asarray(ref_v), rtol=1e-5)
   np.testing.assert_allclose(np.asarray(gx), np.asarray(ref_gx), atol=1e-5)
   np.testing.assert_allclose(np.asarray(gw), np.asarray(ref_gw), atol=1e-5)
+
+
+# Slow (PyTorch and PML imported, eager ops): CI runs it.
+@pytest.mark.slow
+def test_subcenter_arcface_outliers_equal_pmls_get_outliers():
+  # PML's SubCenterArcFaceLoss.get_outliers (issue 40 item 2); class 4 has
+  # no sample (PML leaves its centre uninitialised: not compared).
+  torch = pytest.importorskip("torch")
+  pml = pytest.importorskip("pytorch_metric_learning.losses")
+  c, k, d = 5, 3, 8
+  rng = np.random.default_rng(4)
+  x = rng.normal(size=(16, d))
+  y = np.arange(16) % 4
+  w = rng.normal(size=(c * k, d))
+  for threshold in (75.0, 60.0):
+    loss = pml.SubCenterArcFaceLoss(num_classes=c, embedding_size=d,
+                                    sub_centers=k)
+    loss.W.data = torch.tensor(w.T)
+    idx, centers = loss.get_outliers(torch.tensor(x), torch.tensor(y),
+                                     threshold=threshold)
+    mask, got = losses.subcenter_arcface_outliers(
+        jnp.asarray(x), jnp.asarray(y), jnp.asarray(w), centers_per_class=k,
+        threshold=threshold)
+    np.testing.assert_array_equal(np.flatnonzero(mask), np.sort(idx.numpy()))
+    np.testing.assert_allclose(np.asarray(got)[:4], centers.numpy().T[:4],
+                               rtol=1e-6)
+    assert 0 < mask.sum() < 16  # some outliers, not all
+  np.testing.assert_array_equal(np.asarray(got)[4], np.float32(w[4 * k]))

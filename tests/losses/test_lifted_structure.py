@@ -2,6 +2,7 @@
 
 
 import numpy as np
+import pytest
 from tests.losses.conftest import DPN, S2
 
 
@@ -10,3 +11,20 @@ def test_lifted_hand_computed(tiny):
   # One unordered positive pair (a, p): N_a = {n}, N_p = {n}.
   j = np.log(np.exp(1.0 - S2) + np.exp(1.0 - DPN)) + 1.0
   np.testing.assert_allclose(tiny["lifted"], j**2 / 2, rtol=1e-5)
+
+
+# Slow (8 simulated devices, four engines): CI runs it.
+@pytest.mark.slow
+def test_pos_margin_equals_pytorch_metric_learning_on_every_engine():
+  from circle_jax import losses
+  from tests.losses import pml_checks
+  pml = pytest.importorskip("pytorch_metric_learning.losses")
+  x, y = pml_checks.batch(seed=1), pml_checks.LABELS
+  want = pml_checks.pml_vg(
+      pml.LiftedStructureLoss(neg_margin=0.8, pos_margin=0.3), x, y)
+  runs = pml_checks.engines(losses.lifted_structure_loss, x, y, margin=0.8,
+                            pos_margin=0.3)
+  for got in runs.values():
+    pml_checks.close(got, want)
+  assert pml.LiftedStructureLoss().pos_margin == losses.get_loss(
+      "lifted_structure").defaults["pos_margin"]

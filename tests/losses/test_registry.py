@@ -71,6 +71,11 @@ _SPEC.update({
     "pnp": {"b": 2.0, "alpha": 1.0, "anneal": 0.01, "variant": "O"},
     "manifold": {"lambdaC": 1.0, "alpha": 0.8, "margin": 5e-4},
 })
+# Issue #40's last three (helper h40loss), at PML 2.9's defaults.
+_SPEC["instance"] = {"gamma": 64.0}
+_SPEC["histogram"] = {"n_bins": None, "delta": None}
+_SPEC["dynamic_soft_margin"] = {"min_val": -2.0, "num_bins": 10,
+                                "momentum": 0.01}
 _GEOMETRY["vicreg"] = None  # no pairs compared: no geometry
 _PARAM.update({"large_margin_softmax": "class_weights",
                "sphereface": "class_weights", "p2s_grad": "class_weights",
@@ -88,7 +93,7 @@ def test_names_kinds_params_and_paper_defaults():
     assert entry.kind in ("pair", "proxy", "classifier")
     assert entry.param_name == _PARAM.get(name), name
     assert entry.kind == "pair" or entry.param_name is not None
-    assert entry.needs_key == (name == "margin")
+    assert entry.needs_key == (name in ("margin", "triplet"))
     assert entry.paper and entry.reduction
     for key, value in _SPEC[name].items():
       assert entry.defaults[key] == value, (name, key)

@@ -53,3 +53,75 @@ def test_semi_hard_tie_picks_the_lowest_column(d_ap, chosen):
   row = np.asarray(g)[0]
   assert row[1] > 0 and row[chosen] < 0
   assert np.count_nonzero(row[2:]) == 1
+
+
+# pytorch-metric-learning's options (issue 40 item 2): swap, smooth_loss,
+# triplets_per_anchor, against PML 2.9 in float64.
+
+
+def _pml():
+  return pytest.importorskip("pytorch_metric_learning.losses")
+
+
+# Slow (PML in float64, several compiles): CI runs it.
+@pytest.mark.slow
+def test_swap_and_smooth_loss_equal_pytorch_metric_learning():
+  from tests.losses import pml_checks
+  pml = _pml()
+  x, y = pml_checks.batch(seed=1), pml_checks.LABELS
+  for kw in ({"swap": True}, {"smooth_loss": True},
+             {"swap": True, "smooth_loss": True}):
+    want = pml_checks.pml_vg(pml.TripletMarginLoss(margin=0.1, **kw), x, y)
+    pml_checks.close(pml_checks.vg(losses.triplet_margin_loss, x, y,
+                                   margin=0.1, **kw), want)
+  pml_checks.close(pml_checks.sharded_dense(
+      losses.triplet_margin_loss, x, y, margin=0.1, **kw), want)
+
+
+# Slow (PML in float64, several compiles): CI runs it.
+@pytest.mark.slow
+def test_sampled_triplets_equal_pmls_loss_on_the_same_triplets():
+  import torch
+  from tests.losses import pml_checks
+  pml = _pml()
+  x, y = pml_checks.batch(seed=1), pml_checks.LABELS
+  key = jax.random.PRNGKey(3)
+  same = y[:, None] == y[None, :]
+  pos, neg = same & ~np.eye(16, dtype=bool), ~same
+  p, n = map(np.asarray, losses.triplet.sample_triplets(
+      jnp.asarray(pos), jnp.asarray(neg), 3, jax.random.fold_in(key, 0)))
+  assert pos[np.arange(15)[:, None], p[:15]].all()  # row 15: no positive
+  assert neg[np.arange(16)[:, None], n].all()
+  a = np.repeat(np.arange(15), 3)
+  triplets = tuple(torch.tensor(v, dtype=torch.int64)
+                   for v in (a, p[:15].ravel(), n[:15].ravel()))
+  want = pml_checks.pml_vg(pml.TripletMarginLoss(margin=0.1, swap=True), x,
+                           y, indices_tuple=triplets)
+  got = pml_checks.vg(losses.triplet_margin_loss, x, y, margin=0.1,
+                      swap=True, triplets_per_anchor=3, key=key)
+  pml_checks.close(got, want)
+  # The same key, the same triplets; as a config's string too.
+  again = pml_checks.vg(losses.triplet_margin_loss, x, y, margin=0.1,
+                        swap=True, triplets_per_anchor="3", key=key)
+  assert float(again[0]) == float(got[0])
+
+
+def test_the_options_defaults_are_pmls():
+  pml = _pml()
+  loss = pml.TripletMarginLoss()
+  defaults = losses.get_loss("triplet").defaults
+  for name in ("swap", "smooth_loss", "triplets_per_anchor"):
+    assert defaults[name] == getattr(loss, name), name
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"triplets_per_anchor": 2}, r"pass a PRNG `key`"),
+    ({"triplets_per_anchor": 0, "key": jax.random.PRNGKey(0)},
+     r"\"all\" or a positive integer"),
+    ({"swap": True, "mining": "batch_hard"}, r"mining=\"all\""),
+])
+def test_bad_options_are_one_line(kw, match):
+  x, y = jnp.ones((4, 3)), jnp.array([0, 0, 1, 1])
+  with pytest.raises(ValueError, match=match) as err:
+    losses.triplet_margin_loss(x, y, **kw)
+  assert "\n" not in str(err.value)

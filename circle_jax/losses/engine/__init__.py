@@ -89,6 +89,7 @@ from circle_jax.losses.engine.geometry import fields as geometry_fields
 from circle_jax.losses.engine.geometry import names as geometry_names
 from circle_jax.losses.engine.geometry import register as register_geometry
 from circle_jax.losses.engine.geometry import resolve as resolve_geometry
+from circle_jax.losses.engine.geometry import require_cosine
 from circle_jax.losses.engine.ring import ring_per_anchor
 from circle_jax.losses.engine.rule import (
     NegativeLogsumexp,

@@ -286,3 +286,11 @@ def build(name: str, **values) -> Geometry:
   own = {f.name for f in dataclasses.fields(default)}
   return dataclasses.replace(
       default, **{k: v for k, v in values.items() if k in own})
+
+
+def require_cosine(geometry, loss: str, why: str) -> None:
+  """ValueError unless ``geometry`` (a loss's ``geometry`` option) is the
+  cosine one or ``None``; ``why``: what the loss needs unit vectors for."""
+  if resolve(geometry) not in (None, COSINE):
+    raise ValueError(
+        f"The {loss} {why}: use the cosine geometry (the default).")

@@ -425,7 +425,8 @@ def test_registry_forwards_references_and_rejects_them_for_other_losses():
                        # own test file
                        "nca", "angular", "generalized_lifted_structure",
                        "intra_pair_variance", "snr_contrastive",
-                       "tuplet_margin", "threshold_consistent_margin", "pnp"}
+                       "tuplet_margin", "threshold_consistent_margin", "pnp",
+                       "instance", "histogram", "dynamic_soft_margin"}
   got = losses.get_loss("circle").apply(
       x, Y, ref=losses.Candidates(r, RY, valid=np.ones(14, bool)))
   np.testing.assert_array_equal(np.asarray(got), np.asarray(
