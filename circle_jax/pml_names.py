@@ -43,6 +43,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import re
 import types
 from typing import Mapping, Optional, Tuple
 
@@ -508,6 +509,13 @@ def missing_options(component: Component) -> Tuple[str, ...]:
   loss = component.needs[0].split(":", 1)[1]
   return tuple(o for o in component.options
                if not _cached(f"option:{loss}:{o}"))
+
+
+def renames(component: Component) -> Mapping[str, str]:
+  """``{pml_name: our_name}``: the renames its difference states as
+  "`pml` -> `ours`" (a conversion such as "`temperature` -> `1 / scale`"
+  is not a rename)."""
+  return dict(re.findall(r"`(\w+)` -> `(\w+)`", component.difference))
 
 
 def find(pml: str) -> Optional[Component]:

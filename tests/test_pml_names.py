@@ -51,16 +51,19 @@ def test_a_default_that_differs_from_pml_is_stated():
     if not c.needs[0:1] or not c.needs[0].startswith("loss:") or (
         name not in losses.LOSSES):
       continue
-    renames = dict(re.findall(r"`(\w+)` -> `(\w+)`", c.difference))
+    renames = pml_names.renames(c)
     ours = losses.LOSSES[name].defaults
     for k, v in _pml_defaults(getattr(pml, c.pml.split(".")[1])).items():
       o = renames.get(k, k)
       if o in ours and ours[o] != v and f"{v}" not in c.difference:
         unstated.append(f"{c.pml}: {k}={v} (ours {o}={ours[o]})")
   assert unstated == []
-  # What it catches.
-  assert pml_names.find("losses.NTXentLoss").difference.endswith(
-      "(PML: 0.07)")
+  # What it catches, and the renames it reads.
+  nt_xent = pml_names.find("losses.NTXentLoss")
+  assert nt_xent.difference.endswith("(PML: 0.07)")
+  assert pml_names.renames(nt_xent) == {"temperature": "tau"}
+  assert pml_names.renames(pml_names.find(
+      "losses.NormalizedSoftmaxLoss")) == {}
 
 
 def test_needs_resolve_by_kind():

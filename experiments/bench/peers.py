@@ -29,15 +29,19 @@ def load_torch():
   return (torch, pytorch_metric_learning, pml, pml_miners), ""
 
 
-def _generic(cls, hyper, num_classes, dim):
-  """``cls`` built from ``hyper`` (PML's names) and the class-matrix sizes
-  its constructor asks for."""
+def _generic(cls, component, hyper, num_classes, dim):
+  """``cls`` built from ``hyper`` (ours, renamed to PML's names as the
+  migration table's row states) and the class-matrix sizes its
+  constructor asks for. Only the constructor's named parameters are
+  passed (the others take PML's defaults)."""
   params = inspect.signature(cls.__init__).parameters
   sizes = {"num_classes": num_classes, "embedding_size": dim,
            "descriptors_dim": dim, "l": dim, "K": num_classes}
   kwargs = {k: v for k, v in sizes.items() if k in params}
-  var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
-  kwargs.update({k: v for k, v in hyper.items() if k in params or var_kw})
+  ours = {o: p for p, o in pml_names.renames(component).items()}
+  for k, v in hyper.items():
+    if ours.get(k, k) in params:
+      kwargs[ours.get(k, k)] = v
   return cls(**kwargs)
 
 
@@ -108,7 +112,13 @@ def pml_loss(mods, name, hyper, num_classes, dim):
     return pml.ArcFaceLoss(num_classes, dim,
                            margin=math.degrees(h["margin"]),
                            scale=h["scale"]), None
+  if name == "subcenter_arcface":
+    return pml.SubCenterArcFaceLoss(
+        num_classes=num_classes, embedding_size=dim,
+        margin=math.degrees(h["margin"]), scale=h["scale"],
+        sub_centers=h["centers_per_class"]), None
   cls = getattr(pml, pml_names.PML_LOSS_CLASSES.get(name, ""), None)
   if cls is None:
     return None
-  return _generic(cls, h, num_classes, dim), None
+  return _generic(cls, pml_names.find(f"losses.{cls.__name__}"), h,
+                  num_classes, dim), None
