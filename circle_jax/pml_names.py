@@ -29,8 +29,8 @@ Needs, one string each:
 * ``option:LOSS:KEYWORD``: the registered loss ``LOSS`` takes ``KEYWORD``
   (its signature, or the pair engine's shared options);
 * ``param:module.function:KEYWORD``: the function has the parameter;
-* ``reduction:NAME``: ``losses.contrastive_loss(..., reduction=NAME)``
-  runs on a 4-sample batch;
+* ``in:module.NAMES:NAME``: ``NAME`` is in that collection (the miner
+  registry, the reductions, the regularizers, the retrieval metrics);
 * ``dataset:NAME``: ``NAME`` is in :data:`circle_jax.data.DATASETS`.
 
 :data:`PML_LOSS_CLASSES` maps a registry name to its PML class name (read
@@ -47,8 +47,6 @@ import re
 import types
 from typing import Mapping, Optional, Tuple
 
-import numpy as np
-
 from circle_jax import data
 from circle_jax import losses
 
@@ -60,6 +58,8 @@ MODULES = ("losses", "miners", "reducers", "distances", "regularizers",
 _BASES = ("Base", "Generic")
 ACCURACY_OPTIONS = ("avg_of_avgs", "return_per_class", "label_comparison_fn")
 
+_WEIGHT_REG = ("`--config.loss.weight_regularizer={}` "
+               "`--config.loss.weight_reg_weight=..`")
 _TRAINERS_LEFT_OUT = (
     "PML 3 removed its trainers and testers; our trainer is "
     "`circle_jax.train` (`python -m experiments.main`)")
@@ -107,7 +107,30 @@ def _fn(pml, attr, call, difference="", cli="", needs=()):
 def _reduction(pml, name, difference=""):
   return Component(f"reducers.{pml}", f"`reduction=\"{name}\"` of a pair "
                    "loss", f"`--config.loss.reduction={name}`",
-                   (f"reduction:{name}",), difference)
+                   ("option:contrastive:reduction",
+                    f"in:{_REDUCTIONS}:{name}"), difference)
+
+
+def _miner(pml, name, call, difference=""):
+  """A miner of the miner registry (``--config.miner.name``)."""
+  return _fn(f"miners.{pml}", f"losses.{name}_miner", call, difference,
+             f"`--config.miner.name={name}`",
+             (f"in:circle_jax.losses.MINERS:{name}",))
+
+
+def _regularizer(pml, name, call, cli):
+  return _fn(f"regularizers.{pml}",
+             f"losses.regularizers.{name}_regularizer", call, "", cli,
+             (f"in:circle_jax.losses.regularizers.REGULARIZERS:{name}",))
+
+
+def _metric(pml, name, difference=""):
+  """A metric of :func:`circle_jax.evaluation.retrieval.retrieval_metrics`
+  that its ``metrics=`` selects."""
+  return Component(f"AccuracyCalculator.{pml}",
+                   f"`retrieval_metrics(..., metrics=(\"{name}\",))`", "",
+                   (f"in:circle_jax.evaluation.retrieval.METRICS:{name}",),
+                   difference)
 
 
 def _out(pml, why):
@@ -115,6 +138,7 @@ def _out(pml, why):
 
 
 _SAME_KNN = "exact top-k on the devices, the metrics' own tiled program"
+_REDUCTIONS = "circle_jax.losses.engine.reductions.REDUCTIONS"
 
 COMPONENTS: Tuple[Component, ...] = (
     # --- losses ---
@@ -197,10 +221,10 @@ COMPONENTS: Tuple[Component, ...] = (
           "two views as rows 2i, 2i + 1 of the batch (`vicreg_loss(x, y)` "
           "for separate arrays)"),
     # --- miners: masks and weights for any pair loss ---
-    _fn("miners.AngularMiner", "losses.angular_miner",
-        "`losses.angular_miner(embeddings, labels, ...)`"),
-    _fn("miners.BatchEasyHardMiner", "losses.batch_easy_hard_miner",
-        "`losses.batch_easy_hard_miner(embeddings, labels, ...)`"),
+    _miner("AngularMiner", "angular",
+           "`losses.angular_miner(embeddings, labels, angle=..)`"),
+    _miner("BatchEasyHardMiner", "batch_easy_hard",
+           "`losses.batch_easy_hard_miner(embeddings, labels, ...)`"),
     _fn("miners.BatchHardMiner", "losses.batch_hard_miner",
         "`losses.batch_hard_miner(embeddings, labels)`",
         "masks `(pos_mask, neg_mask)` for any pair loss",
@@ -213,17 +237,19 @@ COMPONENTS: Tuple[Component, ...] = (
               ("option:triplet:pos_mask", "option:triplet:neg_mask"),
               "not a miner: give the fixed tuples as pair masks (the loss "
               "forms every (anchor, positive, negative) the masks allow)"),
-    _fn("miners.HDCMiner", "losses.hdc_miner",
-        "`losses.hdc_miner(embeddings, labels, ...)`"),
+    _miner("HDCMiner", "hdc",
+           "`losses.hdc_miner(embeddings, labels, filter_percentage=..)`"),
     _fn("miners.MultiSimilarityMiner", "losses.multi_similarity_miner",
         "`losses.multi_similarity_miner(embeddings, labels, epsilon=...)`",
         "", "`--config.loss.mining=true` (multi_similarity)"),
     _fn("miners.PairMarginMiner", "losses.pair_margin_miner",
         "`losses.pair_margin_miner(embeddings, labels, ...)`"),
-    _fn("miners.TripletMarginMiner", "losses.triplet_margin_miner",
-        "`losses.triplet_margin_miner(embeddings, labels, ...)`"),
-    _fn("miners.UniformHistogramMiner", "losses.uniform_histogram_miner",
-        "`losses.uniform_histogram_miner(embeddings, labels, key, ...)`"),
+    _miner("TripletMarginMiner", "triplet_margin",
+           "`losses.triplet_margin_miner(embeddings, labels, margin=.., "
+           "type_of_triplets=..)`"),
+    _miner("UniformHistogramMiner", "uniform_histogram",
+           "`losses.uniform_histogram_miner(embeddings, labels, key, ...)`",
+           "returns `pair_weights` (the draw counts) instead of indices"),
     # --- reducers: the pair losses' `reduction` option ---
     _reduction("AvgNonZeroReducer", "avg_non_zero"),
     _reduction("ClassWeightedReducer", "class_weighted"),
@@ -255,19 +281,22 @@ COMPONENTS: Tuple[Component, ...] = (
     Component("distances.SNRDistance", "`geometry=\"snr\"`",
               "`--config.loss.geometry=snr`", ("geometry:snr",)),
     # --- regularizers ---
-    _fn("regularizers.CenterInvariantRegularizer",
-        "losses.regularizers.center_invariant",
-        "class-matrix regularizer `center_invariant`"),
-    _fn("regularizers.LpRegularizer", "losses.regularizers.lp",
-        "regularizer `lp` (embeddings or class matrix)"),
-    _fn("regularizers.RegularFaceRegularizer",
-        "losses.regularizers.regular_face",
-        "class-matrix regularizer `regular_face`"),
-    _fn("regularizers.SparseCentersRegularizer",
-        "losses.regularizers.sparse_centers",
-        "class-matrix regularizer `sparse_centers`"),
-    _fn("regularizers.ZeroMeanRegularizer", "losses.regularizers.zero_mean",
-        "class-matrix regularizer `zero_mean`"),
+    _regularizer("CenterInvariantRegularizer", "center_invariant",
+                 "`losses.regularizers.center_invariant_regularizer(w)`",
+                 _WEIGHT_REG.format("center_invariant")),
+    _regularizer("LpRegularizer", "lp",
+                 "`losses.regularizers.lp_regularizer(x, p=.., power=..)`",
+                 "`--config.loss.embedding_regularizer=lp` (or "
+                 "`weight_regularizer`)"),
+    _regularizer("RegularFaceRegularizer", "regular_face",
+                 "`losses.regularizers.regular_face_regularizer(w)`",
+                 _WEIGHT_REG.format("regular_face")),
+    _regularizer("SparseCentersRegularizer", "sparse_centers",
+                 "`losses.regularizers.sparse_centers_regularizer(w, ...)`",
+                 _WEIGHT_REG.format("sparse_centers")),
+    _regularizer("ZeroMeanRegularizer", "zero_mean",
+                 "`losses.regularizers.zero_mean_regularizer(w)`",
+                 _WEIGHT_REG.format("zero_mean")),
     # --- samplers ---
     _out("samplers.FixedSetOfTriplets",
          "a fixed list of triplets is a data-loader choice; batches here "
@@ -355,17 +384,13 @@ COMPONENTS: Tuple[Component, ...] = (
               "`--config.eval_clustering=true`",
               ("attr:circle_jax.evaluation.clustering.clustering_metrics",),
               "k-means in JAX"),
-    Component("AccuracyCalculator.mean_average_precision",
-              "`retrieval_metrics(...)[\"mean_average_precision\"]`", "",
-              ("attr:circle_jax.evaluation.retrieval."
-               "MEAN_AVERAGE_PRECISION",)),
+    _metric("mean_average_precision", "mean_average_precision",
+            "exact: every relevant item ranked (PML: up to its `k`)"),
     Component("AccuracyCalculator.mean_average_precision_at_r",
               "`retrieval_metrics(...)[\"map@r\"]`", "",
               ("attr:circle_jax.evaluation.retrieval.retrieval_metrics",),
               "exact: every relevant item ranked (PML: up to its `k`)"),
-    Component("AccuracyCalculator.mean_reciprocal_rank",
-              "`retrieval_metrics(...)[\"mean_reciprocal_rank\"]`", "",
-              ("attr:circle_jax.evaluation.retrieval.MEAN_RECIPROCAL_RANK",)),
+    _metric("mean_reciprocal_rank", "mean_reciprocal_rank"),
     Component("AccuracyCalculator.precision_at_1",
               "`retrieval_metrics(...)[\"precision@1\"]`", "",
               ("attr:circle_jax.evaluation.retrieval.retrieval_metrics",)),
@@ -451,16 +476,6 @@ def _takes(fn, keyword: str, shared=()) -> bool:
   return keyword in params or (var_kw and keyword in shared)
 
 
-def _reduction_runs(name: str) -> bool:
-  x = np.arange(12, dtype=np.float32).reshape(4, 3) % 5 - 2
-  try:
-    value = losses.contrastive_loss(x, np.array([0, 0, 1, 1]),
-                                    reduction=name)
-  except (TypeError, ValueError):
-    return False
-  return bool(np.all(np.isfinite(np.asarray(value))))
-
-
 def resolves(need: str) -> bool:
   """Whether ``need`` (a string of the module docstring's forms) resolves.
 
@@ -482,8 +497,10 @@ def resolves(need: str) -> bool:
     target, keyword = what.split(":")
     fn = _attr(target)
     return fn is not None and _takes(fn, keyword)
-  if kind == "reduction":
-    return _reduction_runs(what)
+  if kind == "in":
+    names, _, name = what.rpartition(":")
+    collection = _attr(names)
+    return collection is not None and name in collection
   if kind == "dataset":
     return what in data.DATASETS
   raise ValueError(f"Unknown need {need!r}; see circle_jax.pml_names.")

@@ -71,12 +71,13 @@ def test_needs_resolve_by_kind():
         "attr:circle_jax.train.loop.train_and_evaluate", "geometry:cosine",
         "option:circle:pos_mask", "option:triplet:mining",
         "param:circle_jax.losses.batch_hard_miner:axis_name",
-        "dataset:cub200"]
+        "dataset:cub200", "in:circle_jax.data.DATASETS:cub200"]
   bad = ["loss:no_such_loss", "attr:circle_jax.losses.no_such_fn",
          "attr:circle_jax.no_such_module.x", "geometry:no_such",
          "option:circle:no_such", "option:no_such:margin",
          "param:circle_jax.losses.batch_hard_miner:no_such",
-         "dataset:no_such", "reduction:no_such_reduction"]
+         "dataset:no_such", "in:circle_jax.data.DATASETS:no_such",
+         "in:circle_jax.no_such.NAMES:x"]
   assert [n for n in ok if not pml_names.resolves(n)] == []
   assert [n for n in bad if pml_names.resolves(n)] == []
   with pytest.raises(ValueError, match="Unknown need 'nope:x'"):
