@@ -21,6 +21,9 @@ Tables (the word after ``docs_tables`` in the marker):
   the signature, and the registry name of a registered loss.
 * ``datasets``: :func:`dataset_table`, the dataset registry's classes, split
   sizes and Recall@K cut-offs (``circle_jax.data.DATASETS``).
+* ``pml``: :func:`pml_table`, pytorch-metric-learning's components and ours
+  (``circle_jax.pml_names.COMPONENTS``), each row's status computed from
+  the code: a row is "present" only while its names resolve.
 
 ``python -m circle_jax.docs_tables`` rewrites every generated table of the
 README and ``docs/*.md`` in place; ``--check`` only lists the stale ones and
@@ -138,6 +141,48 @@ def dataset_table() -> str:
                  "channels"], rows)
 
 
+def _loss_call(name: str) -> str:
+  """``losses.fn(positional..., hyper=.., ...)`` of a registered loss."""
+  entry = losses.LOSSES[name]
+  params = inspect.signature(entry.fn).parameters.values()
+  args = [p.name for p in params
+          if p.default is p.empty and p.kind is p.POSITIONAL_OR_KEYWORD]
+  args += [f"{k}=.." for k in entry.defaults]
+  return f"`losses.{entry.fn.__name__}({', '.join(args)})`"
+
+
+def pml_table() -> str:
+  """pytorch-metric-learning 2.9's components and ours, with their status.
+
+  Returns:
+    Markdown: a line of counts, then one row per
+    ``circle_jax.pml_names.COMPONENTS`` entry (PML name, our call, command
+    line, status, difference), ending with a newline. A loss's call is read
+    from its registry entry; a status is "present" only when every name the
+    row needs resolves (:func:`circle_jax.pml_names.status`).
+  """
+  from circle_jax import pml_names  # pylint: disable=g-import-not-at-top
+  rows, counts = [], {"present": 0, "not yet": 0, "left out": 0}
+  for c in pml_names.COMPONENTS:
+    status = pml_names.status(c)
+    counts[status] += 1
+    ours = c.ours
+    if not ours:  # a loss: its call from the registry
+      name = c.needs[0].split(":", 1)[1]
+      ours = _loss_call(name) if status == "present" else f"`{name}`"
+    difference = c.left_out or c.difference
+    missing = pml_names.missing_options(c) if status == "present" else ()
+    if missing:
+      difference += ("; " if difference else "") + "not yet: " + ", ".join(
+          f"`{o}`" for o in missing)
+    rows.append([f"`{c.pml}`", ours, c.cli or "-", status,
+                 difference or "-"])
+  summary = (f"{len(rows)} components ({pml_names.count_rule()}): "
+             + ", ".join(f"{n} {k}" for k, n in counts.items()) + ".\n\n")
+  return summary + _table(["PML 2.9", "ours", "command line", "status",
+                           "difference"], rows)
+
+
 def render(spec: str) -> str:
   """The table a marker names (see the module docstring)."""
   kind, *args = spec.split()
@@ -149,9 +194,11 @@ def render(spec: str) -> str:
     return call_table(args)
   if kind == "datasets" and not args:
     return dataset_table()
+  if kind == "pml" and not args:
+    return pml_table()
   raise ValueError(
       f"Unknown generated table {spec!r}; the marker takes 'losses', "
-      f"'readme-losses', 'datasets' or 'calls NAME...'.")
+      f"'readme-losses', 'datasets', 'pml' or 'calls NAME...'.")
 
 
 def regenerate(text: str) -> str:

@@ -9,6 +9,7 @@ import pytest
 
 from circle_jax import docs_tables
 from circle_jax import losses
+from circle_jax import pml_names
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -27,6 +28,7 @@ def test_generated_tables_are_up_to_date(path):
     ("docs/losses.md", "losses"),
     ("docs/losses_circle_ms.md", "calls circle_loss "),
     ("docs/losses_rll_proxy.md", "calls ranked_list_loss "),
+    ("docs/migration_from_pml.md", "pml"),
 ])
 def test_the_loss_tables_are_generated(path, spec):
   text = (REPO / path).read_text(encoding="utf-8")
@@ -115,3 +117,29 @@ def test_no_pml_loss_statements_hold_for_pml_as_installed():
           "x: ranked_list (| ranked_list | 326 ms | no PML loss | - |)",
           "z: nt_xent (nt_xent and ranked_proxy_anchor have no PML "
           "implementation.)"]
+
+
+def _migration_rows():
+  text = (REPO / "docs/migration_from_pml.md").read_text(encoding="utf-8")
+  rows = [line.split(" | ") for line in text.splitlines()
+          if line.startswith("| `")]
+  return {r[0].strip("| `"): r[3] for r in rows}
+
+
+def test_migration_rows_marked_present_resolve():
+  """A PML component the committed migration table calls present has
+  every name its row needs in the package (a registry entry, a function,
+  an option), and every component has a row."""
+  rows = _migration_rows()
+  assert sorted(rows) == sorted(c.pml for c in pml_names.COMPONENTS)
+  present = [pml for pml, status in rows.items() if status == "present"]
+  assert "losses.CircleLoss" in present
+  broken = [f"{pml}: {need}" for pml in present
+            for need in pml_names.find(pml).needs
+            if not pml_names.resolves(need)]
+  assert broken == [], (
+      f"docs/migration_from_pml.md says present: {broken}; run "
+      f"`{docs_tables.COMMAND}` and commit the result.")
+  readme = (REPO / "README.md").read_text(encoding="utf-8")
+  assert ("coming from pytorch-metric-learning](docs/migration_from_pml.md)"
+          in readme.lower())

@@ -3,11 +3,14 @@
 That the committed tables are current is checked in tests/test_docs.py.
 """
 
+import re
+
 import pytest
 
 from circle_jax import data
 from circle_jax import docs_tables
 from circle_jax import losses
+from circle_jax import pml_names
 
 
 def test_readme_table_has_every_loss_with_its_defaults():
@@ -103,3 +106,22 @@ def test_documents_are_the_readme_then_the_docs_sorted(tmp_path):
   assert docs_tables.documents(tmp_path) == [
       tmp_path / "README.md", tmp_path / "docs" / "a.md",
       tmp_path / "docs" / "b.md"]
+
+
+def test_pml_table_rows_status_from_the_code():
+  lines = docs_tables.pml_table().splitlines()
+  counts = dict((k, int(n)) for n, k in re.findall(
+      r"(\d+) (present|not yet|left out)", lines[0]))
+  rows = [r.split(" | ") for r in lines[4:]]
+  assert lines[2] == ("| PML 2.9 | ours | command line | status | "
+                      "difference |")
+  assert len(rows) == len(pml_names.COMPONENTS) == sum(counts.values())
+  for status, n in counts.items():
+    assert sum(r[3] == status for r in rows) == n
+  by_pml = {r[0].strip("| `"): r for r in rows}
+  # A loss's call is read from its registry entry.
+  assert by_pml["losses.CircleLoss"][1:4] == [
+      "`losses.circle_loss(embeddings, labels, margin=.., gamma=..)`",
+      "`--config.loss.name=circle`", "present"]
+  assert by_pml["trainers.CascadedEmbeddings"][3] == "left out"
+  assert "PML 3" in by_pml["trainers.CascadedEmbeddings"][4]

@@ -75,7 +75,9 @@ _SLOW_CALL_S = 20.0
 # 23 GB machine above these batch sizes).
 # NTXentLoss builds a float [positive pairs, negative pairs] matrix: B^3
 # (68 GB at B = 4,096 with two views).
-_PEER_MAX_BATCH = {"lifted_structure": 256, "triplet": 1024, "nt_xent": 512}
+# PNPLoss builds [B, B, B] float tensors (275 GB at B = 4,096).
+_PEER_MAX_BATCH = {"lifted_structure": 256, "triplet": 1024, "nt_xent": 512,
+                   "pnp": 256}
 TARGETED = ("circle", "multi_similarity", "ranked_list", "proxy_anchor",
             "ranked_proxy_anchor")
 _MIB = 2**20
@@ -140,10 +142,7 @@ def _measure_torch(mods, name, hyper, x_np, labels_np, num_classes, dtype,
     x.grad = None
     for p in params:
       p.grad = None
-    if miner is not None:
-      loss = loss_fn(x, labels, miner(x, labels))
-    else:
-      loss = loss_fn(x, labels)
+    loss = peers.pml_forward(name, loss_fn, miner, x, labels)
     loss.backward()
     return loss
 
@@ -151,7 +150,8 @@ def _measure_torch(mods, name, hyper, x_np, labels_np, num_classes, dtype,
     seconds = timing.median_s(lambda: (step(), ())[1], warmup, repeats,
                            budget_s=_SLOW_CALL_S)
   except Exception as e:  # pylint: disable=broad-except
-    return Measured(note=f"peer error: {type(e).__name__}"[:80])
+    # The first words say why (e.g. an allocation the host cannot make).
+    return Measured(note=f"peer error: {type(e).__name__}: {e}"[:100])
   return Measured(seconds)
 
 
@@ -210,8 +210,12 @@ def _loss_fns(names, block_size):
 
 
 def run(args) -> List[Row]:
-  names = (list(cj_losses.LOSSES) if args.losses == "all"
-           else [n.strip() for n in args.losses.split(",") if n.strip()])
+  if args.losses == "all":
+    names = list(cj_losses.LOSSES)
+  elif args.losses in cj_losses.registry.KINDS:  # every loss of a kind
+    names = [n for n, e in cj_losses.LOSSES.items() if e.kind == args.losses]
+  else:
+    names = [n.strip() for n in args.losses.split(",") if n.strip()]
   unknown = [n for n in names if n not in cj_losses.LOSSES]
   if unknown:
     raise SystemExit(f"unknown losses {unknown}; known: {sorted(cj_losses.LOSSES)}")
@@ -263,6 +267,10 @@ def run(args) -> List[Row]:
         measured = _measure_jax(jfn, (x, labels, params), warmup, repeats,
                                 max_bytes)
         floor_name = "BxB" if kind == "pair" else "BxC"
+        if args.floor_every_loss:  # next to the loss, under the same load
+          floors[floor_name] = _measure_jax(
+              floor.FLOOR, (x, x if kind == "pair" else proxies), warmup,
+              repeats, max_bytes)
         peer = Measured(note=torch_msg if torch_mods is None else "")
         peer_max = min(args.torch_max_batch,
                        _PEER_MAX_BATCH.get(name, args.torch_max_batch))
@@ -322,6 +330,10 @@ def _platform_name():
   return jax.devices()[0].platform
 
 
+def _load(avg):
+  return ", ".join(f"{v:.2f}" for v in avg)
+
+
 def write_markdown(rows: List[Row], args, path: pathlib.Path, started: float):
   dev = jax.devices()[0]
   lines = [
@@ -341,7 +353,12 @@ def write_markdown(rows: List[Row], args, path: pathlib.Path, started: float):
       "- floor: forward+backward of the bare similarity matmul (`S = X Y^T`, "
       "`dX = dS Y`, `dY = dS^T X`) in float32; BxB for pair losses, BxC "
       "(samples x proxies/classes) for proxy and classifier losses; ratio = "
-      "loss time / floor time",
+      "loss time / floor time"
+      + ("; the floor is timed again right before each loss (same load)"
+         if args.floor_every_loss else ""),
+      f"- load average (1, 5, 15 min, as `uptime` reports it): "
+      f"{_load(args.load_at_start)} at the start, {_load(os.getloadavg())} "
+      f"at the end, on {os.cpu_count()} CPUs",
       "- peak MiB: XLA memory analysis of the compiled forward+backward "
       "(arguments + outputs + temporaries)",
       "- load-independent columns from XLA's cost analysis of the compiled "
@@ -371,7 +388,9 @@ def main(argv=None):
                    out="output file (default experiments/results/bench/"
                        "losses_<platform>.md)")
   p.add_argument("--losses", default="all",
-                 help="comma-separated registry names, or 'all'")
+                 help="comma-separated registry names, 'all', or a kind "
+                      "('pair', 'proxy', 'classifier': every registered "
+                      "loss of that kind)")
   p.add_argument("--batch-sizes", default="256,1024,4096,16384")
   p.add_argument("--dtypes", default="float32,bfloat16")
   p.add_argument("--dim", type=int, default=512)
@@ -391,12 +410,17 @@ def main(argv=None):
   p.add_argument("--threads", type=int,
                  default=len(os.sched_getaffinity(0)),
                  help="torch threads for the peer library")
+  p.add_argument("--floor-every-loss", action="store_true",
+                 help="time the matmul floor again before each loss (on a "
+                      "loaded host the ratio then compares times taken "
+                      "under the same load)")
   p.add_argument("--no-torch", action="store_true")
   p.add_argument("--torch-max-batch", type=int, default=4096)
   p.add_argument("--max-memory-gb", type=float, default=6.0,
                  help="skip (compile only) programs needing more memory")
   args = p.parse_args(argv)
   started = time.time()
+  args.load_at_start = os.getloadavg()
   print("[bench] " + HEADER, flush=True)
   rows = run(args)
   out = pathlib.Path(args.out) if args.out else (

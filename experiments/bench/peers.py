@@ -4,12 +4,18 @@
 ``[bench]`` extra; without them the benchmarks report "n/a");
 :func:`pml_loss` builds the peer's implementation of a registry loss with the
 hyperparameters mapped from ours (``experiments.bench.losses``,
-``experiments.bench.contrastive``).
+``experiments.bench.contrastive``). Which PML class is a registry loss's
+is read from :data:`circle_jax.pml_names.PML_LOSS_CLASSES` (the migration
+table's one mapping); a loss whose hyperparameters carry PML's constructor
+names and units is built from it generically (:func:`pml_loss`).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
+
+from circle_jax import pml_names
 
 
 def load_torch():
@@ -21,6 +27,35 @@ def load_torch():
   except ImportError as e:
     return None, f"pytorch-metric-learning not installed ({e.name}): pip install -e .[bench]"
   return (torch, pytorch_metric_learning, pml, pml_miners), ""
+
+
+def _generic(cls, component, hyper, num_classes, dim):
+  """``cls`` built from ``hyper`` (ours, renamed to PML's names as the
+  migration table's row states) and the class-matrix sizes its
+  constructor asks for. Only the constructor's named parameters are
+  passed (the others take PML's defaults)."""
+  params = inspect.signature(cls.__init__).parameters
+  sizes = {"num_classes": num_classes, "embedding_size": dim,
+           "descriptors_dim": dim, "l": dim, "K": num_classes}
+  kwargs = {k: v for k, v in sizes.items() if k in params}
+  ours = {o: p for p, o in pml_names.renames(component).items()}
+  for k, v in hyper.items():
+    if ours.get(k, k) in params:
+      kwargs[ours.get(k, k)] = v
+  return cls(**kwargs)
+
+
+def pml_forward(name, loss_fn, miner, x, labels):
+  """The peer's loss of ``x`` (``[B, D]``) as the registry loss ``name``
+  sees it: VICReg's two views are rows ``2i`` and ``2i + 1``; Manifold's
+  labels (each sample's proxy) are PML's ``indices_tuple``."""
+  if name == "vicreg":
+    return loss_fn(x[0::2], ref_emb=x[1::2])
+  if name == "manifold":
+    return loss_fn(x, indices_tuple=labels)
+  if miner is not None:
+    return loss_fn(x, labels, miner(x, labels))
+  return loss_fn(x, labels)
 
 
 def pml_loss(mods, name, hyper, num_classes, dim):
@@ -77,4 +112,13 @@ def pml_loss(mods, name, hyper, num_classes, dim):
     return pml.ArcFaceLoss(num_classes, dim,
                            margin=math.degrees(h["margin"]),
                            scale=h["scale"]), None
-  return None
+  if name == "subcenter_arcface":
+    return pml.SubCenterArcFaceLoss(
+        num_classes=num_classes, embedding_size=dim,
+        margin=math.degrees(h["margin"]), scale=h["scale"],
+        sub_centers=h["centers_per_class"]), None
+  cls = getattr(pml, pml_names.PML_LOSS_CLASSES.get(name, ""), None)
+  if cls is None:
+    return None
+  return _generic(cls, pml_names.find(f"losses.{cls.__name__}"), h,
+                  num_classes, dim), None
