@@ -21,6 +21,8 @@ Tables (the word after ``docs_tables`` in the marker):
   the signature, and the registry name of a registered loss.
 * ``datasets``: :func:`dataset_table`, the dataset registry's classes, split
   sizes and Recall@K cut-offs (``circle_jax.data.DATASETS``).
+* ``reductions``: :func:`reduction_table`, each pair loss's terms under the
+  ``reduction`` option.
 
 ``python -m circle_jax.docs_tables`` rewrites every generated table of the
 README and ``docs/*.md`` in place; ``--check`` only lists the stale ones and
@@ -138,6 +140,47 @@ def dataset_table() -> str:
                  "channels"], rows)
 
 
+_TERMS = {
+    1: ("anchor", "PML's `element` terms; every engine"),
+    2: ("pair", "each set reduced on its own, then added (PML's "
+        "`MultipleReducers`); the dense engine"),
+    3: ("triplet", "PML's `triplet` terms (`mining=\"all\"`)"),
+}
+
+
+def _reduction_terms(entry):
+  """``(terms, difference)`` of a loss's ``reduction`` option, read by
+  tracing it on a tiny batch with ``reduction="none"`` (the terms' rank)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  x = jax.ShapeDtypeStruct((4, 3), jnp.float32)
+  y = jnp.asarray([0, 0, 1, 1], jnp.int32)
+  params = None if entry.param_name is None else jax.eval_shape(
+      lambda: entry.init_params(jax.random.PRNGKey(0), 2, 3))
+  try:
+    out = jax.eval_shape(lambda e, p: entry.apply(
+        e, y, p, key=jax.random.PRNGKey(0), reduction="none"), x, params)
+  except ValueError as e:  # the refusal's reason, in brackets
+    return "its own only", re.search(r"\((.*)\)", str(e)).group(1)
+  return _TERMS[len(out.shape)]
+
+
+def reduction_table() -> str:
+  """The ``reduction`` option of every pair loss: what a term is and how
+  the reduction differs from PML's reducer on the same loss.
+
+  Returns:
+    Markdown, one row per registered loss that takes the option.
+  """
+  rows = []
+  for name, entry in losses.LOSSES.items():
+    if entry.reduction_fields():
+      terms, note = _reduction_terms(entry)
+      rows.append([f"`{name}`", terms, entry.reduction, note])
+  return _table(["loss", "a term is", "own reduction (`reduction` unset)",
+                 "with `reduction`, compared with PML"], rows)
+
+
 def render(spec: str) -> str:
   """The table a marker names (see the module docstring)."""
   kind, *args = spec.split()
@@ -149,9 +192,11 @@ def render(spec: str) -> str:
     return call_table(args)
   if kind == "datasets" and not args:
     return dataset_table()
+  if kind == "reductions" and not args:
+    return reduction_table()
   raise ValueError(
       f"Unknown generated table {spec!r}; the marker takes 'losses', "
-      f"'readme-losses', 'datasets' or 'calls NAME...'.")
+      f"'readme-losses', 'datasets', 'reductions' or 'calls NAME...'.")
 
 
 def regenerate(text: str) -> str:
