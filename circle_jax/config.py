@@ -45,7 +45,7 @@ from circle_jax.errors import UserError
 LAYOUT_SET_BY_TRAINER = ("num_classes", "key")
 
 # Sections whose keys are free (constructor / preset keyword arguments).
-OPEN_SECTIONS = ("dataset.preprocess", "model.kwargs")
+OPEN_SECTIONS = ("dataset.preprocess", "model.kwargs", "more_losses")
 
 PARALLELISM = parallel.MODES
 
@@ -183,6 +183,14 @@ def execution_option_types(entry) -> Dict[str, type]:
   return out
 
 
+def regularizer_fields(entry) -> Dict[str, Any]:
+  """The regularizer fields of a loss's config with their defaults
+  (:data:`circle_jax.losses.regularizers.FIELDS`); the ``weight_*`` ones
+  only for a loss with a learnable parameter."""
+  return {k: v for k, v in losses_lib.regularizers.FIELDS.items()
+          if entry.param_name is not None or not k.startswith("weight_")}
+
+
 def loss_config(name: str = "circle", **hyper) -> ml_collections.ConfigDict:
   """``config.loss`` for the registered loss ``name`` (locked).
 
@@ -212,7 +220,9 @@ def loss_config(name: str = "circle", **hyper) -> ml_collections.ConfigDict:
   entry = losses_lib.get_loss(name)
   options = execution_option_types(entry)
   fields = loss_fields(entry)
-  unknown = sorted(set(hyper) - set(fields) - set(options))
+  unknown = sorted(set(hyper) - set(fields) - set(options)
+                   - set(entry.reduction_fields())
+                   - set(regularizer_fields(entry)))
   if unknown:
     raise ValueError(
         f"loss {name!r} has no hyperparameter(s) {unknown}; it accepts "
@@ -221,9 +231,28 @@ def loss_config(name: str = "circle", **hyper) -> ml_collections.ConfigDict:
   c.name = name
   for k, v in fields.items():
     c[k] = hyper.get(k, v)
+  # The reduction option's fields, unset: the loss's own reduction.
+  for k, kind in entry.reduction_fields().items():
+    c[k] = hyper.get(k, placeholder(kind))
+  # The regularizers added to the loss (PML's; "weight_*" only with a
+  # class matrix).
+  for k, v in regularizer_fields(entry).items():
+    c[k] = hyper.get(k, v)
   for o, kind in options.items():
     c[o] = hyper.get(o, placeholder(kind))
   _set_paths(c, "config.loss")
+  return c.lock()
+
+
+def more_loss(name: str, weight: float = 1.0,
+              **hyper) -> ml_collections.ConfigDict:
+  """A section of ``config.more_losses``: :func:`loss_config` of ``name``
+  and its ``weight`` in the sum (PML's ``MultipleLosses``; a metric loss
+  plus a classifier is its ``TrainWithClassifier``). Each term has its own
+  hyperparameters and class matrix; the step adds ``weight * L`` of the
+  batch (:mod:`circle_jax.train.step`), not of the cross-batch memory."""
+  c = loss_config(name, **hyper).unlock()
+  c.weight = float(weight)
   return c.lock()
 
 
@@ -272,6 +301,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.kwargs = Config()  # more model arguments
 
   c.loss = loss_config("circle")   # name + every hyperparameter (see above)
+  # More losses added to it, each weighted (PML's MultipleLosses): key ->
+  # more_loss(name, weight, **hyper), set in a config file.
+  c.more_losses = Config()
 
   c.batch = Config()
   c.batch.sampler = "pk"           # "pk": P classes x K images; "random";
@@ -388,8 +420,11 @@ def from_dict(saved: Dict[str, Any], *, source: str = "the saved config"
   c = base_config()
   saved = dict(saved)
   loss = dict(saved.pop("loss", {}) or {})
+  more = dict(saved.pop("more_losses", {}) or {})
   try:
     c.loss = loss_config(**loss)
+    for key, section in more.items():
+      c.more_losses[key] = more_loss(**section)
     c.update(saved)
   except (KeyError, AttributeError, TypeError, ValueError) as e:
     first = str(e).strip("'\"").splitlines()[0]

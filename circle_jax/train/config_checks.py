@@ -14,6 +14,7 @@ from typing import Optional, Tuple
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 
 from circle_jax import config as config_lib
 from circle_jax import config_facts as facts
@@ -269,7 +270,9 @@ def _check_loss(config, info):
   entry = losses_lib.get_loss(loss_name)
   hyper = facts.loss_hyper(config)
   accepted = (sorted(config_lib.loss_fields(entry))
-              + list(entry.execution_options))
+              + list(entry.execution_options)
+              + list(entry.reduction_fields())
+              + list(config_lib.regularizer_fields(entry)))
   # (and a field of another loss that the section holds: LossSection)
   unknown = sorted(set(hyper) - set(accepted)) or sorted(
       getattr(config.loss, "held", {}))
@@ -296,10 +299,56 @@ def _check_loss(config, info):
       0 < rate <= 1):
     _fail("loss.sample_rate", "must be a number in (0, 1] (the fraction of "
           f"the negative classes each step keeps; 1: all); got {rate!r}.")
+  weights = config.loss.get("reduction_weights", None)
+  if (config.loss.get("reduction", None) == "class_weighted"
+      and (weights is None or len(weights) != n)):
+    _fail("loss.reduction_weights", f"reduction 'class_weighted' needs one "
+          f"weight per class ({n}); got {weights!r}.")
+  regs = {k: hyper.pop(k) for k in losses_lib.regularizers.FIELDS
+          if k in hyper}
+  for target in ("embedding", "weight"):
+    try:
+      losses_lib.regularizers.check_regularizer(
+          regs.get(f"{target}_regularizer", ""),
+          "embeddings" if target == "embedding" else "weights")
+    except ValueError as e:
+      _fail(f"loss.{target}_regularizer", str(e))
+  if regs.get("weight_regularizer") and config.loss.get("shard_classes"):
+    _fail("loss.weight_regularizer", "a class matrix sharded over the "
+          "devices cannot be regularized whole; unset loss.shard_classes.")
   hyper.pop("shard_classes", None)  # traced whole: no device axis here
   _check_loss_hyper(entry, hyper, config.model.embedding_dim, n,
                     references=bool(config.xbm.size) and entry.supports_ref)
   return entry
+
+
+def _check_more_losses(config, info) -> None:
+  """``config.more_losses``: each term a known loss with a numeric weight
+  and hyperparameters its loss accepts; no sharded class matrix."""
+  n = facts.num_classes(config, info)
+  for key, section in config.get("more_losses", {}).items():
+    path = f"more_losses.{key}"
+    if not isinstance(section, ml_collections.ConfigDict) or (
+        section.get("name") not in losses_lib.LOSSES):
+      _fail(path, "must be config.more_loss(NAME, weight, **hyper) with a "
+            f"registered loss name; got {section!r}.")
+    weight = section.get("weight")
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+      _fail(f"{path}.weight", f"must be a number; got {weight!r}.")
+    if section.get("shard_classes") or config.loss.get("shard_classes"):
+      _fail(f"{path}", "more losses take no class matrix sharded over the "
+            "devices; unset loss.shard_classes.")
+    entry = losses_lib.get_loss(section.name)
+    _, _, _, hyper = next(t for t in facts.more_losses(config)
+                          if t[0] == key)
+    for k in losses_lib.regularizers.FIELDS:
+      hyper.pop(k, None)
+    hyper.pop("shard_classes", None)
+    try:
+      _check_loss_hyper(entry, hyper, config.model.embedding_dim, n)
+    except ConfigError as e:
+      raise ConfigError(str(e).replace("config.loss", f"config.{path}")
+                        ) from None
 
 
 def _check_class_layout(config, placement) -> None:
@@ -541,6 +590,7 @@ def check_config(config, *, device_count: Optional[int] = None,
   _check_num_classes(config, info)
   _check_model(config, info)
   entry = _check_loss(config, info)
+  _check_more_losses(config, info)
   placement = _check_placement(config)
   _check_class_layout(config, placement)
   _check_sampler(config, info, held_out, entry)
