@@ -299,6 +299,9 @@ def _check_loss(config, info):
       0 < rate <= 1):
     _fail("loss.sample_rate", "must be a number in (0, 1] (the fraction of "
           f"the negative classes each step keeps; 1: all); got {rate!r}.")
+  if config.loss.get("reduction", None) == "none":
+    _fail("loss.reduction", "'none' returns the loss's terms, not a loss to "
+          "train on; pick a reduction such as 'mean' (or unset it).")
   weights = config.loss.get("reduction_weights", None)
   if (config.loss.get("reduction", None) == "class_weighted"
       and (weights is None or len(weights) != n)):

@@ -237,6 +237,7 @@ def test_reduction_regularizers_and_more_losses_are_checked_in_one_line():
        "config.loss.reduction_weights: reduction 'class_weighted' needs one "
        "weight per class"),
       (dict(reduction="sum", block_size=4), "needs the dense engine"),
+      (dict(reduction="none"), "config.loss.reduction: 'none' returns"),
       (dict(embedding_regularizer="regular_face"),
        "config.loss.embedding_regularizer: the embeddings regularizer must "
        "be one of ['lp']"),

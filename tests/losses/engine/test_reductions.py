@@ -163,18 +163,20 @@ def test_reduction_refusals_name_the_problem():
 
 
 def test_reductions_on_eight_devices_equal_one_device():
-  """A pair reduction and an anchor reduction of the global batch: the
-  value and the gradient equal the single-device ones."""
+  """A pair reduction and an anchor reduction of the global batch (the
+  anchors' on the device ring, in tiles): the value and the gradient equal
+  the single-device dense ones."""
   from circle_jax import losses
   from tests.losses import engine_checks
 
   def fn(x, y, **kw):
+    ring = dict(collective="ring", block_size=2) if kw else {}
     return (losses.contrastive_loss(
         x, y, reduction=engine.Reduction("threshold", low=0.2, high=1.0),
         **kw)
             + losses.circle_loss(
                 x, y, reduction=engine.Reduction("class_weighted",
-                                                 weights=_W), **kw))
+                                                 weights=_W), **ring, **kw))
   x = jnp.asarray(np.random.default_rng(6).normal(size=(16, 4)), jnp.float32)
   y = jnp.asarray(_Y)
   engine_checks.close(engine_checks.sharded_vg(fn, x, y),
