@@ -153,8 +153,8 @@ def make_loss_fn(entry, hyper: Optional[dict] = None, more=()) -> LossFn:
   hyper = dict(hyper or {})
   regularizers = {k: hyper.pop(k) for k in losses_lib.regularizers.FIELDS
                   if k in hyper}
-  centers = hyper.get("centers_per_class",
-                      entry.defaults.get("centers_per_class", 1))
+  centers = hyper.get("centers_per_class", dict(
+      getattr(entry, "defaults", {})).get("centers_per_class", 1))
   fn = entry.bind(**hyper)
   if not entry.supports_axis_name:
     fn = functools.partial(_device_mean, fn)
