@@ -163,10 +163,14 @@ def class_layout_defaults(entry) -> Dict[str, Any]:
 def loss_fields(entry) -> Dict[str, Any]:
   """The fields of a loss's config section with their defaults, but
   ``name`` and the execution options: its hyperparameters (the registry's
-  defaults), its geometry option's (``LossEntry.geometry_defaults``)
-  and its class matrix's (:func:`class_layout_defaults`)."""
+  defaults), its geometry option's (``LossEntry.geometry_defaults``),
+  its class matrix's (:func:`class_layout_defaults`), its ``reduction``
+  option's (unset: the loss's own) and its regularizers'
+  (:func:`regularizer_fields`)."""
   return {**entry.defaults, **entry.geometry_defaults(),
-          **class_layout_defaults(entry)}
+          **class_layout_defaults(entry),
+          **{k: placeholder(t) for k, t in entry.reduction_fields().items()},
+          **regularizer_fields(entry)}
 
 
 def execution_option_types(entry) -> Dict[str, type]:
@@ -184,9 +188,8 @@ def execution_option_types(entry) -> Dict[str, type]:
 
 
 def regularizer_fields(entry) -> Dict[str, Any]:
-  """The regularizer fields of a loss's config with their defaults
-  (:data:`circle_jax.losses.regularizers.FIELDS`); the ``weight_*`` ones
-  only for a loss with a learnable parameter."""
+  """:data:`circle_jax.losses.regularizers.FIELDS` of a loss's config (the
+  ``weight_*`` ones only for a loss with a learnable parameter)."""
   return {k: v for k, v in losses_lib.regularizers.FIELDS.items()
           if entry.param_name is not None or not k.startswith("weight_")}
 
@@ -220,9 +223,7 @@ def loss_config(name: str = "circle", **hyper) -> ml_collections.ConfigDict:
   entry = losses_lib.get_loss(name)
   options = execution_option_types(entry)
   fields = loss_fields(entry)
-  unknown = sorted(set(hyper) - set(fields) - set(options)
-                   - set(entry.reduction_fields())
-                   - set(regularizer_fields(entry)))
+  unknown = sorted(set(hyper) - set(fields) - set(options))
   if unknown:
     raise ValueError(
         f"loss {name!r} has no hyperparameter(s) {unknown}; it accepts "
@@ -230,13 +231,6 @@ def loss_config(name: str = "circle", **hyper) -> ml_collections.ConfigDict:
   c = LossSection()
   c.name = name
   for k, v in fields.items():
-    c[k] = hyper.get(k, v)
-  # The reduction option's fields, unset: the loss's own reduction.
-  for k, kind in entry.reduction_fields().items():
-    c[k] = hyper.get(k, placeholder(kind))
-  # The regularizers added to the loss (PML's; "weight_*" only with a
-  # class matrix).
-  for k, v in regularizer_fields(entry).items():
     c[k] = hyper.get(k, v)
   for o, kind in options.items():
     c[o] = hyper.get(o, placeholder(kind))
@@ -246,11 +240,9 @@ def loss_config(name: str = "circle", **hyper) -> ml_collections.ConfigDict:
 
 def more_loss(name: str, weight: float = 1.0,
               **hyper) -> ml_collections.ConfigDict:
-  """A section of ``config.more_losses``: :func:`loss_config` of ``name``
-  and its ``weight`` in the sum (PML's ``MultipleLosses``; a metric loss
-  plus a classifier is its ``TrainWithClassifier``). Each term has its own
-  hyperparameters and class matrix; the step adds ``weight * L`` of the
-  batch (:mod:`circle_jax.train.step`), not of the cross-batch memory."""
+  """A section of ``config.more_losses`` (PML's ``MultipleLosses``):
+  :func:`loss_config` of ``name`` and its ``weight``; the step adds
+  ``weight * L`` of the batch (docs/training.md)."""
   c = loss_config(name, **hyper).unlock()
   c.weight = float(weight)
   return c.lock()
@@ -301,9 +293,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.kwargs = Config()  # more model arguments
 
   c.loss = loss_config("circle")   # name + every hyperparameter (see above)
-  # More losses added to it, each weighted (PML's MultipleLosses): key ->
-  # more_loss(name, weight, **hyper), set in a config file.
-  c.more_losses = Config()
+  c.more_losses = Config()  # key -> more_loss(name, weight, **hyper)
 
   c.batch = Config()
   c.batch.sampler = "pk"           # "pk": P classes x K images; "random";

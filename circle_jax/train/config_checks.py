@@ -14,7 +14,6 @@ from typing import Optional, Tuple
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from circle_jax import config as config_lib
 from circle_jax import config_facts as facts
@@ -270,9 +269,7 @@ def _check_loss(config, info):
   entry = losses_lib.get_loss(loss_name)
   hyper = facts.loss_hyper(config)
   accepted = (sorted(config_lib.loss_fields(entry))
-              + list(entry.execution_options)
-              + list(entry.reduction_fields())
-              + list(config_lib.regularizer_fields(entry)))
+              + list(entry.execution_options))
   # (and a field of another loss that the section holds: LossSection)
   unknown = sorted(set(hyper) - set(accepted)) or sorted(
       getattr(config.loss, "held", {}))
@@ -309,11 +306,10 @@ def _check_loss(config, info):
           f"weight per class ({n}); got {weights!r}.")
   regs = {k: hyper.pop(k) for k in losses_lib.regularizers.FIELDS
           if k in hyper}
-  for target in ("embedding", "weight"):
+  for target, kind in (("embedding", "embeddings"), ("weight", "weights")):
     try:
       losses_lib.regularizers.check_regularizer(
-          regs.get(f"{target}_regularizer", ""),
-          "embeddings" if target == "embedding" else "weights")
+          regs.get(f"{target}_regularizer", ""), kind)
     except ValueError as e:
       _fail(f"loss.{target}_regularizer", str(e))
   if regs.get("weight_regularizer") and config.loss.get("shard_classes"):
@@ -326,27 +322,18 @@ def _check_loss(config, info):
 
 
 def _check_more_losses(config, info) -> None:
-  """``config.more_losses``: each term a known loss with a numeric weight
-  and hyperparameters its loss accepts; no sharded class matrix."""
+  """``config.more_losses``: each term with a numeric weight and
+  hyperparameters its loss accepts; no sharded class matrix."""
   n = facts.num_classes(config, info)
-  for key, section in config.get("more_losses", {}).items():
+  for key, entry, weight, hyper in facts.more_losses(config):
     path = f"more_losses.{key}"
-    if not isinstance(section, ml_collections.ConfigDict) or (
-        section.get("name") not in losses_lib.LOSSES):
-      _fail(path, "must be config.more_loss(NAME, weight, **hyper) with a "
-            f"registered loss name; got {section!r}.")
-    weight = section.get("weight")
     if isinstance(weight, bool) or not isinstance(weight, (int, float)):
       _fail(f"{path}.weight", f"must be a number; got {weight!r}.")
-    if section.get("shard_classes") or config.loss.get("shard_classes"):
-      _fail(f"{path}", "more losses take no class matrix sharded over the "
+    if hyper.get("shard_classes") or config.loss.get("shard_classes"):
+      _fail(path, "more losses take no class matrix sharded over the "
             "devices; unset loss.shard_classes.")
-    entry = losses_lib.get_loss(section.name)
-    _, _, _, hyper = next(t for t in facts.more_losses(config)
-                          if t[0] == key)
-    for k in losses_lib.regularizers.FIELDS:
+    for k in (*losses_lib.regularizers.FIELDS, "shard_classes"):
       hyper.pop(k, None)
-    hyper.pop("shard_classes", None)
     try:
       _check_loss_hyper(entry, hyper, config.model.embedding_dim, n)
     except ConfigError as e:
