@@ -13,8 +13,7 @@ from tests.losses import pml_checks
 
 
 def _vg2(fn, x, r):
-  return jax.value_and_grad(fn, argnums=(0, 1))(jnp.asarray(x, jnp.float32),
-                                                jnp.asarray(r, jnp.float32))
+  return jax.value_and_grad(fn, argnums=(0, 1))(x, r)
 
 
 def _pml_vg2(fn, x, r):
@@ -35,8 +34,8 @@ def test_multiple_losses_equal_pml_with_weights_and_a_miner():
            losses.Term(functools.partial(losses.triplet_margin_loss,
                                          margin=0.1), 2.0,
                        miner=losses.batch_hard_miner)]
-  got = jax.value_and_grad(lambda x: losses.multiple_losses(
-      x, jnp.asarray(y), terms=terms))(jnp.asarray(x, jnp.float32))
+  got = jax.jit(jax.value_and_grad(lambda x: losses.multiple_losses(
+      x, jnp.asarray(y), terms=terms)))(jnp.asarray(x, jnp.float32))
   theirs = pl.MultipleLosses(
       [pl.ContrastiveLoss(pos_margin=0.0, neg_margin=0.5),
        pl.TripletMarginLoss(margin=0.1)],
@@ -51,8 +50,10 @@ def test_multiple_losses_pass_each_term_its_parameters():
   w = jax.random.normal(jax.random.PRNGKey(0), (3, 4))
   terms = [losses.Term(losses.circle_loss, 0.5),
            losses.Term(losses.normface_loss, 3.0, takes_params=True)]
-  got = losses.multiple_losses(x, y, [None, w], terms=terms)
-  want = 0.5 * losses.circle_loss(x, y) + 3.0 * losses.normface_loss(x, y, w)
+  got, want = jax.jit(lambda x, w: (
+      losses.multiple_losses(x, y, [None, w], terms=terms),
+      0.5 * losses.circle_loss(x, y) + 3.0 * losses.normface_loss(x, y, w)))(
+          x, w)
   np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
   with pytest.raises(ValueError, match="one entry per term"):
     losses.multiple_losses(x, y, [w], terms=terms)
@@ -65,19 +66,21 @@ def test_self_supervised_loss_equals_pml_symmetric_and_not():
   from pytorch_metric_learning import losses as pl
   rng = np.random.default_rng(9)
   x, r = rng.normal(size=(6, 5)), rng.normal(size=(6, 5))
-  for symmetric in (True, False):
-    for ours, theirs in (
-        (losses.contrastive_loss,
-         pl.ContrastiveLoss(pos_margin=0.0, neg_margin=0.5)),
-        (functools.partial(losses.triplet_margin_loss, margin=0.1),
-         pl.TripletMarginLoss(margin=0.1))):
-      got = _vg2(lambda x, r, ours=ours: losses.self_supervised_loss(
-          ours, x, r, symmetric=symmetric), x, r)
-      want = _pml_vg2(pl.SelfSupervisedLoss(theirs, symmetric=symmetric),
-                      x, r)
-      np.testing.assert_allclose(float(got[0]), want[0], rtol=2e-5)
-      for g, w in zip(got[1], want[1]):
-        np.testing.assert_allclose(np.asarray(g), w, atol=5e-5)
+  pairs = ((losses.contrastive_loss,
+            lambda: pl.ContrastiveLoss(pos_margin=0.0, neg_margin=0.5)),
+           (functools.partial(losses.triplet_margin_loss, margin=0.1),
+            lambda: pl.TripletMarginLoss(margin=0.1)))
+  cases = [(ours, theirs, symmetric) for symmetric in (True, False)
+           for ours, theirs in pairs]
+  run = jax.jit(lambda x, r: [_vg2(
+      lambda x, r, ours=ours, sym=sym: losses.self_supervised_loss(
+          ours, x, r, symmetric=sym), x, r) for ours, _, sym in cases])
+  for got, (_, theirs, sym) in zip(run(jnp.asarray(x, jnp.float32),
+                                       jnp.asarray(r, jnp.float32)), cases):
+    want = _pml_vg2(pl.SelfSupervisedLoss(theirs(), symmetric=sym), x, r)
+    np.testing.assert_allclose(float(got[0]), want[0], rtol=2e-5)
+    for g, w in zip(got[1], want[1]):
+      np.testing.assert_allclose(np.asarray(g), w, atol=5e-5)
 
 
 def test_self_supervised_is_the_views_sampler_layout_and_checks_shapes():
