@@ -160,8 +160,9 @@ def _reduction_terms(entry):
   try:
     out = jax.eval_shape(lambda e, p: entry.apply(
         e, y, p, key=jax.random.PRNGKey(0), reduction="none"), x, params)
-  except ValueError as e:  # the refusal's reason, in brackets
-    return "its own only", re.search(r"\((.*)\)", str(e)).group(1)
+  except (ValueError, TypeError) as e:  # the refusal's reason, in brackets
+    reason = re.search(r"\((.*)\)", str(e))
+    return "its own only", reason.group(1) if reason else "not supported"
   return _TERMS[len(out.shape)]
 
 
