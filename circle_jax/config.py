@@ -46,7 +46,7 @@ from circle_jax.errors import UserError
 LAYOUT_SET_BY_TRAINER = ("num_classes", "key")
 
 # Sections whose keys are free (constructor / preset keyword arguments).
-OPEN_SECTIONS = ("dataset.preprocess", "model.kwargs")
+OPEN_SECTIONS = ("dataset.preprocess", "model.kwargs", "more_losses")
 
 PARALLELISM = parallel.MODES
 
@@ -164,10 +164,14 @@ def class_layout_defaults(entry) -> Dict[str, Any]:
 def loss_fields(entry) -> Dict[str, Any]:
   """The fields of a loss's config section with their defaults, but
   ``name`` and the execution options: its hyperparameters (the registry's
-  defaults), its geometry option's (``LossEntry.geometry_defaults``)
-  and its class matrix's (:func:`class_layout_defaults`)."""
+  defaults), its geometry option's (``LossEntry.geometry_defaults``),
+  its class matrix's (:func:`class_layout_defaults`), its ``reduction``
+  option's (unset: the loss's own) and its regularizers'
+  (:func:`regularizer_fields`)."""
   return {**entry.defaults, **entry.geometry_defaults(),
-          **class_layout_defaults(entry)}
+          **class_layout_defaults(entry),
+          **{k: placeholder(t) for k, t in entry.reduction_fields().items()},
+          **regularizer_fields(entry)}
 
 
 def execution_option_types(entry) -> Dict[str, type]:
@@ -191,6 +195,13 @@ def _several_types(entry):
   hints = typing.get_type_hints(entry.fn)
   return {k for k, h in hints.items() if typing.get_origin(h) is typing.Union
           and len([a for a in typing.get_args(h) if a is not type(None)]) > 1}
+
+
+def regularizer_fields(entry) -> Dict[str, Any]:
+  """:data:`circle_jax.losses.regularizers.FIELDS` of a loss's config (the
+  ``weight_*`` ones only for a loss with a learnable parameter)."""
+  return {k: v for k, v in losses_lib.regularizers.FIELDS.items()
+          if entry.param_name is not None or not k.startswith("weight_")}
 
 
 def loss_config(name: str = "circle", **hyper) -> ml_collections.ConfigDict:
@@ -239,6 +250,16 @@ def loss_config(name: str = "circle", **hyper) -> ml_collections.ConfigDict:
   return c.lock()
 
 
+def more_loss(name: str, weight: float = 1.0,
+              **hyper) -> ml_collections.ConfigDict:
+  """A section of ``config.more_losses`` (PML's ``MultipleLosses``):
+  :func:`loss_config` of ``name`` and its ``weight``; the step adds
+  ``weight * L`` of the batch (docs/training.md)."""
+  c = loss_config(name, **hyper).unlock()
+  c.weight = float(weight)
+  return c.lock()
+
+
 def base_config() -> ml_collections.ConfigDict:
   """Every field of a training config with its default (locked)."""
   c = Config()
@@ -284,6 +305,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.kwargs = Config()  # more model arguments
 
   c.loss = loss_config("circle")   # name + every hyperparameter (see above)
+  c.more_losses = Config()  # key -> more_loss(name, weight, **hyper)
 
   c.batch = Config()
   c.batch.sampler = "pk"           # "pk": P classes x K images; "random";
@@ -409,8 +431,11 @@ def from_dict(saved: Dict[str, Any], *, source: str = "the saved config"
   c = base_config()
   saved = dict(saved)
   loss = dict(saved.pop("loss", {}) or {})
+  more = dict(saved.pop("more_losses", {}) or {})
   try:
     c.loss = loss_config(**loss)
+    for key, section in more.items():
+      c.more_losses[key] = more_loss(**section)
     c.update(saved)
   except (KeyError, AttributeError, TypeError, ValueError) as e:
     first = str(e).strip("'\"").splitlines()[0]

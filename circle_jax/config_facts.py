@@ -88,6 +88,18 @@ def loss_hyper(config) -> dict:
           if k != "name" and v is not None}
 
 
+def more_losses(config) -> list:
+  """The terms of ``config.more_losses`` (:func:`circle_jax.config.more_loss`)
+  as ``[(key, entry, weight, hyper)]``, ``hyper`` as :func:`loss_hyper`."""
+  out = []
+  for key, section in config.get("more_losses", {}).items():
+    hyper = {k: v for k, v in section.items()
+             if k not in ("name", "weight") and v is not None}
+    out.append((key, losses_lib.get_loss(section.name), section.weight,
+                hyper))
+  return out
+
+
 def head_normalizes(config) -> bool:
   """Whether the embedding head L2-normalises: as the loss's geometry says
   (``Geometry.head_normalizes``; the Poincaré ball's exponential map takes

@@ -24,6 +24,8 @@ Tables (the word after ``docs_tables`` in the marker):
 * ``pml``: :func:`pml_table`, pytorch-metric-learning's components and ours
   (``circle_jax.pml_names.COMPONENTS``), each row's status computed from
   the code: a row is "present" only while its names resolve.
+* ``reductions``: :func:`reduction_table`, each pair loss's terms under the
+  ``reduction`` option.
 
 ``python -m circle_jax.docs_tables`` rewrites every generated table of the
 README and ``docs/*.md`` in place; ``--check`` only lists the stale ones and
@@ -183,6 +185,48 @@ def pml_table() -> str:
                            "difference"], rows)
 
 
+_TERMS = {
+    1: ("anchor", "PML's `element` terms; every engine"),
+    2: ("pair", "each set reduced on its own, then added (PML's "
+        "`MultipleReducers`); the dense engine"),
+    3: ("triplet", "PML's `triplet` terms (`mining=\"all\"`)"),
+}
+
+
+def _reduction_terms(entry):
+  """``(terms, difference)`` of a loss's ``reduction`` option, read by
+  tracing it on a tiny batch with ``reduction="none"`` (the terms' rank)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  x = jax.ShapeDtypeStruct((4, 3), jnp.float32)
+  y = jnp.asarray([0, 0, 1, 1], jnp.int32)
+  params = None if entry.param_name is None else jax.eval_shape(
+      lambda: entry.init_params(jax.random.PRNGKey(0), 2, 3))
+  try:
+    out = jax.eval_shape(lambda e, p: entry.apply(
+        e, y, p, key=jax.random.PRNGKey(0), reduction="none"), x, params)
+  except (ValueError, TypeError) as e:  # the refusal's reason, in brackets
+    reason = re.search(r"\((.*)\)", str(e))
+    return "its own only", reason.group(1) if reason else "not supported"
+  return _TERMS[len(out.shape)]
+
+
+def reduction_table() -> str:
+  """The ``reduction`` option of every pair loss: what a term is and how
+  the reduction differs from PML's reducer on the same loss.
+
+  Returns:
+    Markdown, one row per registered loss that takes the option.
+  """
+  rows = []
+  for name, entry in losses.LOSSES.items():
+    if entry.reduction_fields():
+      terms, note = _reduction_terms(entry)
+      rows.append([f"`{name}`", terms, entry.reduction, note])
+  return _table(["loss", "a term is", "own reduction (`reduction` unset)",
+                 "with `reduction`, compared with PML"], rows)
+
+
 def render(spec: str) -> str:
   """The table a marker names (see the module docstring)."""
   kind, *args = spec.split()
@@ -196,9 +240,11 @@ def render(spec: str) -> str:
     return dataset_table()
   if kind == "pml" and not args:
     return pml_table()
+  if kind == "reductions" and not args:
+    return reduction_table()
   raise ValueError(
       f"Unknown generated table {spec!r}; the marker takes 'losses', "
-      f"'readme-losses', 'datasets', 'pml' or 'calls NAME...'.")
+      f"'readme-losses', 'datasets', 'pml', 'reductions' or 'calls NAME...'.")
 
 
 def regenerate(text: str) -> str:

@@ -87,10 +87,18 @@ def test_misspelt_fields_are_errors_naming_the_close_match(config_file):
   assert c.model.kwargs.width == 32
 
 
+def _option_fields(name):
+  """A loss section's `reduction` and regularizer fields (issue 40)."""
+  entry = losses.get_loss(name)
+  return {**dict.fromkeys(entry.reduction_fields()),
+          **config_lib.regularizer_fields(entry)}
+
+
 def test_loss_config_lists_every_hyperparameter_and_rejects_unknown_ones():
   for name, entry in losses.LOSSES.items():
     c = config_lib.loss_config(name)
-    want = dict(entry.defaults, name=name, **entry.geometry_defaults())
+    want = dict(entry.defaults, name=name, **entry.geometry_defaults(),
+                **_option_fields(name))
     want.update(dict.fromkeys(entry.execution_options))
     if entry.shards_classes:  # the class matrix's layout (class_shard.Layout)
       want["shard_classes"] = False
@@ -110,7 +118,8 @@ def test_loss_name_swaps_in_that_losses_own_defaults(config_file):
                           "mining": True, "block_size": None,
                           "collective": None, "geometry": "cosine",
                           "c": 0.1, "r": 2.3, "p": 2.0, "power": 1.0,
-                          "normalize_embeddings": True}
+                          "normalize_embeddings": True,
+                          **_option_fields("multi_similarity")}
   # Circle's class-level variant gets its own gamma/m, not Circle's.
   c = parse(config_file, "--config.loss.name=circle_class_level")
   assert (c.loss.gamma, c.loss.margin) == (256.0, 0.25)
@@ -238,7 +247,8 @@ def test_contrastive_losses_and_the_poincare_geometry_by_flag(config_file):
                           "geometry": "poincare", "c": 0.1, "r": 2.3,
                           "p": 2.0, "power": 1.0,
                           "normalize_embeddings": True,
-                          "block_size": None, "collective": None}
+                          "block_size": None, "collective": None,
+                          **_option_fields("supcon")}
   c = parse(config_file, "--config.loss.geometry=lp", "--config.loss.p=1",
             "--config.loss.normalize_embeddings=false")
   assert (c.loss.geometry, c.loss.p, c.loss.normalize_embeddings) == (
@@ -338,3 +348,28 @@ def test_config_errors_are_flag_errors_and_user_errors(config_file):
   with pytest.raises(flags.Error):
     parse(config_file, "--config.model.kwargs.width=3",
           "--config.model.kwargs={}")
+
+
+def test_reduction_regularizers_and_more_losses_by_flag_and_saved(
+    config_file):
+  """Issue 40: a pair loss's `reduction` and its parameters, the
+  regularizers (the `weight_*` ones only with a class matrix), and
+  `more_losses` terms, set on the command line and reloaded from a saved
+  config.json."""
+  c = parse(config_file, "--config.loss.name=contrastive",
+            "--config.loss.reduction=threshold",
+            "--config.loss.reduction_low=0.1",
+            "--config.loss.embedding_regularizer=lp")
+  assert (c.loss.reduction, c.loss.reduction_low, c.loss.reduction_high,
+          c.loss.embedding_regularizer) == ("threshold", 0.1, None, "lp")
+  assert "weight_regularizer" not in c.loss
+  assert "weight_regularizer" in config_lib.loss_config("arcface")
+  c.more_losses.cls = config_lib.more_loss("normface", weight=0.5, scale=16.0)
+  saved = json.loads(json.dumps(c.to_dict()))
+  back = config_lib.from_dict(saved)
+  assert (back.more_losses.cls.name, back.more_losses.cls.weight,
+          back.more_losses.cls.scale) == ("normface", 0.5, 16.0)
+  assert back.loss.reduction_low == 0.1
+  [(key, entry, weight, hyper)] = config_facts.more_losses(back)
+  assert (key, entry.name, weight, hyper["scale"]) == (
+      "cls", "normface", 0.5, 16.0)

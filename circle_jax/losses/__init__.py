@@ -150,3 +150,17 @@ from circle_jax.losses.dynamic_soft_margin import (
     dynamic_soft_margin_loss,
     dynamic_soft_margin_step,
 )
+from circle_jax.losses import regularizers
+from circle_jax.losses.regularizers import (
+    center_invariant_regularizer,
+    lp_regularizer,
+    regular_face_regularizer,
+    sparse_centers_regularizer,
+    zero_mean_regularizer,
+)
+from circle_jax.losses import combine
+from circle_jax.losses.combine import (
+    Term,
+    multiple_losses,
+    self_supervised_loss,
+)

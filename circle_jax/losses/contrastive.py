@@ -44,6 +44,7 @@ class Contrastive(engine.PairRule):
   on_distance: bool = False
 
   statistic = "sum"
+  pair_terms = True
 
   ranges = types.MappingProxyType({
       "pos_margin": ranges.DISTANCE_MARGIN_RANGE,

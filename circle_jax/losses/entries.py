@@ -57,6 +57,12 @@ _EXECUTION = engine.EXECUTION_OPTIONS
 # registered geometries' fields: the ball's c and r, the distances' p, power
 # and normalize_embeddings; the name is the entry's default geometry).
 GEOMETRY_FIELDS = types.MappingProxyType(engine.geometry_fields())
+# The config fields of the `reduction` option (circle_jax.losses.engine.
+# Reduction: the kind's name and its parameters) with their types; unset,
+# the loss's own reduction and the Reduction's defaults.
+REDUCTION_FIELDS = types.MappingProxyType({
+    "reduction": str, "reduction_low": float, "reduction_high": float,
+    "reduction_weights": tuple, "reduction_divisor": float})
 # The layout of the class matrix of the proxy and classifier losses
 # (circle_jax.losses.class_shard): the rows sharded over the devices and
 # PartialFC's negative-class sampling; accepted by `apply`, not defaults.
@@ -160,6 +166,8 @@ def _signature_defaults(fn) -> Dict[str, Any]:
 def _accepted_keywords(fn, execution_options):
   names, _ = _keywords(fn)
   extra = tuple(GEOMETRY_FIELDS) if "geometry" in names else ()
+  if "reduction" in names:
+    extra += tuple(f for f in REDUCTION_FIELDS if f != "reduction")
   return tuple(n for n in names if n not in _ROUTED
                and (n not in _EXECUTION or n in execution_options)) + extra
 
@@ -234,6 +242,12 @@ class LossEntry:
       return {}
     return {"geometry": self.geometry, **GEOMETRY_FIELDS}
 
+  def reduction_fields(self) -> Dict[str, type]:
+    """The config fields of the ``reduction`` option with their types
+    (:data:`REDUCTION_FIELDS`); empty for a loss without it."""
+    names, _ = _keywords(self.fn)
+    return dict(REDUCTION_FIELDS) if "reduction" in names else {}
+
   def field_ranges(self) -> Dict[str, ranges.HyperRange]:
     """The ranges of every config field of the loss: ``hyper_ranges`` and,
     with the geometry option, the geometry fields' (the Poincaré ball's
@@ -303,6 +317,8 @@ class LossEntry:
       hyper = {k: v for k, v in hyper.items() if k not in GEOMETRY_FIELDS}
       hyper["geometry"] = _hyperbolic.geometry_of(
           fields["geometry"], **{k: fields[k] for k in GEOMETRY_FIELDS})
+    if set(REDUCTION_FIELDS) & set(hyper) and self.reduction_fields():
+      hyper = _with_reduction(hyper)
     return functools.partial(self.fn, **hyper)
 
   def routed(self, *, key=None, axis_name=None, ref=None) -> Dict[str, Any]:
@@ -324,6 +340,26 @@ class LossEntry:
     if self.needs_key or (self.samples_classes and key is not None):
       routed["key"] = key
     return routed
+
+
+def _with_reduction(hyper: Dict[str, Any]) -> Dict[str, Any]:
+  """``hyper`` with the config's reduction fields (:data:`REDUCTION_FIELDS`)
+  made one :class:`circle_jax.losses.engine.Reduction` (a ``reduction``
+  already a Reduction, or a name alone, is kept)."""
+  hyper = dict(hyper)
+  fields = {k: hyper.pop(k) for k in REDUCTION_FIELDS if k in hyper}
+  kind = fields.pop("reduction", None)
+  if not fields or not isinstance(kind, (str, type(None))):
+    return {**hyper, "reduction": kind} if kind is not None else hyper
+  if kind is None:
+    raise ValueError(f"{sorted(fields)} given without `reduction`: name "
+                     f"one of {engine.REDUCTIONS}.")
+  defaults = engine.Reduction()
+  return {**hyper, "reduction": engine.Reduction(
+      kind=kind, low=fields.get("reduction_low"),
+      high=fields.get("reduction_high"),
+      weights=fields.get("reduction_weights"),
+      divisor=fields.get("reduction_divisor", defaults.divisor))}
 
 
 def classifier(name, fn, *, paper, init=normal(0.01),

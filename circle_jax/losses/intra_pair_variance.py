@@ -177,6 +177,9 @@ def intra_pair_variance_loss(
     (its intra-pair variance loss).
   """
   IntraPairVariance(pos_eps=pos_eps, neg_eps=neg_eps)  # checks the ranges
+  engine.refuse_reduction(engine.as_reduction(options.get("reduction")),
+                         "intra-pair variance loss",
+                         "a pair's term reads the whole batch's mean")
   return (_set_term("pos", pos_eps, embeddings, labels, options)
           + _set_term("neg", neg_eps, embeddings, labels, options))
 

@@ -51,7 +51,8 @@ def ranking_block(embeddings, labels, *, loss: str, geometry=None,
                   axis_name=None, pos_mask=None, neg_mask=None,
                   block_size: Optional[int] = None,
                   collective: str = "all_gather",
-                  ref: Optional[engine.Candidates] = None) -> RankingBlock:
+                  ref: Optional[engine.Candidates] = None,
+                  reduction=None) -> RankingBlock:
   """The checked block of a ranking loss from the pair options.
 
   Args:
@@ -62,10 +63,13 @@ def ranking_block(embeddings, labels, *, loss: str, geometry=None,
       (:func:`circle_jax.losses.engine.embedding_loss`); ``collective="ring"``
       with ``axis_name`` is refused.
     block_size: the tile size (``None``: :data:`DEFAULT_BLOCK`).
+    reduction: refused unless ``None`` (a ranking loss has its own).
 
   Returns:
     :class:`RankingBlock`.
   """
+  engine.refuse_reduction(engine.as_reduction(reduction), loss,
+                          "an anchor's term is its ranking of the batch")
   if (engine.check_collective(collective) == "ring"
       and axis_name is not None):
     raise ValueError(

@@ -128,8 +128,22 @@ def _all_triplet_sums(shifted, dist, pos, neg):
   return sums, counts
 
 
-def _dense_core(dist, pos, neg, *, margin, mining, axis_name):
-  """``"all"`` and ``"semi_hard"`` on a whole block (module docstring)."""
+def _triplet_terms(dist, pos, neg, margin):
+  """``[M, N, N]`` terms ``[d_ap - d_an + m]_+`` and their elements (the
+  triplets): what a ``reduction`` of ``mining="all"`` reduces."""
+  terms = jax.nn.relu(dist[:, :, None] - dist[:, None, :] + margin)
+  return terms, pos[:, :, None] & neg[:, None, :]
+
+
+def _dense_core(dist, pos, neg, *, margin, mining, axis_name,
+                reduction=None, labels=None):
+  """``"all"`` and ``"semi_hard"`` on a whole block (module docstring);
+  with ``reduction``, that one of the triplets' (``"all"``) or the positive
+  pairs' (``"semi_hard"``) terms."""
+  if reduction is not None and mining == "all":
+    return reductions.reduce_terms(
+        *_triplet_terms(dist, pos, neg, margin), reduction, labels=labels,
+        axis_name=axis_name)
   if mining == "all":
     sums, counts = _all_triplet_sums(dist + margin, dist, pos, neg)
     return reductions.ratio_of_sums(sums, counts, axis_name)
@@ -149,6 +163,9 @@ def _dense_core(dist, pos, neg, *, margin, mining, axis_name):
   d_an = jnp.take_along_axis(dist, chosen, axis=1)  # [M, P]
   valid = pos & neg.any(1, keepdims=True)
   loss = jnp.where(valid, jax.nn.relu(dist - d_an + margin), 0.0)
+  if reduction is not None:
+    return reductions.reduce_terms(loss, valid, reduction, labels=labels,
+                                   axis_name=axis_name)
   return reductions.ratio_of_sums(loss, valid, axis_name)
 
 
@@ -326,9 +343,15 @@ def triplet_margin_loss(embeddings: Array, labels: Array, *,
     return engine.embedding_loss(BatchHard(margin=margin), embeddings, labels,
                                  **options)
   ranges_lib.check_range(margin, "margin", ranges_lib.NONNEGATIVE_RANGE)
+  reduction = engine.as_reduction(options.pop("reduction", None))
   rows, cols, dist, pos, neg = engine.dense_block(
       embeddings, labels, loss=f"triplet loss with mining={mining!r}",
       reason=_NOT_A_RULE, distance=True, **options)
+  if pml_options and reduction is not None:
+    raise ValueError(
+        "triplet's swap, smooth_loss and triplets_per_anchor reduce their "
+        "sampled triplets themselves (PML's mean over non-zero terms); drop "
+        "`reduction` or those options.")
   if pml_options:
     geometry = engine.resolve_geometry(
         options.get("geometry")) or engine.COSINE
@@ -341,7 +364,8 @@ def triplet_margin_loss(embeddings: Array, labels: Array, *,
                                            options.get("axis_name")),
         axis_name=options.get("axis_name"))
   return _dense_core(dist, pos, neg, margin=margin,
-                     mining=mining, axis_name=options.get("axis_name"))
+                     mining=mining, axis_name=options.get("axis_name"),
+                     reduction=reduction, labels=rows.labels)
 
 
 # The registry's facts of this module's losses (circle_jax.losses.registry

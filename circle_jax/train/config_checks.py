@@ -297,10 +297,49 @@ def _check_loss(config, info):
       0 < rate <= 1):
     _fail("loss.sample_rate", "must be a number in (0, 1] (the fraction of "
           f"the negative classes each step keeps; 1: all); got {rate!r}.")
+  if config.loss.get("reduction", None) == "none":
+    _fail("loss.reduction", "'none' returns the loss's terms, not a loss to "
+          "train on; pick a reduction such as 'mean' (or unset it).")
+  weights = config.loss.get("reduction_weights", None)
+  if (config.loss.get("reduction", None) == "class_weighted"
+      and (weights is None or len(weights) != n)):
+    _fail("loss.reduction_weights", f"reduction 'class_weighted' needs one "
+          f"weight per class ({n}); got {weights!r}.")
+  regs = {k: hyper.pop(k) for k in losses_lib.regularizers.FIELDS
+          if k in hyper}
+  for target, kind in (("embedding", "embeddings"), ("weight", "weights")):
+    try:
+      losses_lib.regularizers.check_regularizer(
+          regs.get(f"{target}_regularizer", ""), kind)
+    except ValueError as e:
+      _fail(f"loss.{target}_regularizer", str(e))
+  if regs.get("weight_regularizer") and config.loss.get("shard_classes"):
+    _fail("loss.weight_regularizer", "a class matrix sharded over the "
+          "devices cannot be regularized whole; unset loss.shard_classes.")
   hyper.pop("shard_classes", None)  # traced whole: no device axis here
   _check_loss_hyper(entry, hyper, config.model.embedding_dim, n,
                     references=bool(config.xbm.size) and entry.supports_ref)
   return entry
+
+
+def _check_more_losses(config, info) -> None:
+  """``config.more_losses``: each term with a numeric weight and
+  hyperparameters its loss accepts; no sharded class matrix."""
+  n = facts.num_classes(config, info)
+  for key, entry, weight, hyper in facts.more_losses(config):
+    path = f"more_losses.{key}"
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+      _fail(f"{path}.weight", f"must be a number; got {weight!r}.")
+    if hyper.get("shard_classes") or config.loss.get("shard_classes"):
+      _fail(path, "more losses take no class matrix sharded over the "
+            "devices; unset loss.shard_classes.")
+    for k in (*losses_lib.regularizers.FIELDS, "shard_classes"):
+      hyper.pop(k, None)
+    try:
+      _check_loss_hyper(entry, hyper, config.model.embedding_dim, n)
+    except ConfigError as e:
+      raise ConfigError(str(e).replace("config.loss", f"config.{path}")
+                        ) from None
 
 
 def _check_class_layout(config, placement) -> None:
@@ -570,6 +609,7 @@ def check_config(config, *, device_count: Optional[int] = None,
   _check_num_classes(config, info)
   _check_model(config, info)
   entry = _check_loss(config, info)
+  _check_more_losses(config, info)
   placement = _check_placement(config)
   _check_class_layout(config, placement)
   _check_sampler(config, info, held_out, entry)

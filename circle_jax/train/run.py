@@ -194,6 +194,13 @@ def init_state(config, model, info, sample_shape):
         k_loss, n, config.model.embedding_dim, **hyper)}
     if hyper.get("shard_classes"):  # the whole matrix, sharded when placed
       hyper["num_classes"] = n
+  more = {key: {e.param_name: e.init_params(
+      jax.random.fold_in(k_loss, i + 1),
+      config_facts.num_classes(config, info), config.model.embedding_dim,
+      **h)} for i, (key, e, _, h) in enumerate(
+          config_facts.more_losses(config)) if e.param_name is not None}
+  if more:  # the class matrices of config.more_losses, by key
+    loss_params = {**loss_params, losses_lib.combine.MORE_LOSSES: more}
   frozen = models_lib.frozen_module_paths(variables, config.model.kwargs)
   if config.model.freeze_bn and "batch_stats" in variables:
     frozen |= models_lib.frozen_bn_paths(variables)

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from circle_jax import losses as losses_lib
 from circle_jax import ops
 from circle_jax import parallel
 from circle_jax.train import gradcache
@@ -64,6 +65,51 @@ class LossFn:
 
   entry: Any
   fn: Callable[..., jax.Array]
+  regularizers: Any = dataclasses.field(default_factory=dict)
+  centers_per_class: int = 1
+  more: tuple = ()
+
+  def additions(self, embeddings, labels, loss_params, *, key, axis_name):
+    """What the objective adds to the loss (``None``: nothing): the
+    weighted terms of ``config.more_losses``
+    (:func:`circle_jax.losses.multiple_losses`, each term its own
+    :class:`LossFn` and class matrix) and the regularizers
+    (:meth:`regularize`)."""
+    total = self.regularize(embeddings, loss_params, axis_name=axis_name)
+    if self.more:
+      mats = loss_params.get(losses_lib.combine.MORE_LOSSES, {})
+      terms = [losses_lib.Term(functools.partial(
+          fn.with_additions, key=key, axis_name=axis_name), weight,
+                               takes_params=True)
+               for _, weight, fn in self.more]
+      more = losses_lib.multiple_losses(
+          embeddings, labels, [mats.get(k, {}) for k, _, _ in self.more],
+          terms=terms)
+      total = more if total is None else total + more
+    return total
+
+  def with_additions(self, embeddings, labels, loss_params, *, key,
+                     axis_name):
+    """The loss of the batch plus :meth:`additions` (a term of
+    ``config.more_losses``, with its own regularizers)."""
+    loss = self(embeddings, labels, loss_params, key=key, axis_name=axis_name)
+    more = self.additions(embeddings, labels, loss_params, key=key,
+                          axis_name=axis_name)
+    return loss if more is None else loss + more
+
+  def regularize(self, embeddings, loss_params, *, axis_name):
+    """The config's regularizers of the embeddings and the class matrix
+    (:func:`circle_jax.losses.regularizers.regularization`), added to the
+    loss in the step's objective (once, also with a cross-batch memory);
+    ``None`` without regularizers."""
+    if not any(self.regularizers.get(k) for k in (
+        "embedding_regularizer", "weight_regularizer")):
+      return None
+    name = self.entry.param_name
+    return losses_lib.regularizers.regularization(
+        self.regularizers, embeddings,
+        None if name is None else loss_params[name],
+        centers_per_class=self.centers_per_class, axis_name=axis_name)
 
   def arguments(self, loss_params, *, key, axis_name, ref=None):
     """``(args, kwargs)`` of :attr:`fn` after the embeddings and labels."""
@@ -84,13 +130,17 @@ class LossFn:
     return self.fn(embeddings, labels, *args, **kwargs)
 
 
-def make_loss_fn(entry, hyper: Optional[dict] = None) -> LossFn:
+def make_loss_fn(entry, hyper: Optional[dict] = None, more=()) -> LossFn:
   """Binds a ``circle_jax.losses`` registry entry and its hyperparameters for
   the step, once (unknown names and bad geometry fields fail here).
 
   Args:
     entry: a ``circle_jax.losses.LossEntry``.
-    hyper: the loss hyperparameters (keyword arguments of ``entry.apply``).
+    hyper: the loss hyperparameters (keyword arguments of ``entry.apply``)
+      and its regularizers' fields
+      (:data:`circle_jax.losses.regularizers.FIELDS`).
+    more: ``[(key, entry, weight, hyper)]``, the terms added to the loss
+      (``config_facts.more_losses``).
 
   Returns:
     A :class:`LossFn`, called as ``loss_fn(embeddings, labels, loss_params,
@@ -100,10 +150,17 @@ def make_loss_fn(entry, hyper: Optional[dict] = None) -> LossFn:
     batch are averaged over devices (the gradient of that mean is exact under
     both wrappers, via ``global_sum``).
   """
-  fn = entry.bind(**dict(hyper or {}))
+  hyper = dict(hyper or {})
+  regularizers = {k: hyper.pop(k) for k in losses_lib.regularizers.FIELDS
+                  if k in hyper}
+  centers = hyper.get("centers_per_class", dict(
+      getattr(entry, "defaults", {})).get("centers_per_class", 1))
+  fn = entry.bind(**hyper)
   if not entry.supports_axis_name:
     fn = functools.partial(_device_mean, fn)
-  return LossFn(entry, fn)
+  more = tuple((k, weight, make_loss_fn(e, h))
+               for k, e, weight, h in more)
+  return LossFn(entry, fn, regularizers, centers, more)
 
 
 def _device_mean(loss, embeddings, labels, *args, axis_name=None, **kwargs):
@@ -247,17 +304,19 @@ def train_step(
     # (with the cross-batch memory's term, which also updates the memory).
     embeddings, new_stats = embed_fn(params["model"], state.batch_stats,
                                      batch["image"])
+    reg = loss_fn.additions(embeddings, batch["label"], params["loss"],
+                            key=key, axis_name=axis_name)
     if state.xbm is None:
       # The bound loss itself (not loss_fn's __call__): the step reaches the
       # loss in one frame.
       args, kwargs = loss_fn.arguments(params["loss"], key=key,
                                        axis_name=axis_name)
-      return (loss_fn.fn(embeddings, batch["label"], *args, **kwargs),
-              (new_stats, None))
+      loss = loss_fn.fn(embeddings, batch["label"], *args, **kwargs)
+      return loss if reg is None else loss + reg, (new_stats, None)
     loss, memory = xbm_lib.loss_with_memory(
         loss_fn, state.xbm, embeddings, batch["label"], params["loss"],
         key=key, step=state.step, axis_name=axis_name)
-    return loss, (new_stats, memory)
+    return loss if reg is None else loss + reg, (new_stats, memory)
 
   (loss, (new_stats, memory)), grads = jax.value_and_grad(
       objective, has_aux=True)(state.params)

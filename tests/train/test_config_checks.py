@@ -250,3 +250,35 @@ def test_two_view_losses_need_rows_that_pair_up():
     with pytest.raises(config_checks.ConfigError,
                        match="config.batch.sampler: 'vicreg' takes two views"):
       config_checks.check_config(c, device_count=8, process_count=1)
+
+
+def test_reduction_regularizers_and_more_losses_are_checked_in_one_line():
+  """Issue 40's loss options: a bad value is one ConfigError line naming
+  the field; good ones pass."""
+  bad = [
+      (dict(reduction="median"), "config.loss.reduction: must be one of"),
+      (dict(reduction="class_weighted", reduction_weights=(1.0,)),
+       "config.loss.reduction_weights: reduction 'class_weighted' needs one "
+       "weight per class"),
+      (dict(reduction="sum", block_size=4), "needs the dense engine"),
+      (dict(reduction="none"), "config.loss.reduction: 'none' returns"),
+      (dict(embedding_regularizer="regular_face"),
+       "config.loss.embedding_regularizer: the embeddings regularizer must "
+       "be one of ['lp']"),
+  ]
+  for hyper, message in bad:
+    c = _config()
+    c.loss = config_lib.loss_config("contrastive", **hyper)
+    with pytest.raises(config_checks.ConfigError, match=message[:30]):
+      config_checks.check_config(c, device_count=8, process_count=1)
+  c = _config()
+  c.loss = config_lib.loss_config("contrastive", reduction="threshold",
+                                  reduction_low=0.1,
+                                  embedding_regularizer="lp")
+  c.more_losses.cls = config_lib.more_loss(
+      "normface", weight=0.5, weight_regularizer="center_invariant")
+  config_checks.check_config(c, device_count=8, process_count=1)
+  c.more_losses.cls.scale = -1.0
+  with pytest.raises(config_checks.ConfigError,
+                     match=r"^config\.more_losses\.cls\.scale"):
+    config_checks.check_config(c, device_count=8, process_count=1)

@@ -100,8 +100,11 @@ def test_init_state_of_a_pair_loss():
   state, entry, hyper, key = _init(c)
   assert entry.name == "circle" and int(state.step) == 0
   assert state.params["loss"] == {} and state.xbm is None
+  # (and the regularizers' fields, at their defaults: none)
   assert hyper == {"gamma": 80.0, "margin": 0.4, "geometry": "cosine",
-                   "c": 0.1, "r": 2.3}
+                   "c": 0.1, "r": 2.3, "embedding_regularizer": "",
+                   "embedding_reg_weight": 1.0, "reg_p": 2.0,
+                   "reg_power": 1.0}
   assert state.batch_stats  # conv4's BatchNorm statistics
   # The step key is the third of the seed's split; the same seed, the same
   # parameters.
@@ -199,3 +202,16 @@ def test_a_partial_copy_too_small_for_the_hold_out_is_one_line(tmp_path):
   c.dataset.validation_fraction = 0.0
   train, validation = run_lib.load_sources(c, data_lib.get_dataset_info("cub200"))
   assert len(train) == 4 and validation is None
+
+
+def test_init_state_gives_each_more_loss_its_class_matrix():
+  """config.more_losses (issue 40, PML's MultipleLosses): a term with a
+  class matrix gets its own rows under params['loss']['more_losses']."""
+  from circle_jax import config as config_lib
+  c = helpers.digits_config()
+  c.more_losses.cls = config_lib.more_loss("normface", weight=0.5)
+  c.more_losses.pairs = config_lib.more_loss("contrastive")
+  state, *_ = _init(c)
+  rows = state.params["loss"]["more_losses"]
+  assert set(rows) == {"cls"}
+  assert rows["cls"]["class_weights"].shape == (5, c.model.embedding_dim)

@@ -185,3 +185,27 @@ def test_the_step_reaches_the_formula_in_at_most_six_frames(monkeypatch):
   assert path[0] == "train/step.py:train_step"
   assert "losses/circle.py:circle_loss" in path
   assert len(path) <= 6, path
+
+
+def test_the_objective_adds_more_losses_and_regularizers():
+  """``LossFn.additions``: the config's regularizers and the weighted terms
+  of ``config.more_losses``, each with its own class matrix and
+  regularizers."""
+  from circle_jax import losses
+  x = jax.random.normal(jax.random.PRNGKey(0), (6, 4))
+  y = jnp.array([0, 0, 1, 1, 2, 2])
+  w = jax.random.normal(jax.random.PRNGKey(1), (3, 4))
+  fn = step_lib.make_loss_fn(
+      losses.get_loss("circle"),
+      {"embedding_regularizer": "lp", "embedding_reg_weight": 0.3},
+      more=[("cls", losses.get_loss("normface"), 0.5,
+             {"weight_regularizer": "center_invariant"})])
+  params = {losses.combine.MORE_LOSSES: {"cls": {"class_weights": w}}}
+  got = fn.additions(x, y, params, key=jax.random.PRNGKey(2),
+                     axis_name=None)
+  want = (0.3 * losses.lp_regularizer(x) + 0.5 * (
+      losses.normface_loss(x, y, w)
+      + losses.center_invariant_regularizer(w)))
+  np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
+  assert step_lib.make_loss_fn(losses.get_loss("circle")).additions(
+      x, y, {}, key=None, axis_name=None) is None

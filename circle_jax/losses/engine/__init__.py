@@ -106,3 +106,11 @@ from circle_jax.losses.engine.sides import (
     square_block,
 )
 from circle_jax.losses.engine.tiles import PairSide, pair_masks
+from circle_jax.losses.engine.dispatch import pair_terms, term_kind
+from circle_jax.losses.engine.reductions import (
+    REDUCTIONS,
+    Reduction,
+    as_reduction,
+    reduce_terms,
+    refuse_reduction,
+)

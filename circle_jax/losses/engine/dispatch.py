@@ -31,6 +31,7 @@ from circle_jax.losses.engine import geometry as geometry_lib
 from circle_jax.losses.engine import ring
 from circle_jax.losses.engine import rule as rule_lib
 from circle_jax.losses.engine import sides
+from circle_jax.losses.engine import tiles
 
 Array = jax.Array
 
@@ -40,7 +41,7 @@ COLLECTIVES = ("all_gather", "ring")
 EXECUTION_OPTIONS = ("block_size", "collective")
 # The keyword options every embedding-form pair loss takes (**options).
 OPTIONS = ("axis_name", "pos_mask", "neg_mask", *EXECUTION_OPTIONS, "ref",
-           "geometry")
+           "geometry", "reduction")
 
 
 def check_collective(collective) -> str:
@@ -51,8 +52,32 @@ def check_collective(collective) -> str:
   return collective
 
 
-def reduce_per_anchor(rule, per_anchor: Array, valid: Array, axis_name=None):
-  """The rule's reduction of the per-anchor losses, as a float32 scalar."""
+def term_kind(rule) -> Optional[str]:
+  """What a term of ``rule`` is, for the ``reduction`` option: ``"anchor"``
+  (a rule with a per-anchor reduction: every engine), ``"pair"`` (a rule
+  reducing sums over pairs, ``"sum"`` statistics, one stage, whose
+  ``values`` are those pair terms, ``rule.pair_terms``: the dense engine's
+  pair terms), or ``None`` (only the rule's own reduction)."""
+  if not hasattr(rule, "reduce"):
+    return "anchor"
+  if (rule.pair_terms and rule_lib.set_statistics(rule) == ("sum", "sum")
+      and rule.first_stage() is None):
+    return "pair"
+  return None
+
+
+def reduce_per_anchor(rule, per_anchor: Array, valid: Array, axis_name=None,
+                      *, reduction=None, labels=None):
+  """The rule's reduction of the per-anchor losses, as a float32 scalar;
+  with ``reduction`` (a :class:`reductions.Reduction`) that one, of the
+  terms of the valid anchors (0 for the others), every anchor an element."""
+  if reduction is not None:
+    terms = jnp.where(valid, per_anchor, 0.0)
+    loss = reductions.reduce_terms(terms, jnp.ones(valid.shape, bool),
+                                   reduction, labels=labels,
+                                   axis_name=axis_name)
+    return loss if reduction.kind == "none" else (
+        reductions.to_float32_scalar(loss))
   if hasattr(rule, "reduce"):
     loss = rule.reduce(per_anchor, valid, axis_name)
   elif rule.reduction == "valid_mean":
@@ -66,7 +91,7 @@ def embedding_loss(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
                    neg_mask=None, block_size: Optional[int] = None,
                    collective: str = "all_gather",
                    ref: Optional[sides.Candidates] = None,
-                   geometry=None) -> Array:
+                   geometry=None, reduction=None) -> Array:
   """A pair loss of a batch of embeddings (every ``*_loss(**options)``).
 
   The embeddings are checked and mapped by the rule's geometry (cosine:
@@ -114,11 +139,26 @@ def embedding_loss(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
       :class:`circle_jax.losses.engine.Lp`). Every engine runs every
       geometry; losses that read distances take the geometry's
       (``sqrt(2 - 2 cos)``, the Poincaré distance, ``d ** power``).
+    reduction: ``None`` (default): the loss's own reduction. Otherwise a
+      name in :data:`circle_jax.losses.engine.REDUCTIONS` or a
+      :class:`circle_jax.losses.engine.Reduction` (pytorch-metric-learning's
+      reducers, :func:`circle_jax.losses.engine.reductions.reduce_terms`)
+      of the loss's terms (:func:`term_kind`): its anchors' on every engine,
+      or its pairs' (each set reduced on its own and the two added, as
+      PML's ``MultipleReducers``) on the dense engine; docs/reductions.md
+      lists each loss's.
 
   Returns:
-    float32 scalar: the rule's reduction of the per-anchor losses.
+    float32 scalar: the rule's reduction of the per-anchor losses (with
+    ``reduction="none"`` the terms).
   """
   rule = rule_lib.with_geometry(rule, geometry_lib.resolve(geometry))
+  reduction = reductions.as_reduction(reduction)
+  kind = None if reduction is None else term_kind(rule)
+  if reduction is not None and kind is None:
+    reductions.refuse_reduction(
+        reduction, f"{type(rule).__name__} rule",
+        "its terms are neither per anchor nor single pairs")
   on_ring = check_collective(collective) == "ring" and axis_name is not None
   if block_size is not None:
     block_size = blockwise.check_block_size(block_size)
@@ -127,6 +167,14 @@ def embedding_loss(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
                                 gather_columns=not on_ring)
   n = cols.z.shape[0] * (jax.lax.axis_size(axis_name) if on_ring else 1)
   shape = (rows.z.shape[0], n)
+  if kind == "pair":
+    if on_ring or block_size is not None:
+      raise ValueError(
+          f"reduction={reduction.kind!r} of the {type(rule).__name__} rule's "
+          "pair terms needs the dense engine (the tiled engines keep per-"
+          "anchor sums); drop `block_size` and `collective=\"ring\"`.")
+    return _pair_reduction(rule, rows, cols, shape, pos_mask, neg_mask,
+                           reduction, axis_name)
   run = _engine(rule, rows, cols, shape=shape, axis_name=axis_name,
                 on_ring=on_ring, block_size=block_size,
                 pos_mask=checks.check_mask(pos_mask, shape, "pos_mask"),
@@ -139,7 +187,33 @@ def embedding_loss(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
       t_cols = t if on_ring else ops.gather_global(t, axis_name)
     aux = (t, t_cols)
   values, valid = run(rule, aux=aux)
-  return reduce_per_anchor(rule, values, valid, axis_name)
+  return reduce_per_anchor(rule, values, valid, axis_name,
+                           reduction=reduction, labels=rows.labels)
+
+
+def pair_terms(rule, similarity, pos, neg):
+  """A ``"sum"`` rule's pair terms on a whole block (:func:`term_kind`):
+  ``(v_p, v_n)``, ``[M, N]`` each, a pair's term where the rule selects it
+  and 0 elsewhere."""
+  x = rule.prepare(similarity)
+  pre = tiles.prepass_update(rule, None, similarity, pos, neg, keepdims=True)
+  sel_p, sel_n = rule.select(jax.lax.stop_gradient(x), pos, neg, pre)
+  v_p, v_n = rule.values(x)
+  return jnp.where(sel_p, v_p, 0.0), jnp.where(sel_n, v_n, 0.0)
+
+
+def _pair_reduction(rule, rows, cols, shape, pos_mask, neg_mask, reduction,
+                    axis_name):
+  """``reduction`` of a pair rule's terms: each set's pairs (the label and
+  miner masks) reduced on its own, the two added."""
+  s = rule.geometry.tile(rows.z, cols.z)
+  pos, neg = sides.checked_pair_masks(rows, cols, shape, pos_mask, neg_mask)
+  v_p, v_n = pair_terms(rule, s, pos, neg)
+  if reduction.kind == "none":
+    return jnp.where(pos, v_p, 0.0) + jnp.where(neg, v_n, 0.0)
+  reduce = functools.partial(reductions.reduce_terms, reduction=reduction,
+                             labels=rows.labels, axis_name=axis_name)
+  return reductions.to_float32_scalar(reduce(v_p, pos) + reduce(v_n, neg))
 
 
 def _engine(rule, rows, cols, *, shape, axis_name, on_ring, block_size,
@@ -219,7 +293,8 @@ def dense_block(embeddings, labels, *, loss: str, reason: str,
                 distance: bool = False, axis_name=None, pos_mask=None,
                 neg_mask=None, block_size: Optional[int] = None,
                 collective: str = "all_gather",
-                ref: Optional[sides.Candidates] = None, geometry=None):
+                ref: Optional[sides.Candidates] = None, geometry=None,
+                reduction=None):
   """The dense ``[M, N]`` block of a pair loss that is not a rule.
 
   Such a loss takes the same ``**options`` as the rule-based ones
@@ -233,6 +308,9 @@ def dense_block(embeddings, labels, *, loss: str, reason: str,
     distance: return the geometry's distances instead of the similarities.
     axis_name, pos_mask, neg_mask, block_size, collective, ref, geometry:
       the options of :func:`embedding_loss` (default geometry: cosine).
+    reduction: refused unless ``None``: a loss that reduces its own terms
+      (the triplet loss) takes it out of its options first and hands it to
+      :func:`circle_jax.losses.engine.reductions.reduce_terms`.
 
   Returns:
     ``(rows, cols, s, pos, neg)`` as :func:`sides.pair_block` (``s`` the
@@ -244,6 +322,8 @@ def dense_block(embeddings, labels, *, loss: str, reason: str,
     raise ValueError(
         f"The {loss} has only the dense engine ({reason}); drop "
         "`block_size` and `collective=\"ring\"`.")
+  reductions.refuse_reduction(reductions.as_reduction(reduction), loss,
+                              "its terms are not exposed")
   geometry = geometry_lib.resolve(geometry) or geometry_lib.COSINE
   rows, cols, s, pos, neg = sides.pair_block(
       embeddings, labels, axis_name=axis_name, pos_mask=pos_mask,

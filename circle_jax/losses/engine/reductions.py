@@ -9,6 +9,10 @@ gradient.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from typing import Optional
+
 import jax
 import jax.numpy as jnp
 
@@ -51,3 +55,127 @@ def ratio_of_sums(total: Array, count: Array, axis_name=None) -> Array:
 def to_float32_scalar(x) -> Array:
   return jnp.asarray(x, jnp.float32).reshape(())
 
+
+
+# ----------------------------------------------------------------------------
+# The `reduction` option of the pair losses: pytorch-metric-learning's
+# reducers on a loss's terms (its elements: anchors, pairs or triplets).
+# ----------------------------------------------------------------------------
+
+REDUCTIONS = ("mean", "sum", "avg_non_zero", "threshold", "class_weighted",
+              "divisor", "none")
+
+
+@functools.partial(jax.tree_util.register_dataclass,
+                   data_fields=["low", "high", "weights", "divisor"],
+                   meta_fields=["kind"])
+@dataclasses.dataclass(frozen=True)
+class Reduction:
+  """A reduction of a loss's terms by name, with its parameters.
+
+  The kinds are pytorch-metric-learning's reducers on the loss's elements
+  (:data:`REDUCTIONS`; docs/reductions.md lists each loss's elements):
+
+  * ``"mean"``: the mean over the elements (``MeanReducer``);
+  * ``"sum"``: their sum (``SumReducer``);
+  * ``"avg_non_zero"``: the mean over the elements with a term ``> 0``
+    (``AvgNonZeroReducer``);
+  * ``"threshold"``: the mean over the elements with ``low < term < high``
+    (``ThresholdReducer``; ``None`` leaves that side open);
+  * ``"class_weighted"``: the mean of ``weights[label] * term``, the label
+    the anchor's (``ClassWeightedReducer``);
+  * ``"divisor"``: the sum divided by ``divisor`` (``DivisorReducer``,
+    whose divisor the loss gives; here it is this constant);
+  * ``"none"``: the terms themselves (``DoNothingReducer``): the anchors'
+    ``[M]`` or the pairs' ``[M, N]`` (0 outside the elements).
+
+  An empty selection gives 0 (and a zero gradient).
+
+  Attributes:
+    kind: one of :data:`REDUCTIONS` (static).
+    low, high: ``"threshold"``'s bounds (exclusive).
+    weights: ``"class_weighted"``'s ``[C]`` weight of each class.
+    divisor: ``"divisor"``'s divisor.
+  """
+
+  kind: str = "mean"
+  low: Optional[float] = None
+  high: Optional[float] = None
+  weights: Optional[tuple] = None
+  divisor: float = 1.0
+
+  def __post_init__(self):
+    if self.kind not in REDUCTIONS:
+      raise ValueError(f"`reduction` must be one of {REDUCTIONS}; got "
+                       f"{self.kind!r}.")
+    if self.kind == "threshold" and self.low is None and self.high is None:
+      raise ValueError("reduction='threshold' needs `low` or `high` (or "
+                       "both): the bounds of the kept terms.")
+    if self.kind == "class_weighted" and self.weights is None:
+      raise ValueError("reduction='class_weighted' needs `weights`, one per "
+                       "class.")
+
+
+def as_reduction(reduction) -> Optional[Reduction]:
+  """``None`` (the loss's own reduction), a :class:`Reduction`, or one
+  from its name."""
+  if reduction is None or isinstance(reduction, Reduction):
+    return reduction
+  if isinstance(reduction, str):
+    return Reduction(kind=reduction)
+  raise ValueError(f"`reduction` must be None, a name in {REDUCTIONS} or a "
+                   f"Reduction; got {reduction!r}.")
+
+
+def refuse_reduction(reduction, loss: str, reason: str) -> None:
+  """One line for a loss that has only its own reduction."""
+  if reduction is not None:
+    raise ValueError(f"The {loss} has only its own reduction ({reason}); "
+                     "drop `reduction`.")
+
+
+def reduce_terms(terms: Array, elements: Array, reduction: Reduction, *,
+                 labels: Array, axis_name=None) -> Array:
+  """``reduction`` of the terms of the (global) batch's elements.
+
+  The one reducer of every loss's ``reduction`` option: each of its kinds
+  is a ratio of global sums (:func:`ratio_of_sums`), so with ``axis_name``
+  the value and the gradient are those of the single-device batch.
+
+  Args:
+    terms: ``[M, ...]`` the loss's terms of this device's anchors (a pair's
+      or a triplet's term in the row of its anchor).
+    elements: bool, the shape of ``terms``: which entries are elements.
+    reduction: a :class:`Reduction`.
+    labels: ``[M]`` the anchors' labels (``"class_weighted"``).
+    axis_name: optional mapped axis: the global batch.
+
+  Returns:
+    a float32 scalar, or with ``"none"`` the terms (0 outside the
+    elements).
+  """
+  terms = jnp.where(elements, terms, 0.0)
+  kind = reduction.kind
+  if kind == "none":
+    return terms
+  count = elements
+  if kind == "avg_non_zero":
+    count = elements & (terms > 0)
+  elif kind == "threshold":
+    if reduction.low is not None:
+      count = count & (terms > reduction.low)
+    if reduction.high is not None:
+      count = count & (terms < reduction.high)
+    terms = jnp.where(count, terms, 0.0)
+  elif kind == "class_weighted":
+    weights = jnp.asarray(reduction.weights, terms.dtype)
+    shape = (-1,) + (1,) * (terms.ndim - 1)
+    terms = terms * jnp.take(weights, labels, mode="clip").reshape(shape)
+  if kind in ("sum", "divisor"):
+    total = ops.maybe_global_sum(jnp.sum(terms), axis_name)
+    if kind == "sum":
+      return total
+    divisor = jnp.asarray(reduction.divisor, total.dtype)
+    nonzero = divisor != 0  # PML: a zero divisor gives a zero loss
+    return jnp.where(nonzero, total / jnp.where(nonzero, divisor, 1.0), 0.0)
+  return ratio_of_sums(terms, count, axis_name)

@@ -109,6 +109,11 @@ class PairRule:
     del pre
     return None
 
+  # Whether a rule with its own `reduce` of per-anchor sums over pairs
+  # gives, as `values`, exactly the pair terms that `reduce` averages (the
+  # `reduction` option then reduces them instead: dispatch.term_kind).
+  pair_terms = False
+
   # Two-stage rules (module docstring): the first stage, and whether the
   # pairs read the candidates' first-stage statistic too.
   column_stage = False

@@ -44,3 +44,140 @@ def test_global_batch_value_and_gradient_equal_single_device(mode):
     v, g = v[0], g.reshape(16, 5)
   np.testing.assert_allclose(float(v), float(ref_v), rtol=1e-5)
   np.testing.assert_allclose(np.asarray(g), np.asarray(ref_g), atol=1e-5)
+
+
+# The `reduction` option: pytorch-metric-learning's reducers on a loss's
+# terms (anchors, pairs, triplets).
+
+_W = tuple(np.linspace(0.5, 2.0, 5))
+# Every class has two samples or more: PML's per-anchor terms of an anchor
+# without a positive are not 0 (its negatives' part), ours are.
+_Y = np.array([0, 1, 2, 3, 4] * 3 + [4])
+
+
+def _pml_reducers():
+  import torch
+  from pytorch_metric_learning import reducers as pr
+  return [("mean", pr.MeanReducer(), {}), ("sum", pr.SumReducer(), {}),
+          ("avg_non_zero", pr.AvgNonZeroReducer(), {}),
+          ("threshold", pr.ThresholdReducer(low=0.5, high=1.2),
+           dict(low=0.5, high=1.2)),
+          ("class_weighted", pr.ClassWeightedReducer(torch.tensor(_W)),
+           dict(weights=_W))]
+
+
+def _eager_vg(fn, x, labels, **kw):
+  """Value and gradient without jit (cheap on tiny batches)."""
+  return jax.value_and_grad(lambda x: fn(x, jnp.asarray(labels), **kw))(
+      jnp.asarray(x, jnp.float32))
+
+
+def test_reductions_equal_pml_reducers_on_pairs_triplets_and_anchors():
+  """Contrastive (pair terms, each set reduced on its own), triplet
+  (``mining="all"``: triplet terms) and Circle (anchor terms) under every
+  PML reducer: value and gradient, one program."""
+  pytest.importorskip("pytorch_metric_learning")
+  from pytorch_metric_learning import losses as pl
+  from circle_jax import losses
+  from tests.losses import pml_checks
+  x = pml_checks.batch(3)
+  reducers = _pml_reducers()
+  ours = (losses.contrastive_loss, losses.triplet_margin_loss,
+          functools.partial(losses.circle_loss, gamma=2.0))
+
+  cases = [(fn, engine.Reduction(name, **kw), theirs)
+           for name, reducer, kw in reducers
+           for fn, theirs in zip(ours, (
+               pl.ContrastiveLoss(pos_margin=0.0, neg_margin=0.5,
+                                  reducer=reducer),
+               pl.TripletMarginLoss(margin=0.2, reducer=reducer),
+               pl.CircleLoss(gamma=2.0, reducer=reducer)))
+           # PML's class weights of Circle's [B, 1] terms: the next test.
+           if not (name == "class_weighted" and isinstance(
+               theirs, pl.CircleLoss))]
+  run = jax.jit(lambda x: [jax.value_and_grad(
+      lambda x, fn=fn, r=r: fn(x, jnp.asarray(_Y), reduction=r))(x)
+                           for fn, r, _ in cases])
+  for got, (_, _, theirs) in zip(run(jnp.asarray(x, jnp.float32)), cases):
+    pml_checks.close(got, pml_checks.pml_vg(theirs, x, _Y))
+
+
+def test_class_weighted_anchor_terms_follow_pml_on_flat_terms():
+  """PML's Circle and MultiSimilarity give ``[B, 1]`` terms, which its
+  ClassWeightedReducer broadcasts against the ``[B]`` weights into a
+  ``[B, B]`` outer product (mean(l) * mean(w[y])); ours weighs each anchor's
+  term by its class's weight, as the reducer means to."""
+  pytest.importorskip("pytorch_metric_learning")
+  import torch
+  from pytorch_metric_learning import losses as pl, reducers as pr
+  from circle_jax import losses
+  from tests.losses import pml_checks
+  x = pml_checks.batch(4)
+  terms = pl.CircleLoss(reducer=pr.DoNothingReducer())(
+      torch.tensor(x), torch.tensor(_Y))["loss"]["losses"].detach().numpy()
+  want = np.mean(terms[:, 0] * np.asarray(_W)[_Y])
+  got = losses.circle_loss(
+      jnp.asarray(x, jnp.float32), jnp.asarray(_Y),
+      reduction=engine.Reduction("class_weighted", weights=_W))
+  np.testing.assert_allclose(float(got), want, rtol=2e-5)
+  none = losses.circle_loss(jnp.asarray(x, jnp.float32),
+                            jnp.asarray(_Y), reduction="none")
+  np.testing.assert_allclose(np.asarray(none), terms[:, 0], rtol=2e-5)
+
+
+def test_none_divisor_and_sum_of_pair_terms():
+  from circle_jax import losses
+  x = jnp.asarray(np.random.default_rng(5).normal(size=(8, 4)), jnp.float32)
+  y = jnp.array([0, 0, 1, 1, 2, 2, 3, 3])
+  terms = losses.contrastive_loss(x, y, reduction="none")
+  assert terms.shape == (8, 8)
+  assert float(jnp.trace(terms)) == 0.0  # a sample is not its own pair
+  total = losses.contrastive_loss(x, y, reduction="sum")
+  np.testing.assert_allclose(float(total), float(jnp.sum(terms)), rtol=1e-6)
+  for divisor, want in ((4.0, float(total) / 4), (0.0, 0.0)):
+    got = losses.contrastive_loss(
+        x, y, reduction=engine.Reduction("divisor", divisor=divisor))
+    np.testing.assert_allclose(float(got), want, rtol=1e-6)
+  assert losses.circle_loss(x, y, reduction="none").shape == (8,)
+  assert losses.triplet_margin_loss(x, y, reduction="none").shape == (8, 8, 8)
+
+
+def test_reduction_refusals_name_the_problem():
+  from circle_jax import losses
+  x = jnp.ones((4, 3))
+  y = jnp.array([0, 0, 1, 1])
+  cases = [
+      (losses.contrastive_loss, dict(reduction="sum", block_size=2),
+       "needs the dense engine"),
+      (losses.n_pair_loss, dict(reduction="sum"), "only its own reduction"),
+      (losses.smooth_ap_loss, dict(reduction="sum"), "only its own"),
+      (functools.partial(losses.margin_loss, beta=jnp.ones(2)),
+       dict(reduction="sum"), "only its own"),
+      (losses.circle_loss, dict(reduction="median"), "must be one of"),
+  ]
+  for fn, kw, match in cases:
+    with pytest.raises(ValueError, match=match):
+      fn(x, y, **kw)
+  with pytest.raises(ValueError, match="needs `low` or `high`"):
+    engine.Reduction("threshold")
+
+
+def test_reductions_on_eight_devices_equal_one_device():
+  """A pair reduction and an anchor reduction of the global batch (the
+  anchors' on the device ring, in tiles): the value and the gradient equal
+  the single-device dense ones."""
+  from circle_jax import losses
+  from tests.losses import engine_checks
+
+  def fn(x, y, **kw):
+    ring = dict(collective="ring", block_size=2) if kw else {}
+    return (losses.contrastive_loss(
+        x, y, reduction=engine.Reduction("threshold", low=0.2, high=1.0),
+        **kw)
+            + losses.circle_loss(
+                x, y, reduction=engine.Reduction("class_weighted",
+                                                 weights=_W), **ring, **kw))
+  x = jnp.asarray(np.random.default_rng(6).normal(size=(16, 4)), jnp.float32)
+  y = jnp.asarray(_Y)
+  engine_checks.close(engine_checks.sharded_vg(fn, x, y),
+                      _eager_vg(fn, x, y))
