@@ -77,11 +77,14 @@ def run(args) -> str:
                       "exact: first search (compilation included)")
   exact, t_exact = _timed(lambda: searcher.search(q, args.k), "exact")
 
-  flat = backends.build_faiss(index.embeddings, "faiss-flat")
-  (_, flat_idx), t_flat = _timed(lambda: flat.search(q, args.k),
-                                 "faiss Flat")
+  if args.no_flat:
+    flat_idx, t_flat = exact.positions, float("nan")
+  else:
+    flat = backends.build_faiss(index.embeddings, "faiss-flat")
+    (_, flat_idx), t_flat = _timed(lambda: flat.search(q, args.k),
+                                   "faiss Flat")
+    flat = None  # frees its copy of the gallery
   agree = float(np.mean(flat_idx == exact.positions))
-  flat = None  # frees its copy of the gallery
 
   # HNSW on the whole gallery, or on its first --hnsw_gallery items (then
   # its recall is against exact search over those items).
@@ -136,16 +139,21 @@ def run(args) -> str:
       "",
       "| search | time (s) | queries/s | vs faiss Flat |",
       "| --- | --- | --- | --- |",
-      f"| faiss IndexFlatIP (exact) | {t_flat:.2f} | "
-      f"{args.queries / t_flat:,.0f} | 1.00x |",
+      ("| faiss IndexFlatIP (exact) | not run (--no_flat) | | |"
+       if args.no_flat else
+       f"| faiss IndexFlatIP (exact) | {t_flat:.2f} | "
+       f"{args.queries / t_flat:,.0f} | 1.00x |"),
       f"| circle_jax exact (`Searcher(index, 'exact')`) | {t_exact:.2f} | "
-      f"{args.queries / t_exact:,.0f} | {t_exact / t_flat:.2f}x |",
+      f"{args.queries / t_exact:,.0f} | "
+      + ("" if args.no_flat else f"{t_exact / t_flat:.2f}x") + " |",
       "",
       f"circle_jax exact: laying the gallery out on the devices "
-      f"{t_shard:.2f} s, first search of {min(args.chunk, args.queries):,} queries (compilation "
-      f"included) {t_first:.2f} s. Its neighbours equal faiss Flat's in "
-      f"{agree:.4%} of the {args.queries * args.k:,} slots (the rest are "
-      "float32 rounding ties).",
+      f"{t_shard:.2f} s, first search of {min(args.chunk, args.queries):,} "
+      f"queries (compilation included) {t_first:.2f} s."
+      + ("" if args.no_flat else
+         f" Its neighbours equal faiss Flat's in {agree:.4%} of the "
+         f"{args.queries * args.k:,} slots (the rest are float32 rounding "
+         "ties)."),
       "",
       ("faiss HNSW: not run (--no_hnsw)." if args.no_hnsw else
        f"faiss HNSW (`IndexHNSWFlat`, M={args.hnsw_m}, efConstruction="
@@ -185,6 +193,8 @@ def main(argv=None):
   p.add_argument("--hnsw_gallery", type=int, default=0,
                  help="Build HNSW on the first N gallery items only (0: "
                  "all), where its build would not finish in time.")
+  p.add_argument("--no_flat", action="store_true",
+                 help="Skip faiss IndexFlatIP (for an HNSW-only run).")
   p.add_argument("--no_hnsw", action="store_true",
                  help="Skip faiss HNSW (its build is the longest part).")
   p.add_argument("--clusters", type=int, default=10_000,
