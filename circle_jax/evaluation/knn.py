@@ -8,9 +8,13 @@ the same device program's parts (:mod:`circle_jax.evaluation.retrieval`):
   4096 rows, sharded over the devices (:func:`shard_gallery`, done once and
   reused by every search);
 * the queries are processed in chunks of a fixed row count; each device
-  computes the ``[chunk, T]`` similarity tiles of its gallery rows with a
-  float32 ``HIGHEST``-precision matmul, picks its exact top ``k`` through the
-  block-maximum pre-selection, and the per-device lists are merged;
+  goes over its gallery tiles in a ``lax.scan`` (one program whatever the
+  gallery's size: compile time does not grow with it): it computes each
+  ``[chunk, T]`` similarity tile with a float32 ``HIGHEST``-precision
+  matmul, picks the tile's exact top ``k`` through the block-maximum
+  pre-selection and merges it into a running top ``k``
+  (:func:`circle_jax.evaluation.retrieval.scan_top`); the per-device lists
+  are then merged;
 * equal similarities are ranked by gallery index (the lower first), so the
   result is deterministic and does not depend on the number of devices.
 
@@ -38,8 +42,8 @@ __all__ = ["ShardedGallery", "shard_gallery", "nearest_neighbors"]
 # maxima to select from (XLA's TopK is slow), more items per chosen block.
 # A divisor of every tile (tiles are multiples of 32 rows).
 _BLOCK = 32
-# A chunk's similarities held at once on one device, at most (bytes): the
-# chunk is made smaller for large galleries.
+# A chunk's similarity tile held at once on one device, at most (bytes): the
+# chunk is made smaller for large tiles.
 _MAX_CHUNK_BYTES = 1 << 29
 
 
@@ -95,11 +99,8 @@ def _topk_fn(mesh: Mesh, tile: int, block: int, num_gallery: int, k: int,
   extra = int(self_retrieval) + int(num_gallery % block != 0)
 
   def body(q, q_self, g):
-    s_tiles, _, first = retrieval.similarity_tiles(q, g, tile)
-    bmax = [jnp.max(s.reshape(s.shape[0], tile // block, block), axis=2)
-            for s in s_tiles]
-    top, idx = retrieval.local_top(s_tiles, bmax, first, q_self,
-                                   num_gallery, k, extra, block)
+    top, idx = retrieval.scan_top(q, g, tile, q_self, num_gallery, k, extra,
+                                  block)
     top, idx = retrieval.merge_device_tops(top, idx, k)
     return top, jnp.where(top > -jnp.inf, idx, -1)
 
@@ -130,7 +131,7 @@ def nearest_neighbors(
     exclude_self: the queries are the gallery (``Q == G``); leave each
       query's own entry out of its ranking.
     chunk_size: query rows per device step (made smaller where a chunk's
-      similarities would exceed 512 MiB per device).
+      similarity tile would exceed 512 MiB).
     mesh / devices: where to shard a gallery given as an array.
     on_chunk: called with the number of queries done after each chunk.
 
@@ -153,9 +154,8 @@ def nearest_neighbors(
     raise ValueError("`exclude_self` needs the queries to be the gallery "
                      f"({q.shape[0]} queries, {gallery.num_items} items).")
   q = retrieval.l2_normalize_rows(q)
-  n_dev = gallery.mesh.devices.size
-  per_device = gallery.tiles.shape[0] * gallery.tile // n_dev
-  chunk_size = max(1, min(chunk_size, _MAX_CHUNK_BYTES // (4 * per_device)))
+  chunk_size = max(1, min(chunk_size,
+                          _MAX_CHUNK_BYTES // (4 * gallery.tile)))
   block = math.gcd(gallery.tile, _BLOCK)
   fn = _topk_fn(gallery.mesh, gallery.tile, block, gallery.num_items, k,
                 exclude_self)

@@ -297,6 +297,43 @@ def merge_device_tops(top, idx, k):
   return top, jnp.take_along_axis(idx, at, axis=1)
 
 
+def scan_top(q, g, tile, q_self, num_gallery, k, extra, block):
+  """This device's exact top ``k`` of ``q [C, D]`` against its gallery shard
+  ``g [local_tiles, T, D]``, tile by tile in a ``lax.scan``.
+
+  Each step computes one raw ``[C, T]`` similarity tile (the matmul of
+  :func:`similarity_tiles`), takes its top ``k`` by :func:`local_top` and
+  merges it into the running top ``k``. The running list holds lower gallery
+  indices than the tile's and comes first in the merge, so equal
+  similarities keep the lower index first: the result equals
+  :func:`local_top` over all the tiles at once. The program (and its compile
+  time) does not grow with the number of tiles, and a device holds one
+  ``[C, T]`` tile at a time.
+
+  Returns ``([C, k] float32 similarities, [C, k] int32 gallery indices)``,
+  best first, ``-inf`` past the local gallery's items.
+  """
+  local_tiles, c = g.shape[0], q.shape[0]
+  first = jax.lax.axis_index(_AXIS) * (local_tiles * tile)
+
+  def step(carry, g_t_and_t):
+    g_t, t = g_t_and_t
+    s = jnp.matmul(q, g_t.T, precision=jax.lax.Precision.HIGHEST)
+    bmax = jnp.max(s.reshape(c, tile // block, block), axis=2)
+    top, idx = local_top([s], [bmax], first + t * tile, q_self, num_gallery,
+                         k, extra, block)
+    top, at = _topk_padded(jnp.concatenate([carry[0], top], axis=1), k)
+    idx = jnp.take_along_axis(jnp.concatenate([carry[1], idx], axis=1), at,
+                              axis=1)
+    return (top, idx), None
+
+  init = (jnp.full((c, k), -jnp.inf, jnp.float32),
+          jnp.full((c, k), -1, jnp.int32))
+  (top, idx), _ = jax.lax.scan(
+      step, init, (g, jnp.arange(local_tiles, dtype=jnp.int32)))
+  return top, idx
+
+
 def similarity_tiles(q, g, tile):
   """This device's raw ``[C, T]`` similarity tiles of ``q`` and its tiles.
 
@@ -305,8 +342,10 @@ def similarity_tiles(q, g, tile):
   gallery index of this device's first row. The similarity tiles are raw (no
   masking pass over ``[C, T]``): the query's own entry and the padding are
   accounted for by the caller. The tiles are unrolled (their number is
-  static): a ``lax.scan`` would stack them into one zero-initialised
-  ``[t, C, T]`` buffer with a dynamic-update-slice per step.
+  static; the metrics need them all at once, and a ``lax.scan`` would stack
+  them into one zero-initialised ``[t, C, T]`` buffer with a
+  dynamic-update-slice per step). A top-k search alone goes tile by tile
+  instead (:func:`scan_top`).
   """
   local_tiles = g.shape[0]
   first = jax.lax.axis_index(_AXIS) * (local_tiles * tile)

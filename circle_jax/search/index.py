@@ -14,7 +14,9 @@ and one JSON string ``header`` (format name and version, the model record,
 the item metadata and the cut-points). :meth:`GalleryIndex.save` is atomic:
 it writes a temporary file beside the target, flushes it to disk and renames
 it over the target, so a save that is interrupted (a crash, ``kill -9``, a
-full disk) leaves the previous index intact. A damaged or foreign file is one
+full disk) leaves the previous index intact. The temporary file that a
+killed save leaves behind (``.NAME.PID.XXXXXXXX.tmp``) is removed by the next
+save or load of that path once its process ``PID`` is gone. A damaged or foreign file is one
 :class:`IndexFileError` line naming it.
 """
 
@@ -289,6 +291,8 @@ class GalleryIndex:
     A temporary file in the same folder is written, flushed and fsynced,
     then renamed over ``path`` (:func:`os.replace`, atomic on POSIX and
     Windows), so ``path`` holds either the previous index or this one.
+    Temporary files of earlier saves of ``path`` whose process was killed
+    are removed first.
     """
     path = os.path.abspath(os.path.expanduser(path))
     folder = os.path.dirname(path)
@@ -300,8 +304,9 @@ class GalleryIndex:
               "ids": np.asarray(self.ids, dtype=str)}
     if self.labels is not None:
       arrays["labels"] = self.labels
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.",
-                               suffix=".tmp", dir=folder)
+    _remove_stale_temps(path)
+    fd, tmp = tempfile.mkstemp(prefix=f"{_temp_prefix(path)}{os.getpid()}.",
+                               suffix=_TEMP_SUFFIX, dir=folder)
     try:
       with os.fdopen(fd, "wb") as f:
         np.savez(f, **arrays)
@@ -321,6 +326,49 @@ class GalleryIndex:
     return path
 
 
+_TEMP_SUFFIX = ".tmp"
+
+
+def _temp_prefix(path: str) -> str:
+  """The temporary files of a save of ``path``: ``.NAME.PID.XXXXXXXX.tmp``
+  in its folder (hidden; ``XXXXXXXX`` from :func:`tempfile.mkstemp`, no
+  dots)."""
+  return f".{os.path.basename(path)}."
+
+
+def _process_exists(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)  # signal 0: an existence check (POSIX)
+  except ProcessLookupError:
+    return False
+  except OSError:  # e.g. PermissionError: it exists, another user's
+    return True
+  return True
+
+
+def _remove_stale_temps(path: str) -> None:
+  """Removes what interrupted saves of ``path`` left: its own temporary
+  files (:func:`_temp_prefix`) whose writing process no longer exists. A
+  save in progress in a live process keeps its file; other files are never
+  touched. POSIX only (the process check); elsewhere they are left."""
+  if os.name != "posix":
+    return
+  folder, prefix = os.path.dirname(path), _temp_prefix(path)
+  try:
+    names = os.listdir(folder)
+  except OSError:
+    return
+  for name in names:
+    if not (name.startswith(prefix) and name.endswith(_TEMP_SUFFIX)):
+      continue
+    parts = name[len(prefix):-len(_TEMP_SUFFIX)].split(".")
+    if (len(parts) != 2 or not parts[0].isdigit()
+        or _process_exists(int(parts[0]))):
+      continue
+    with contextlib.suppress(OSError):
+      os.remove(os.path.join(folder, name))
+
+
 def _replace(src: str, dst: str) -> None:
   """The rename that publishes a saved index (a seam for fault tests)."""
   os.replace(src, dst)
@@ -335,6 +383,7 @@ def load(path: str) -> GalleryIndex:
   """
   shown = path
   path = os.path.abspath(os.path.expanduser(path))
+  _remove_stale_temps(path)
   if not os.path.isfile(path):
     raise IndexFileError(f"{shown}: no such index file; build one with "
                          "`python -m circle_jax.search build`.")

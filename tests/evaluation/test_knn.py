@@ -36,6 +36,15 @@ def test_ties_go_to_the_lower_gallery_index():
   g = np.array([[1, 0], [0, 1], [1, 0], [2, 0], [1, 1e-9]], np.float32)
   _, idx = knn.nearest_neighbors(np.array([[1, 0]], np.float32), g, k=4)
   assert idx.tolist() == [[0, 2, 3, 4]]
+  # Across the tiles of the scan (9,000 rows: 3 tiles): copies of a row in
+  # later tiles follow it in gallery order.
+  g = np.random.default_rng(2).normal(size=(9000, 4)).astype(np.float32)
+  g[[4000, 8999]] = g[10]
+  g[6000] = g[20]
+  _, idx = knn.nearest_neighbors(g[[10, 20]], g, k=3)
+  np.testing.assert_array_equal(idx, brute_force(g[[10, 20]], g, 3)[1])
+  assert idx[0].tolist() == [10, 4000, 8999] and idx[1, :2].tolist() == [
+      20, 6000]
 
 
 def test_exclude_self_and_a_short_gallery():

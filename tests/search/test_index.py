@@ -106,8 +106,26 @@ while True:
 """
 
 
+def test_stale_temporary_files_of_a_killed_save_are_removed(tmp_path):
+  path = str(tmp_path / "g.npz")
+  dead = 2**31 - 1  # above any pid_max: no such process
+  stale = f".g.npz.{dead}.ab_c1234.tmp"
+  kept = [f".g.npz.{os.getpid()}.ab_c1234.tmp",   # a live save
+          f".g.npz.7.{dead}.ab_c1234.tmp",        # another file's (g.npz.7)
+          f".h.npz.{dead}.ab_c1234.tmp", f".g.npz.{dead}.ab.tmp.x", "g.txt"]
+  for name in [stale] + kept:
+    (tmp_path / name).write_text("partial")
+  _index(3).save(path)
+  assert sorted(os.listdir(tmp_path)) == sorted(kept + ["g.npz"])
+  (tmp_path / stale).write_text("partial")
+  index_lib.load(path)
+  assert sorted(os.listdir(tmp_path)) == sorted(kept + ["g.npz"])
+
+
+@pytest.mark.slow
 def test_killing_a_save_midway_leaves_the_previous_index(tmp_path):
-  """A real kill -9 of a process while it writes its temporary file."""
+  """A real kill -9 of a process while it writes its temporary file; the
+  next load removes that file."""
   path = str(tmp_path / "g.npz")
   _index(3).save(path)
   proc = subprocess.Popen(
@@ -126,7 +144,9 @@ def test_killing_a_save_midway_leaves_the_previous_index(tmp_path):
   finally:
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+  assert [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
   back = index_lib.load(path)
+  assert os.listdir(tmp_path) == ["g.npz"]  # the killed save's file removed
   assert len(back) in (3, 400_000)  # the old index, or a whole new one
   if len(back) == 3:
     assert back.ids == ["item0", "item1", "item2"]
