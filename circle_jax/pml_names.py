@@ -317,7 +317,7 @@ COMPONENTS: Tuple[Component, ...] = (
     _fn("trainers.MetricLossOnly", "train.loop.train_and_evaluate",
         "`train.loop.train_and_evaluate(config, workdir)`",
         "one trainer for every loss (PML 3 removed its trainers)",
-        "`python -m experiments.main --config ...`"),
+        "`python -m experiments.main --config experiments/configs/digits.py --workdir /tmp/digits`"),
     Component("trainers.TrainWithClassifier",
               "a weighted list of losses (MultipleLosses)",
               "a weighted list in `config.loss`",

@@ -156,6 +156,11 @@ def require_class_ids(labels, what: str, name: str = "labels") -> None:
 
 def _check_multi_hot(labels, batch_size: int, name: str) -> Array:
   """A ``[B, L]`` bool or 0/1 integer label-set array, as bool."""
+  if labels.dtype != jnp.bool_ and labels.shape[1] == 1:
+    raise ValueError(
+        f"`{name}` has shape {labels.shape}: an integer column reads as class "
+        f"ids, not as one label set; pass `{name}[:, 0]` ([batch] class ids), "
+        "or a bool [batch, 1] array for multi-hot label sets.")
   if labels.dtype != jnp.bool_:
     _check_integer(labels, f"`{name}` is [batch, L] multi-hot and must be "
                            f"bool or 0/1 integers; got dtype {labels.dtype}.")

@@ -208,7 +208,8 @@ def test_bad_multi_hot_labels_are_one_line_errors():
   for labels, match in ((np.array([[0, 2], [1, 0], [0, 0]]), "only 0 and 1"),
                         (np.ones((3, 2), np.float32), "bool or 0/1"),
                         (np.ones((2, 2), bool), "2 rows but there are 3"),
-                        (np.ones((3, 0), bool), "no classes")):
+                        (np.ones((3, 0), bool), "no classes"),
+                        (np.array([[0], [1], [1]]), "reads as class ids")):
     with pytest.raises((ValueError, TypeError), match=match) as info:
       losses.circle_loss(x, labels)
     assert "\n" not in str(info.value)
