@@ -102,7 +102,8 @@ def test_init_state_of_a_pair_loss():
   assert state.params["loss"] == {} and state.xbm is None
   # (and the regularizers' fields, at their defaults: none)
   assert hyper == {"gamma": 80.0, "margin": 0.4, "geometry": "cosine",
-                   "c": 0.1, "r": 2.3, "embedding_regularizer": "",
+                   "c": 0.1, "r": 2.3, "p": 2.0, "power": 1.0,
+                   "normalize_embeddings": True, "embedding_regularizer": "",
                    "embedding_reg_weight": 1.0, "reg_p": 2.0,
                    "reg_power": 1.0}
   assert state.batch_stats  # conv4's BatchNorm statistics
