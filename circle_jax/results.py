@@ -181,9 +181,11 @@ def hyperparameter_lines(configs: Mapping[str, Mapping[str, Any]]
     hyper = dict(cfg.get("loss", {}))
     hyper.pop("name", None)
     parts = []
-    # The geometry and the class matrix's layout: shown where not the default.
+    # The geometry, the class matrix's layout and the regularizers: shown
+    # where not the default.
     geometry = {**entry.geometry_defaults(),
-                **config_lib.class_layout_defaults(entry)}
+                **config_lib.class_layout_defaults(entry),
+                **config_lib.regularizer_fields(entry)}
     for k, v in hyper.items():
       if k in geometry:
         if v != geometry[k]:

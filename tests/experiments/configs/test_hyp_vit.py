@@ -17,6 +17,7 @@ from circle_jax.models import vit_weights
 from circle_jax.train import config_checks
 from circle_jax.train import loop
 from experiments.configs import hyp_vit
+from tests.experiments.configs import recipe_checks
 from experiments.configs import hyp_vit_dino
 from tests.experiments.configs.test_paper_configs import TABLES
 from tests.experiments.configs.test_paper_configs import _shrink  # pylint: disable=protected-access
@@ -65,9 +66,9 @@ def test_config_has_the_official_code_recipe(config_file, dataset):
     assert c.num_train_steps == steps  # one step per epoch
   assert (c.dataset.validation_fraction, c.best_metric) == (0.0, "")
   # The paper's loss: train.py's --t 0.2 --hyp_c 0.1 --clip_r 2.3.
-  assert dict(c.loss) == {"name": "pairwise_ce", "tau": 0.2,
-                          "geometry": "poincare", "c": 0.1, "r": 2.3,
-                          "block_size": None, "collective": None}
+  recipe_checks.assert_loss_recipe(c.loss, {
+      "name": "pairwise_ce", "tau": 0.2, "geometry": "poincare", "c": 0.1,
+      "r": 2.3, "block_size": None, "collective": None})
 
 
 @pytest.mark.parametrize("config_file, dataset", PAIRS, ids=IDS)

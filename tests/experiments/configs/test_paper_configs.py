@@ -42,6 +42,7 @@ from experiments.configs import ranked_list
 from experiments.configs import ranked_proxy_anchor
 from experiments.configs import recipes
 from tests.data import fixtures
+from tests.experiments.configs import recipe_checks
 
 # Slow (whole jobs or benchmarks): not in the fast tier (CONTRIBUTING.md).
 pytestmark = pytest.mark.slow
@@ -118,7 +119,7 @@ def test_config_is_valid_with_the_paper_recipe(config_file, dataset):
   assert c.model.name == "bn_inception" and c.model.embedding_dim == 512
   assert c.dataset.validation_fraction == 0.2
   assert c.best_metric == "recall@1" and c.best_mode == "max"
-  assert c.loss.to_dict() == LOSSES[config_file]
+  recipe_checks.assert_loss_recipe(c.loss, LOSSES[config_file])
   o = c.optim
   recipe = RECIPE[config_file]
   if recipe == "ms":

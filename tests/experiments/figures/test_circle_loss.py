@@ -21,6 +21,7 @@ from scipy import stats as scipy_stats
 from circle_jax.analysis import pair_plane
 from circle_jax.analysis import pairs
 from experiments.figures import circle_loss as cf
+from tests.experiments.configs import recipe_checks
 
 # Slow (whole jobs or benchmarks): not in the fast tier (CONTRIBUTING.md).
 pytestmark = pytest.mark.slow
@@ -245,8 +246,9 @@ def test_fig5_pipeline_from_a_run_workdir(tiny_digits_run, tmp_path):
     saved = json.load(f)
   assert list(saved["panels"]) == ["circle", "same"]
   panel = saved["panels"]["circle"]
-  assert panel["loss"] == {"name": "circle", "margin": 0.4, "gamma": 80.0,
-                           "geometry": "cosine", "c": 0.1, "r": 2.3}
+  recipe_checks.assert_loss_recipe(panel["loss"], {
+      "name": "circle", "margin": 0.4, "gamma": 80.0, "geometry": "cosine",
+      "c": 0.1, "r": 2.3})
   assert (panel["dataset"], panel["split"]) == ("digits", "test")
   assert (panel["checkpoint"], panel["step"]) == ("best", 6)
   # The embeddings are those the run was evaluated with: same recall@1.
