@@ -164,9 +164,7 @@ def intra_pair_variance_loss(
     labels: ``[B]`` integer labels.
     pos_eps: ``epsilon_p``, the positives' tolerance, in [0, 1].
     neg_eps: ``epsilon_n``, the negatives' tolerance, in [0, 1].
-    **options: the pair losses' shared keywords (``axis_name``,
-      ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``,
-      ``geometry``), documented once at
+    **options: the pair losses' shared keywords, documented once at
       :func:`circle_jax.losses.engine.embedding_loss`.
 
   Returns:
@@ -181,8 +179,6 @@ def intra_pair_variance_loss(
           + _set_term("neg", neg_eps, embeddings, labels, options))
 
 
-# The registry's facts of this module's losses (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
     entries.entry("intra_pair_variance", intra_pair_variance_loss, "pair",
         rule=IntraPairVariance,

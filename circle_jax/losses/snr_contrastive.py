@@ -124,9 +124,7 @@ def snr_contrastive_loss(
     labels: ``[B]`` integer labels.
     pos_margin: ``m_+`` >= 0.
     neg_margin: ``m_-`` >= 0.
-    **options: the pair losses' shared keywords (``axis_name``,
-      ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``,
-      ``geometry``), documented once at
+    **options: the pair losses' shared keywords, documented once at
       :func:`circle_jax.losses.engine.embedding_loss`.
 
   Returns:
@@ -140,8 +138,6 @@ def snr_contrastive_loss(
   return engine.embedding_loss(rule, embeddings, labels, **options)
 
 
-# The registry's facts of this module's losses (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
     entries.entry("snr_contrastive", snr_contrastive_loss, "pair",
         rule=SNRContrastive,

@@ -127,9 +127,8 @@ def tuplet_margin_loss(
     labels: ``[B]`` integer labels.
     margin: ``beta`` in degrees, in [0, 90].
     scale: ``s``, the scale of the cosines, in [1e-6, 1e4].
-    **options: the pair losses' shared keywords (``axis_name``,
-      ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``),
-      documented once at :func:`circle_jax.losses.engine.embedding_loss`.
+    **options: the pair losses' shared keywords, documented once at
+      :func:`circle_jax.losses.engine.embedding_loss`.
 
   Returns:
     float32 scalar.
@@ -145,8 +144,6 @@ def tuplet_margin_loss(
   return engine.embedding_loss(rule, embeddings, labels, **options)
 
 
-# The registry's facts of this module's losses (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
     entries.entry("tuplet_margin", tuplet_margin_loss, "pair",
         rule=TupletMargin,
