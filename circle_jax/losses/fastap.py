@@ -178,8 +178,7 @@ def fastap_loss(embeddings: Array, labels: Array, *, L: int = FastAP.L,
   d = jnp.clip(2.0 - 2.0 * block.s, 0.0, _D_MAX)
   fast_ap = fastap_per_anchor(d, block.pos, block.cand, L=L,
                               block=block.block)
-  valid = jnp.any(block.pos, axis=1)
-  return ranking.mean_loss(1.0 - fast_ap, valid, options.get("axis_name"))
+  return ranking.ap_loss(fast_ap, block, options.get("axis_name"))
 
 
 REGISTRY = (

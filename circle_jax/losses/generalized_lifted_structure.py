@@ -54,13 +54,10 @@ class GeneralizedLiftedStructure(engine.PairRule):
 
 
 def generalized_lifted_structure_loss(
-    embeddings: jax.Array,
-    labels: jax.Array,
-    *,
+    embeddings: jax.Array, labels: jax.Array, *,
     neg_margin: float = GeneralizedLiftedStructure.neg_margin,
     pos_margin: float = GeneralizedLiftedStructure.pos_margin,
-    **options,
-) -> jax.Array:
+    **options) -> jax.Array:
   r"""Generalised lifted structure loss (Hermans, Beyer, Leibe 2017, p. 4).
 
   .. math::

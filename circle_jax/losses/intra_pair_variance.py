@@ -127,14 +127,10 @@ def _set_term(side, eps, embeddings, labels, options):
   return value + slope * mean_hinge * (mu - held)
 
 
-def intra_pair_variance_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    pos_eps: float = IntraPairVariance.pos_eps,
-    neg_eps: float = IntraPairVariance.neg_eps,
-    **options,
-) -> Array:
+def intra_pair_variance_loss(embeddings: Array, labels: Array, *,
+                             pos_eps: float = IntraPairVariance.pos_eps,
+                             neg_eps: float = IntraPairVariance.neg_eps,
+                             **options) -> Array:
   r"""Intra-pair variance loss (Yu and Tao, ICCV 2019, eq. 4 and 5).
 
   .. math::

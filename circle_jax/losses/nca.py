@@ -63,13 +63,8 @@ class NCA(engine.PairRule):
     return jnp.where(some, jax.nn.softplus(x), 0.0), valid
 
 
-def nca_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    softmax_scale: float = NCA.softmax_scale,
-    **options,
-) -> Array:
+def nca_loss(embeddings: Array, labels: Array, *,
+             softmax_scale: float = NCA.softmax_scale, **options) -> Array:
   r"""Neighbourhood Components Analysis loss (Goldberger et al., NIPS 2004).
 
   .. math::

@@ -132,16 +132,9 @@ def negative_ranks(t: Array, s: Array, neg: Array, anneal, block: int
   return r.reshape(-1, t.shape[1])[:m]
 
 
-def pnp_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    b: float = PNP.b,
-    alpha: float = PNP.alpha,
-    anneal: float = PNP.anneal,
-    variant: str = PNP.variant,
-    **options,
-) -> Array:
+def pnp_loss(embeddings: Array, labels: Array, *, b: float = PNP.b,
+             alpha: float = PNP.alpha, anneal: float = PNP.anneal,
+             variant: str = PNP.variant, **options) -> Array:
   r"""PNP loss (Li et al., AAAI 2022), without a ``B^3`` tensor.
 
   With ``R_{ij}`` and ``f`` of the module docstring and ``P'_i = P_i \cup

@@ -268,8 +268,7 @@ def smooth_ap_loss(embeddings: Array, labels: Array, *,
   # (one per device) is summed over the devices by autodiff.
   tau = jnp.asarray(tau, F32) + jnp.zeros_like(block.s[0, 0])
   ap = smooth_ap_per_anchor(block.s, block.pos, block.cand, tau, block.block)
-  valid = jnp.any(block.pos, axis=1)
-  return ranking.mean_loss(1.0 - ap, valid, options.get("axis_name"))
+  return ranking.ap_loss(ap, block, options.get("axis_name"))
 
 
 REGISTRY = (

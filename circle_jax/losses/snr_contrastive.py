@@ -88,14 +88,10 @@ class SNRContrastive(contrastive.Contrastive):
       "neg_margin": ranges.NONNEGATIVE_RANGE})
 
 
-def snr_contrastive_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    pos_margin: float = SNRContrastive.pos_margin,
-    neg_margin: float = SNRContrastive.neg_margin,
-    **options,
-) -> Array:
+def snr_contrastive_loss(embeddings: Array, labels: Array, *,
+                         pos_margin: float = SNRContrastive.pos_margin,
+                         neg_margin: float = SNRContrastive.neg_margin,
+                         **options) -> Array:
   r"""Signal-to-noise-ratio contrastive loss (Yuan et al., CVPR 2019).
 
   .. math::

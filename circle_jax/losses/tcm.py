@@ -59,15 +59,12 @@ class ThresholdConsistentMargin(engine.PairSetMeans):
 
 
 def threshold_consistent_margin_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
+    embeddings: Array, labels: Array, *,
     lambda_plus: float = ThresholdConsistentMargin.lambda_plus,
     lambda_minus: float = ThresholdConsistentMargin.lambda_minus,
     margin_plus: float = ThresholdConsistentMargin.margin_plus,
     margin_minus: float = ThresholdConsistentMargin.margin_minus,
-    **options,
-) -> Array:
+    **options) -> Array:
   r"""TCM: pull positives above ``m_+``, push negatives below ``m_-``.
 
   On cosine similarities ``s`` of the ordered pairs (the geometry's

@@ -87,14 +87,9 @@ class TupletMargin(engine.PositivePairMean):
     return reductions.ratio_of_sums(*terms, axis_name)
 
 
-def tuplet_margin_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    margin: float = TupletMargin.margin,
-    scale: float = TupletMargin.scale,
-    **options,
-) -> Array:
+def tuplet_margin_loss(embeddings: Array, labels: Array, *,
+                       margin: float = TupletMargin.margin,
+                       scale: float = TupletMargin.scale, **options) -> Array:
   r"""Tuplet margin loss (Yu and Tao, ICCV 2019, eq. 3).
 
   .. math::
