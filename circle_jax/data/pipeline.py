@@ -62,6 +62,21 @@ def _path(record, index) -> str:
   return f"'{path}' (record {index})"
 
 
+def _checked_process(preprocess, process_index, process_count, *, train):
+  """``(process_index, process_count)``, JAX's where ``None``, once
+  ``preprocess`` is known to be a preset (TypeError naming the
+  ``get_preprocess(name, train=...)`` call that makes one)."""
+  if process_index is None:
+    process_index = jax.process_index()
+  if process_count is None:
+    process_count = jax.process_count()
+  if not isinstance(preprocess, augment.Preprocess):
+    raise TypeError("`preprocess` must be a circle_jax.data.augment.Preprocess "
+                    f"(use get_preprocess(name, train={train})); got "
+                    f"{type(preprocess).__name__}.")
+  return process_index, process_count
+
+
 @dataclasses.dataclass(frozen=True)
 class _TrainBatch:
   """Step -> this process's batch (a picklable grain map function)."""
@@ -106,14 +121,8 @@ class TrainIterator(Iterator[Dict[str, np.ndarray]]):
                num_workers: int = 0, num_threads: int = 8,
                prefetch: int = 4, process_index: Optional[int] = None,
                process_count: Optional[int] = None):
-    if process_index is None:
-      process_index = jax.process_index()
-    if process_count is None:
-      process_count = jax.process_count()
-    if not isinstance(preprocess, augment.Preprocess):
-      raise TypeError("`preprocess` must be a circle_jax.data.augment."
-                      "Preprocess (use get_preprocess(name, train=True)); got "
-                      f"{type(preprocess).__name__}.")
+    process_index, process_count = _checked_process(
+        preprocess, process_index, process_count, train=True)
     if num_workers < 0 or num_threads < 0:
       raise ValueError("`num_workers` and `num_threads` must be >= 0.")
     # Validates the shard now rather than in a worker.
@@ -270,14 +279,8 @@ def eval_iterator(source, *, preprocess, batch_size: int,
     An :class:`EvalIterable` of ``{'image': float32 [b, H, W, C], 'label':
     int32 [b], 'mask': bool [b], 'index': int64 [b]}``.
   """
-  if process_index is None:
-    process_index = jax.process_index()
-  if process_count is None:
-    process_count = jax.process_count()
-  if not isinstance(preprocess, augment.Preprocess):
-    raise TypeError("`preprocess` must be a circle_jax.data.augment.Preprocess "
-                    f"(use get_preprocess(name, train=False)); got "
-                    f"{type(preprocess).__name__}.")
+  process_index, process_count = _checked_process(
+      preprocess, process_index, process_count, train=False)
   if preprocess.train:
     raise ValueError("eval_iterator needs the eval variant of the preset: "
                      "get_preprocess(name, train=False).")

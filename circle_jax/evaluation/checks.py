@@ -2,9 +2,10 @@
 
 Retrieval (:mod:`circle_jax.evaluation.retrieval`) and few-shot
 (:mod:`circle_jax.evaluation.fewshot`) accept the same embeddings, labels and
-device arguments, checked here once, each bad input naming its argument.
-:func:`run_chunks` feeds the queries to the retrieval and k-NN programs in
-chunks of a fixed shape.
+device arguments, checked here once, each bad input naming its argument;
+clustering (:mod:`circle_jax.evaluation.clustering`) checks its embeddings'
+rank and dtype with the same :func:`check_array`. :func:`run_chunks` feeds
+the queries to the retrieval and k-NN programs in chunks of a fixed shape.
 """
 
 from __future__ import annotations
@@ -24,21 +25,35 @@ def to_host(x):
   return np.asarray(x)
 
 
+def check_array(x, name: str, *, dims: str, kind, kind_words: str,
+                cast: str, nonempty: bool = False):
+  """``x`` (an array) if it has the rank of ``dims`` (e.g. ``"[num_items,
+  dim]"``), a dtype of ``kind`` (``jnp.floating``, ``jnp.integer``) and, with
+  ``nonempty``, at least one row; otherwise a ValueError (rank, emptiness) or
+  a TypeError (dtype) naming ``name``, what it must be (``kind_words``) and
+  the ``cast`` that fixes the dtype."""
+  rank = dims.count(",") + 1
+  if x.ndim != rank:
+    raise ValueError(
+        f"`{name}` must have rank {rank} ({dims}); got shape {x.shape}."
+    )
+  if not jnp.issubdtype(x.dtype, kind):
+    raise TypeError(
+        f"`{name}` must be {kind_words}; got dtype {x.dtype}. Cast it with "
+        f"`{cast}`."
+    )
+  if nonempty and x.shape[0] == 0:
+    raise ValueError(f"`{name}` is empty (shape {x.shape}).")
+  return x
+
+
 def check_embeddings(x, name: str) -> np.ndarray:
   """``x`` as a finite float32 ``[n, D]`` host array, ``n > 0``; ValueError /
   TypeError naming ``name`` otherwise."""
-  x = to_host(x)
-  if x.ndim != 2:
-    raise ValueError(
-        f"`{name}` must have rank 2 ([num_items, dim]); got shape {x.shape}."
-    )
-  if not jnp.issubdtype(x.dtype, jnp.floating):
-    raise TypeError(
-        f"`{name}` must be a floating array (float32, bfloat16, ...); got "
-        f"dtype {x.dtype}. Cast it with `.astype(np.float32)`."
-    )
-  if x.shape[0] == 0:
-    raise ValueError(f"`{name}` is empty (shape {x.shape}).")
+  x = check_array(to_host(x), name, dims="[num_items, dim]",
+                  kind=jnp.floating,
+                  kind_words="a floating array (float32, bfloat16, ...)",
+                  cast=".astype(np.float32)", nonempty=True)
   x = np.asarray(x, np.float32)
   if not np.all(np.isfinite(x)):
     raise ValueError(
@@ -51,16 +66,10 @@ def check_embeddings(x, name: str) -> np.ndarray:
 def check_labels(labels, size: int, name: str, of: str) -> np.ndarray:
   """``labels`` as an integer ``[size]`` host array (``of``: the embeddings'
   argument they label, for the message)."""
-  labels = to_host(labels)
-  if labels.ndim != 1:
-    raise ValueError(
-        f"`{name}` must have rank 1 ([num_items]); got shape {labels.shape}."
-    )
-  if not jnp.issubdtype(labels.dtype, jnp.integer):
-    raise TypeError(
-        f"`{name}` must be an integer array of class ids; got dtype "
-        f"{labels.dtype}. Cast it with `.astype(np.int64)`."
-    )
+  labels = check_array(to_host(labels), name, dims="[num_items]",
+                       kind=jnp.integer,
+                       kind_words="an integer array of class ids",
+                       cast=".astype(np.int64)")
   if labels.shape[0] != size:
     raise ValueError(
         f"`{name}` has length {labels.shape[0]} but `{of}` has {size} rows; "

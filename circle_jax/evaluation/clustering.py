@@ -51,6 +51,7 @@ import numpy as np
 from scipy.special import gammaln
 
 from circle_jax import ops
+from circle_jax.evaluation import checks
 
 Array = jax.Array
 
@@ -193,19 +194,9 @@ def _kmeans_impl(x, key, max_iterations, *, num_clusters, chunk_rows,
 
 
 def _check_embeddings(x, name="embeddings"):
-  x = jnp.asarray(x)
-  if x.ndim != 2:
-    raise ValueError(
-        f"`{name}` must have rank 2 ([num_items, dim]); got shape {x.shape}."
-    )
-  if not jnp.issubdtype(x.dtype, jnp.floating):
-    raise TypeError(
-        f"`{name}` must be a floating array; got dtype {x.dtype}. Cast it "
-        "with `.astype(jnp.float32)`."
-    )
-  if x.shape[0] == 0:
-    raise ValueError(f"`{name}` is empty (shape {x.shape}).")
-  return x
+  return checks.check_array(jnp.asarray(x), name, dims="[num_items, dim]",
+                            kind=jnp.floating, kind_words="a floating array",
+                            cast=".astype(jnp.float32)", nonempty=True)
 
 
 def _check_int(value, name, low, high=None):

@@ -144,8 +144,6 @@ def angular_loss(
       jnp.sum(terms), count, options.get("axis_name")))
 
 
-# The registry's facts of this module's losses (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
     entries.entry("angular", angular_loss, "pair", rule=Angular,
         tiled=False,

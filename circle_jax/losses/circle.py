@@ -184,9 +184,8 @@ def circle_loss(embeddings: Array, labels: Array, *,
     labels: ``[B]`` integer labels.
     margin: relaxation ``m``, in [-1, 1].
     gamma: scale ``gamma``, in [1e-6, 1e4].
-    **options: the pair losses' shared keywords (``axis_name``,
-      ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``),
-      documented once at :func:`circle_jax.losses.engine.embedding_loss`.
+    **options: the pair losses' shared keywords, documented once at
+      :func:`circle_jax.losses.engine.embedding_loss`.
 
   Returns:
     float32 scalar: the mean over anchors that have at least one positive and
@@ -303,9 +302,8 @@ def unified_loss(embeddings: Array, labels: Array, *,
     labels: ``[B]`` integer labels.
     gamma: scale ``gamma``, in [1e-6, 1e4].
     margin: margin ``m``, in [-1, 1].
-    **options: the pair losses' shared keywords (``axis_name``,
-      ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``),
-      documented once at :func:`circle_jax.losses.engine.embedding_loss`.
+    **options: the pair losses' shared keywords, documented once at
+      :func:`circle_jax.losses.engine.embedding_loss`.
 
   Returns:
     float32 scalar: the mean over valid anchors (0 when there is none).
@@ -357,8 +355,6 @@ def unified_loss_class_level(
   return engine.class_level_loss(rule, embeddings, labels, class_weights)
 
 
-# The registry's facts of this module's losses (circle_jax.losses.registry
-# collects them).
 _CIRCLE_PAPER = ("Sun et al., \"Circle Loss: A Unified Perspective of Pair "
                  "Similarity Optimization\", CVPR 2020")
 _BOTH_SETS = "mean over anchors with >= 1 positive and >= 1 negative"

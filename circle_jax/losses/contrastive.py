@@ -12,10 +12,8 @@ import types
 from typing import Optional
 
 import jax
-import jax.numpy as jnp
 
 from circle_jax.losses import entries
-from circle_jax.losses.engine import reductions
 from circle_jax.losses import engine
 from circle_jax.losses import ranges
 
@@ -23,7 +21,7 @@ Array = jax.Array
 
 
 @engine.rule_dataclass(meta=("on_distance",))
-class Contrastive(engine.PairRule):
+class Contrastive(engine.PairSetMeans):
   """Two-margin contrastive rule: per anchor, the sums and counts of the
   non-zero hinges of each set, reduced to global per-pair means.
 
@@ -43,7 +41,6 @@ class Contrastive(engine.PairRule):
   neg_margin: float = 0.5
   on_distance: bool = False
 
-  statistic = "sum"
   pair_terms = True
 
   ranges = types.MappingProxyType({
@@ -62,15 +59,6 @@ class Contrastive(engine.PairRule):
     v_p, v_n = self.values(d)
     return pos & (v_p > 0), neg & (v_n > 0)  # the non-zero pair terms
 
-  def combine(self, sum_count_p, sum_count_n):
-    terms = sum_count_p + sum_count_n  # (sum_p, count_p, sum_n, count_n)
-    return terms, jnp.ones(terms[0].shape, bool)
-
-  def reduce(self, terms, valid, axis_name):
-    del valid
-    sum_p, count_p, sum_n, count_n = terms
-    return (reductions.ratio_of_sums(sum_p, count_p, axis_name)
-            + reductions.ratio_of_sums(sum_n, count_n, axis_name))
 
 
 def contrastive_loss_from_distance(distance: Array, labels: Array, *,
@@ -116,9 +104,8 @@ def contrastive_loss(embeddings: Array, labels: Array, *,
       pulled.
     neg_margin: ``m_-``, in [0, 2]: negatives farther than this are not
       pushed.
-    **options: the pair losses' shared keywords (``axis_name``,
-      ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``),
-      documented once at :func:`circle_jax.losses.engine.embedding_loss`.
+    **options: the pair losses' shared keywords, documented once at
+      :func:`circle_jax.losses.engine.embedding_loss`.
 
   Returns:
     float32 scalar.
@@ -132,11 +119,8 @@ def contrastive_loss(embeddings: Array, labels: Array, *,
   return engine.embedding_loss(rule, embeddings, labels, **options)
 
 
-# The registry's facts of this module's losses (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
-    entries.entry("contrastive", contrastive_loss, "pair",
-        rule=Contrastive,
+    entries.entry("contrastive", contrastive_loss, "pair", rule=Contrastive,
         paper="Hadsell, Chopra, LeCun, CVPR 2006; two-margin form of "
               "Musgrave et al., \"A Metric Learning Reality Check\", "
               "ECCV 2020",

@@ -153,9 +153,8 @@ def fastap_loss(embeddings: Array, labels: Array, *, L: int = FastAP.L,
     labels: ``[B]`` integer labels.
     L: the number of bins (int in [1, 1000]; default 10, the paper's);
       ``L + 1`` centres ``0, 4/L, ..., 4``.
-    **options: the pair losses' shared keywords (``axis_name``,
-      ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``),
-      documented once at :func:`circle_jax.losses.engine.embedding_loss`;
+    **options: the pair losses' shared keywords, documented once at
+      :func:`circle_jax.losses.engine.embedding_loss`;
       here ``block_size`` is the column tile (``None``: 128) and
       ``collective="ring"`` is refused. ``geometry`` may only be ``None``
       or cosine (``circle_jax.losses.engine.COSINE``): the histogram's
@@ -179,12 +178,9 @@ def fastap_loss(embeddings: Array, labels: Array, *, L: int = FastAP.L,
   d = jnp.clip(2.0 - 2.0 * block.s, 0.0, _D_MAX)
   fast_ap = fastap_per_anchor(d, block.pos, block.cand, L=L,
                               block=block.block)
-  valid = jnp.any(block.pos, axis=1)
-  return ranking.mean_loss(1.0 - fast_ap, valid, options.get("axis_name"))
+  return ranking.ap_loss(fast_ap, block, options.get("axis_name"))
 
 
-# The registry's facts of this module's losses (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
     entries.entry("fastap", fastap_loss, "pair", rule=FastAP,
         paper="Cakir, He, Xia, Kulis, Sclaroff, \"Deep Metric Learning "

@@ -54,13 +54,10 @@ class GeneralizedLiftedStructure(engine.PairRule):
 
 
 def generalized_lifted_structure_loss(
-    embeddings: jax.Array,
-    labels: jax.Array,
-    *,
+    embeddings: jax.Array, labels: jax.Array, *,
     neg_margin: float = GeneralizedLiftedStructure.neg_margin,
     pos_margin: float = GeneralizedLiftedStructure.pos_margin,
-    **options,
-) -> jax.Array:
+    **options) -> jax.Array:
   r"""Generalised lifted structure loss (Hermans, Beyer, Leibe 2017, p. 4).
 
   .. math::
@@ -92,9 +89,7 @@ def generalized_lifted_structure_loss(
     neg_margin: ``m_n``, the paper's margin ``m``, in [0, 2].
     pos_margin: ``m_p``, subtracted from the positive distances (not in
       the paper, PML's option), in [0, 2].
-    **options: the pair losses' shared keywords (``axis_name``,
-      ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``,
-      ``geometry``), documented once at
+    **options: the pair losses' shared keywords, documented once at
       :func:`circle_jax.losses.engine.embedding_loss`.
 
   Returns:
@@ -111,8 +106,6 @@ def generalized_lifted_structure_loss(
   return engine.embedding_loss(rule, embeddings, labels, **options)
 
 
-# The registry's facts of this module's losses (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
     entries.entry("generalized_lifted_structure",
         generalized_lifted_structure_loss, "pair",

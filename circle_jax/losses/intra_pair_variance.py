@@ -127,14 +127,10 @@ def _set_term(side, eps, embeddings, labels, options):
   return value + slope * mean_hinge * (mu - held)
 
 
-def intra_pair_variance_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    pos_eps: float = IntraPairVariance.pos_eps,
-    neg_eps: float = IntraPairVariance.neg_eps,
-    **options,
-) -> Array:
+def intra_pair_variance_loss(embeddings: Array, labels: Array, *,
+                             pos_eps: float = IntraPairVariance.pos_eps,
+                             neg_eps: float = IntraPairVariance.neg_eps,
+                             **options) -> Array:
   r"""Intra-pair variance loss (Yu and Tao, ICCV 2019, eq. 4 and 5).
 
   .. math::
@@ -164,9 +160,7 @@ def intra_pair_variance_loss(
     labels: ``[B]`` integer labels.
     pos_eps: ``epsilon_p``, the positives' tolerance, in [0, 1].
     neg_eps: ``epsilon_n``, the negatives' tolerance, in [0, 1].
-    **options: the pair losses' shared keywords (``axis_name``,
-      ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``,
-      ``geometry``), documented once at
+    **options: the pair losses' shared keywords, documented once at
       :func:`circle_jax.losses.engine.embedding_loss`.
 
   Returns:
@@ -184,8 +178,6 @@ def intra_pair_variance_loss(
           + _set_term("neg", neg_eps, embeddings, labels, options))
 
 
-# The registry's facts of this module's losses (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
     entries.entry("intra_pair_variance", intra_pair_variance_loss, "pair",
         rule=IntraPairVariance,

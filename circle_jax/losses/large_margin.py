@@ -105,19 +105,12 @@ def _margin_logits(embeddings, labels, class_weights, *, margin, scale,
   return block.cross_entropy(logits, onehot)
 
 
-def large_margin_softmax_loss(
-    embeddings: Array,
-    labels: Array,
-    class_weights: Array,
-    *,
-    margin: int = LargeMargin.margin,
-    scale: float = LargeMargin.scale,
-    axis_name: Optional[str] = None,
-    shard_classes: bool = class_shard.Layout.shard_classes,
-    num_classes: Optional[int] = class_shard.Layout.num_classes,
-    sample_rate: float = class_shard.Layout.sample_rate,
-    key: Optional[Array] = class_shard.Layout.key,
-) -> Array:
+def large_margin_softmax_loss(embeddings: Array, labels: Array,
+                              class_weights: Array, *,
+                              margin: int = LargeMargin.margin,
+                              scale: float = LargeMargin.scale,
+                              axis_name: Optional[str] = None,
+                              **layout) -> Array:
   r"""L-Softmax: a multiplicative angular margin (Liu et al. 2016).
 
   With ``\cos\theta_c = \hat x \cdot \hat W_c`` and ``\psi`` of the module
@@ -141,9 +134,9 @@ def large_margin_softmax_loss(
     margin: ``m``, a positive integer (PML's ``margin``, default 4).
     scale: ``s``, multiplies every logit (PML's ``scale``, default 1; not in
       the paper).
-    axis_name, shard_classes, num_classes, sample_rate, key: the global
-      batch and the sharded class matrix
-      (:mod:`circle_jax.losses.class_shard`).
+    axis_name, **layout: the global batch and the class matrix's layout
+      (``shard_classes``, ``num_classes``, ``sample_rate``, ``key``; module
+      docstring).
 
   Returns:
     float32 scalar: the mean over the (global) batch.
@@ -152,27 +145,15 @@ def large_margin_softmax_loss(
     Liu, Wen, Yu, Yang, "Large-Margin Softmax Loss for Convolutional Neural
     Networks", ICML 2016, eqs. 5-7.
   """
-  layout = class_shard.Layout(shard_classes=shard_classes,
-                              num_classes=num_classes, sample_rate=sample_rate,
-                              key=key)
   return _margin_logits(embeddings, labels, class_weights, margin=margin,
                         scale=scale, weight_norms=True, axis_name=axis_name,
-                        layout=layout)
+                        layout=class_shard.Layout(**layout))
 
 
-def sphereface_loss(
-    embeddings: Array,
-    labels: Array,
-    class_weights: Array,
-    *,
-    margin: int = LargeMargin.margin,
-    scale: float = LargeMargin.scale,
-    axis_name: Optional[str] = None,
-    shard_classes: bool = class_shard.Layout.shard_classes,
-    num_classes: Optional[int] = class_shard.Layout.num_classes,
-    sample_rate: float = class_shard.Layout.sample_rate,
-    key: Optional[Array] = class_shard.Layout.key,
-) -> Array:
+def sphereface_loss(embeddings: Array, labels: Array, class_weights: Array,
+                    *, margin: int = LargeMargin.margin,
+                    scale: float = LargeMargin.scale,
+                    axis_name: Optional[str] = None, **layout) -> Array:
   r"""SphereFace / A-Softmax: L-Softmax on normalised weights (Liu et al.
   2017).
 
@@ -198,8 +179,7 @@ def sphereface_loss(
       this device's ``[ceil(C / n), D]`` rows.
     margin: ``m``, a positive integer (PML's ``margin``, default 4).
     scale: ``s`` (PML's ``scale``, default 1; not in the paper).
-    axis_name, shard_classes, num_classes, sample_rate, key: as
-      :func:`large_margin_softmax_loss`.
+    axis_name, **layout: as :func:`large_margin_softmax_loss`.
 
   Returns:
     float32 scalar: the mean over the (global) batch.
@@ -208,16 +188,11 @@ def sphereface_loss(
     Liu, Wen, Yu, Li, Raj, Song, "SphereFace: Deep Hypersphere Embedding for
     Face Recognition", CVPR 2017, eq. 7-8.
   """
-  layout = class_shard.Layout(shard_classes=shard_classes,
-                              num_classes=num_classes, sample_rate=sample_rate,
-                              key=key)
   return _margin_logits(embeddings, labels, class_weights, margin=margin,
                         scale=scale, weight_norms=False, axis_name=axis_name,
-                        layout=layout)
+                        layout=class_shard.Layout(**layout))
 
 
-# The registry's facts of this module's losses (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
     entries.classifier("large_margin_softmax", large_margin_softmax_loss,
         init=entries.normal(1.0), param_init="normal, std 1 (PML)",

@@ -178,8 +178,6 @@ def manifold_loss(
   return ops.global_sum(loss / devices, axis_name)
 
 
-# The registry's facts of this module's loss (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
     entries.entry("manifold", manifold_loss, "proxy", rule=Manifold,
         param_name="proxies", init=entries.normal(1.0),

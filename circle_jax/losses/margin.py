@@ -151,9 +151,8 @@ def margin_loss(
       :func:`distance_weighted_miner`).
     pair_weights: optional float ``[M, N]`` pair multiplicities (e.g. from
       :func:`distance_weighted_miner`); exclusive with ``key``.
-    **options: the pair losses' shared keywords (``axis_name``,
-      ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``),
-      documented once at :func:`circle_jax.losses.engine.embedding_loss`;
+    **options: the pair losses' shared keywords, documented once at
+      :func:`circle_jax.losses.engine.embedding_loss`;
       sampling is per global row, so it matches the single-device draws.
 
   Returns:
@@ -189,8 +188,6 @@ def margin_loss(
                       margin=margin, nu=nu, axis_name=axis_name)
 
 
-# The registry's facts of this module's losses (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
     entries.entry("margin", margin_loss, "pair", param_name="beta",
         tiled=False,

@@ -148,13 +148,12 @@ def multi_similarity_loss_from_similarity(
     float32 scalar: ``sum_i l_i / B``.
 
   References:
-    Wang et al., "Multi-Similarity Loss with General Pair Weighting for Deep
-    Metric Learning", CVPR 2019.
+    as :func:`multi_similarity_loss`.
   """
-  rule = MultiSimilarity(alpha=alpha, beta=beta, base=base, epsilon=epsilon,
-                         mining=mining)
-  return engine.matrix_loss(rule, similarity, labels, pos_mask=pos_mask,
-                            neg_mask=neg_mask)
+  return engine.matrix_loss(
+      MultiSimilarity(alpha=alpha, beta=beta, base=base, epsilon=epsilon,
+                      mining=mining),
+      similarity, labels, pos_mask=pos_mask, neg_mask=neg_mask)
 
 
 def multi_similarity_loss(embeddings: Array, labels: Array, *,
@@ -186,9 +185,8 @@ def multi_similarity_loss(embeddings: Array, labels: Array, *,
     base: similarity margin ``lambda``, in [-1, 1].
     epsilon: mining margin ``epsilon``, >= 0.
     mining: apply the paper's pair mining.
-    **options: the pair losses' shared keywords (``axis_name``,
-      ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``),
-      documented once at :func:`circle_jax.losses.engine.embedding_loss`.
+    **options: the pair losses' shared keywords, documented once at
+      :func:`circle_jax.losses.engine.embedding_loss`.
 
   Returns:
     float32 scalar: ``sum_i l_i / B``.
@@ -258,8 +256,6 @@ def multi_similarity_weights(
   return weights(logit_p, pos), weights(logit_n, neg)
 
 
-# The registry's facts of this module's losses (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
     entries.entry("multi_similarity", multi_similarity_loss,
         "pair", rule=MultiSimilarity,

@@ -107,9 +107,8 @@ def n_pair_loss(embeddings: Array, labels: Array, *, l2_reg: float = 0.02,
     embeddings: ``[B, D]`` float32 or bfloat16 (raw, not normalised).
     labels: ``[B]`` integer labels.
     l2_reg: ``lambda``, weight of the squared-norm penalty.
-    **options: the pair losses' shared keywords (``axis_name``,
-      ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``),
-      documented once at :func:`circle_jax.losses.engine.embedding_loss`.
+    **options: the pair losses' shared keywords, documented once at
+      :func:`circle_jax.losses.engine.embedding_loss`.
 
   Returns:
     float32 scalar.
@@ -126,8 +125,6 @@ def n_pair_loss(embeddings: Array, labels: Array, *, l2_reg: float = 0.02,
   return tuplet + l2_reg * penalty
 
 
-# The registry's facts of this module's losses (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
     entries.entry("n_pair", n_pair_loss, "pair", geometry="dot",
         paper="Sohn, \"Improved Deep Metric Learning with Multi-class "

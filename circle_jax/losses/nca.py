@@ -63,13 +63,8 @@ class NCA(engine.PairRule):
     return jnp.where(some, jax.nn.softplus(x), 0.0), valid
 
 
-def nca_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    softmax_scale: float = NCA.softmax_scale,
-    **options,
-) -> Array:
+def nca_loss(embeddings: Array, labels: Array, *,
+             softmax_scale: float = NCA.softmax_scale, **options) -> Array:
   r"""Neighbourhood Components Analysis loss (Goldberger et al., NIPS 2004).
 
   .. math::
@@ -102,9 +97,7 @@ def nca_loss(
     softmax_scale: ``sigma``, the scale of the squared distances inside the
       softmax, in [1e-6, 1e4] (PML's name; the paper has none, its
       ``A`` absorbs it).
-    **options: the pair losses' shared keywords (``axis_name``,
-      ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``,
-      ``geometry``), documented once at
+    **options: the pair losses' shared keywords, documented once at
       :func:`circle_jax.losses.engine.embedding_loss`.
 
   Returns:
@@ -118,8 +111,6 @@ def nca_loss(
   return engine.embedding_loss(rule, embeddings, labels, **options)
 
 
-# The registry's facts of this module's losses (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
     entries.entry("nca", nca_loss, "pair", rule=NCA,
         paper="Goldberger et al., \"Neighbourhood Components Analysis\", "

@@ -90,8 +90,6 @@ def nt_xent_loss(embeddings: Array, labels: Array, *, tau: float = NTXent.tau,
   return engine.embedding_loss(rule, embeddings, labels, **options)
 
 
-# The registry's facts of this module's losses (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
     entries.entry("nt_xent", nt_xent_loss, "pair", rule=NTXent,
         paper="Chen et al., \"A Simple Framework for Contrastive "

@@ -92,8 +92,6 @@ def unit_rows_uniform(key, num_classes, embedding_dim, **hyper):
   return ops.l2_normalize(w)
 
 
-# The registry's facts of this module's loss (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
     entries.entry("p2s_grad", p2s_grad_loss, "classifier",
         param_name="class_weights", init=unit_rows_uniform,

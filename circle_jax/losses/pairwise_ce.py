@@ -82,8 +82,6 @@ def pairwise_ce_loss(embeddings: Array, labels: Array, *,
   return engine.embedding_loss(rule, embeddings, labels, **options)
 
 
-# The registry's facts of this module's losses (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
     entries.entry("pairwise_ce", pairwise_ce_loss, "pair",
         rule=nt_xent.NTXent, geometry="poincare",

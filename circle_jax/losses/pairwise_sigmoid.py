@@ -103,8 +103,6 @@ def pairwise_sigmoid_loss(embeddings: Array, labels: Array, *,
   return engine.embedding_loss(rule, embeddings, labels, **options)
 
 
-# The registry's facts of this module's losses (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
     entries.entry("pairwise_sigmoid", pairwise_sigmoid_loss,
         "pair", rule=PairwiseSigmoid,

@@ -132,16 +132,9 @@ def negative_ranks(t: Array, s: Array, neg: Array, anneal, block: int
   return r.reshape(-1, t.shape[1])[:m]
 
 
-def pnp_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    b: float = PNP.b,
-    alpha: float = PNP.alpha,
-    anneal: float = PNP.anneal,
-    variant: str = PNP.variant,
-    **options,
-) -> Array:
+def pnp_loss(embeddings: Array, labels: Array, *, b: float = PNP.b,
+             alpha: float = PNP.alpha, anneal: float = PNP.anneal,
+             variant: str = PNP.variant, **options) -> Array:
   r"""PNP loss (Li et al., AAAI 2022), without a ``B^3`` tensor.
 
   With ``R_{ij}`` and ``f`` of the module docstring and ``P'_i = P_i \cup
@@ -165,9 +158,7 @@ def pnp_loss(
     anneal: the sigmoid's temperature ``tau`` (PML's name).
     variant: ``"O"``, ``"Ds"``, ``"Dq"``, ``"Iu"`` or ``"Ib"`` (PML's
       names).
-    **options: the pair losses' shared keywords (``axis_name``,
-      ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``,
-      ``geometry``), documented once at
+    **options: the pair losses' shared keywords, documented once at
       :func:`circle_jax.losses.engine.embedding_loss`; ``block_size`` is the
       tile size (``None``: 128) and ``collective="ring"`` is refused.
 
@@ -196,8 +187,6 @@ def pnp_loss(
   return 1.0 - loss if hp.variant == "Dq" else loss
 
 
-# The registry's facts of this module's loss (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
     entries.entry("pnp", pnp_loss, "pair", rule=PNP,
         paper="Li et al., \"Rethinking the Optimization of Average "

@@ -426,8 +426,6 @@ def ranked_proxy_anchor_loss(
   return _ranked_proxy_anchor(dist, labels, hp, block)
 
 
-# The registry's facts of this module's losses (circle_jax.losses.registry
-# collects them).
 _PROXY_ANCHOR_PAPER = (
     "Kim, Kim, Cho, Kwak, \"Proxy Anchor Loss for Deep Metric Learning\", "
     "CVPR 2020")

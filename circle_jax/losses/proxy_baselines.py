@@ -186,8 +186,6 @@ def soft_triple_loss(embeddings: Array, labels: Array, centers: Array, *,
   return block.batch_mean(per_sample)
 
 
-# The registry's facts of this module's losses (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
     entries.entry("proxy_nca", proxy_nca_loss, "proxy",
         param_name="proxies", init=entries.normal(1.0),

@@ -106,14 +106,12 @@ class RankedList(engine.PairRule):
     return loss, jnp.ones(loss.shape, bool)
 
 
-def ranked_list_loss_from_distance(distance: Array, labels: Array, *,
-                                   alpha: float = RankedList.alpha,
-                                   margin: float = RankedList.margin,
-                                   t_neg: float = RankedList.t_neg,
-                                   t_pos: float = RankedList.t_pos,
-                                   imbalance: float = RankedList.imbalance,
-                                   pos_mask: Optional[Array] = None,
-                                   neg_mask: Optional[Array] = None) -> Array:
+def ranked_list_loss_from_distance(
+    distance: Array, labels: Array, *, alpha: float = RankedList.alpha,
+    margin: float = RankedList.margin, t_neg: float = RankedList.t_neg,
+    t_pos: float = RankedList.t_pos, imbalance: float = RankedList.imbalance,
+    pos_mask: Optional[Array] = None, neg_mask: Optional[Array] = None,
+) -> Array:
   r"""Ranked List Loss of a square distance matrix.
 
   For anchor :math:`i` with non-trivial positives
@@ -161,20 +159,18 @@ def ranked_list_loss_from_distance(distance: Array, labels: Array, *,
     Wang et al., "Ranked List Loss for Deep Metric Learning", CVPR 2019 and
     TPAMI 2021.
   """
-  rule = RankedList(alpha=alpha, margin=margin, t_neg=t_neg, t_pos=t_pos,
-                    imbalance=imbalance, on_distance=True)
-  return engine.matrix_loss(rule, distance, labels, pos_mask=pos_mask,
-                            neg_mask=neg_mask, name="distance")
+  return engine.matrix_loss(
+      RankedList(alpha=alpha, margin=margin, t_neg=t_neg, t_pos=t_pos,
+                 imbalance=imbalance, on_distance=True),
+      distance, labels, pos_mask=pos_mask, neg_mask=neg_mask, name="distance")
 
 
-def ranked_list_loss_from_similarity(similarity: Array, labels: Array, *,
-                                     alpha: float = RankedList.alpha,
-                                     margin: float = RankedList.margin,
-                                     t_neg: float = RankedList.t_neg,
-                                     t_pos: float = RankedList.t_pos,
-                                     imbalance: float = RankedList.imbalance,
-                                     pos_mask: Optional[Array] = None,
-                                     neg_mask: Optional[Array] = None) -> Array:
+def ranked_list_loss_from_similarity(
+    similarity: Array, labels: Array, *, alpha: float = RankedList.alpha,
+    margin: float = RankedList.margin, t_neg: float = RankedList.t_neg,
+    t_pos: float = RankedList.t_pos, imbalance: float = RankedList.imbalance,
+    pos_mask: Optional[Array] = None, neg_mask: Optional[Array] = None,
+) -> Array:
   r"""Ranked List Loss of a square cosine-similarity matrix.
 
   The same loss as :func:`ranked_list_loss_from_distance` on the Euclidean
@@ -192,10 +188,10 @@ def ranked_list_loss_from_similarity(similarity: Array, labels: Array, *,
   Returns:
     A float32 scalar: the mean over all ``B`` anchors.
   """
-  rule = RankedList(alpha=alpha, margin=margin, t_neg=t_neg, t_pos=t_pos,
-                    imbalance=imbalance)
-  return engine.matrix_loss(rule, similarity, labels, pos_mask=pos_mask,
-                            neg_mask=neg_mask)
+  return engine.matrix_loss(
+      RankedList(alpha=alpha, margin=margin, t_neg=t_neg, t_pos=t_pos,
+                 imbalance=imbalance),
+      similarity, labels, pos_mask=pos_mask, neg_mask=neg_mask)
 
 
 def ranked_list_loss(embeddings: Array, labels: Array, *,
@@ -239,9 +235,8 @@ def ranked_list_loss(embeddings: Array, labels: Array, *,
     t_neg: temperature :math:`T_n` of the negative weighting, in [0, 1e4].
     t_pos: temperature :math:`T_p` of the positive weighting, in [0, 1e4].
     imbalance: :math:`\lambda`, the weight of the negative term, in [0, 1].
-    **options: the pair losses' shared keywords (``axis_name``,
-      ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``),
-      documented once at :func:`circle_jax.losses.engine.embedding_loss`.
+    **options: the pair losses' shared keywords, documented once at
+      :func:`circle_jax.losses.engine.embedding_loss`.
 
   Returns:
     A float32 scalar: the mean of the per-anchor losses over all anchors of
@@ -251,16 +246,14 @@ def ranked_list_loss(embeddings: Array, labels: Array, *,
     Wang et al., "Ranked List Loss for Deep Metric Learning", CVPR 2019,
     https://arxiv.org/abs/1903.03238, and TPAMI 2021.
   """
-  rule = RankedList(alpha=alpha, margin=margin, t_neg=t_neg, t_pos=t_pos,
-                    imbalance=imbalance)
-  return engine.embedding_loss(rule, embeddings, labels, **options)
+  return engine.embedding_loss(
+      RankedList(alpha=alpha, margin=margin, t_neg=t_neg, t_pos=t_pos,
+                 imbalance=imbalance),
+      embeddings, labels, **options)
 
 
-# The registry's facts of this module's losses (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
-    entries.entry("ranked_list", ranked_list_loss, "pair",
-        rule=RankedList,
+    entries.entry("ranked_list", ranked_list_loss, "pair", rule=RankedList,
         paper="Wang et al., \"Ranked List Loss for Deep Metric "
               "Learning\", CVPR 2019",
         reduction="mean over all anchors"),

@@ -113,3 +113,9 @@ def mean_loss(per_anchor: Array, valid: Array, axis_name=None) -> Array:
   """The mean of ``per_anchor`` over the (global) anchors with a positive."""
   return reductions.to_float32_scalar(
       reductions.mean_over_valid(per_anchor, valid, axis_name))
+
+
+def ap_loss(ap: Array, block, axis_name=None) -> Array:
+  """``1 - AP``, the mean over the (global) anchors of ``block`` (a
+  :func:`ranking_block`) with a positive of their per-anchor ``ap``."""
+  return mean_loss(1.0 - ap, jnp.any(block.pos, axis=1), axis_name)

@@ -247,9 +247,8 @@ def smooth_ap_loss(embeddings: Array, labels: Array, *,
     labels: ``[B]`` integer labels.
     tau: the sigmoid's temperature ``tau`` in [1e-3, 1e4] (default 0.01, the
       paper's).
-    **options: the pair losses' shared keywords (``axis_name``,
-      ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``),
-      documented once at :func:`circle_jax.losses.engine.embedding_loss`;
+    **options: the pair losses' shared keywords, documented once at
+      :func:`circle_jax.losses.engine.embedding_loss`;
       here ``block_size`` is the tile size (rows of anchors and columns of
       candidates; ``None``: 128) and ``collective="ring"`` is refused. It
       also takes ``geometry``, a :class:`circle_jax.losses.engine.Geometry`
@@ -269,15 +268,11 @@ def smooth_ap_loss(embeddings: Array, labels: Array, *,
   # (one per device) is summed over the devices by autodiff.
   tau = jnp.asarray(tau, F32) + jnp.zeros_like(block.s[0, 0])
   ap = smooth_ap_per_anchor(block.s, block.pos, block.cand, tau, block.block)
-  valid = jnp.any(block.pos, axis=1)
-  return ranking.mean_loss(1.0 - ap, valid, options.get("axis_name"))
+  return ranking.ap_loss(ap, block, options.get("axis_name"))
 
 
-# The registry's facts of this module's losses (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
-    entries.entry("smooth_ap", smooth_ap_loss, "pair",
-        rule=SmoothAP,
+    entries.entry("smooth_ap", smooth_ap_loss, "pair", rule=SmoothAP,
         paper="Brown, Xie, Kalogeiton, Zisserman, \"Smooth-AP: Smoothing "
               "the Path Towards Large-Scale Image Retrieval\", ECCV 2020",
         reduction="mean over anchors with >= 1 positive"),

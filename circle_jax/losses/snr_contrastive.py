@@ -46,14 +46,10 @@ class SNRContrastive(contrastive.Contrastive):
       "neg_margin": ranges.NONNEGATIVE_RANGE})
 
 
-def snr_contrastive_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    pos_margin: float = SNRContrastive.pos_margin,
-    neg_margin: float = SNRContrastive.neg_margin,
-    **options,
-) -> Array:
+def snr_contrastive_loss(embeddings: Array, labels: Array, *,
+                         pos_margin: float = SNRContrastive.pos_margin,
+                         neg_margin: float = SNRContrastive.neg_margin,
+                         **options) -> Array:
   r"""Signal-to-noise-ratio contrastive loss (Yuan et al., CVPR 2019).
 
   .. math::
@@ -82,9 +78,7 @@ def snr_contrastive_loss(
     labels: ``[B]`` integer labels.
     pos_margin: ``m_+`` >= 0.
     neg_margin: ``m_-`` >= 0.
-    **options: the pair losses' shared keywords (``axis_name``,
-      ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``,
-      ``geometry``), documented once at
+    **options: the pair losses' shared keywords, documented once at
       :func:`circle_jax.losses.engine.embedding_loss`.
 
   Returns:
@@ -98,8 +92,6 @@ def snr_contrastive_loss(
   return engine.embedding_loss(rule, embeddings, labels, **options)
 
 
-# The registry's facts of this module's losses (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
     entries.entry("snr_contrastive", snr_contrastive_loss, "pair",
         rule=SNRContrastive,

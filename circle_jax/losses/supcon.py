@@ -96,9 +96,8 @@ def supcon_loss(embeddings: Array, labels: Array, *, tau: float = SupCon.tau,
     embeddings: ``[B, D]`` float32 or bfloat16.
     labels: ``[B]`` integer labels (views of a sample share its label).
     tau: the temperature ``tau`` in [1e-3, 1e4].
-    **options: the pair losses' shared keywords (``axis_name``,
-      ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``),
-      documented once at :func:`circle_jax.losses.engine.embedding_loss`.
+    **options: the pair losses' shared keywords, documented once at
+      :func:`circle_jax.losses.engine.embedding_loss`.
 
   Returns:
     float32 scalar.
@@ -111,8 +110,6 @@ def supcon_loss(embeddings: Array, labels: Array, *, tau: float = SupCon.tau,
   return engine.embedding_loss(rule, embeddings, labels, **options)
 
 
-# The registry's facts of this module's losses (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
     entries.entry("supcon", supcon_loss, "pair", rule=SupCon,
         paper="Khosla et al., \"Supervised Contrastive Learning\", "

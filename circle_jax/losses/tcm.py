@@ -11,18 +11,16 @@ from __future__ import annotations
 import types
 
 import jax
-import jax.numpy as jnp
 
 from circle_jax.losses import engine
 from circle_jax.losses import entries
 from circle_jax.losses import ranges
-from circle_jax.losses.engine import reductions
 
 Array = jax.Array
 
 
 @engine.rule_dataclass()
-class ThresholdConsistentMargin(engine.PairRule):
+class ThresholdConsistentMargin(engine.PairSetMeans):
   """TCM's rule: per anchor, the sums and counts of the positives with
   ``s <= m_+`` and the negatives with ``s >= m_-``, reduced to global
   per-pair means. Its fields are the loss's defaults (PML 2.9's, the
@@ -40,8 +38,6 @@ class ThresholdConsistentMargin(engine.PairRule):
   margin_plus: float = 0.9
   margin_minus: float = 0.5
 
-  statistic = "sum"
-
   ranges = types.MappingProxyType({
       "lambda_plus": ranges.NONNEGATIVE_RANGE,
       "lambda_minus": ranges.NONNEGATIVE_RANGE,
@@ -58,29 +54,17 @@ class ThresholdConsistentMargin(engine.PairRule):
     del pre
     return pos & (s <= self.margin_plus), neg & (s >= self.margin_minus)
 
-  def combine(self, sum_count_p, sum_count_n):
-    terms = sum_count_p + sum_count_n  # (sum_p, count_p, sum_n, count_n)
-    return terms, jnp.ones(terms[0].shape, bool)
-
-  def reduce(self, terms, valid, axis_name):
-    del valid
-    sum_p, count_p, sum_n, count_n = terms
-    return (self.lambda_plus
-            * reductions.ratio_of_sums(sum_p, count_p, axis_name)
-            + self.lambda_minus
-            * reductions.ratio_of_sums(sum_n, count_n, axis_name))
+  def side_weights(self):
+    return self.lambda_plus, self.lambda_minus
 
 
 def threshold_consistent_margin_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
+    embeddings: Array, labels: Array, *,
     lambda_plus: float = ThresholdConsistentMargin.lambda_plus,
     lambda_minus: float = ThresholdConsistentMargin.lambda_minus,
     margin_plus: float = ThresholdConsistentMargin.margin_plus,
     margin_minus: float = ThresholdConsistentMargin.margin_minus,
-    **options,
-) -> Array:
+    **options) -> Array:
   r"""TCM: pull positives above ``m_+``, push negatives below ``m_-``.
 
   On cosine similarities ``s`` of the ordered pairs (the geometry's
@@ -110,9 +94,7 @@ def threshold_consistent_margin_loss(
     lambda_minus: ``\lambda_-``.
     margin_plus: ``m_+``.
     margin_minus: ``m_-``.
-    **options: the pair losses' shared keywords (``axis_name``,
-      ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``,
-      ``geometry``), documented once at
+    **options: the pair losses' shared keywords, documented once at
       :func:`circle_jax.losses.engine.embedding_loss`.
 
   Returns:
@@ -130,8 +112,6 @@ def threshold_consistent_margin_loss(
   return engine.embedding_loss(rule, embeddings, labels, **options)
 
 
-# The registry's facts of this module's loss (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
     entries.entry("threshold_consistent_margin",
         threshold_consistent_margin_loss, "pair",

@@ -87,14 +87,9 @@ class TupletMargin(engine.PositivePairMean):
     return reductions.ratio_of_sums(*terms, axis_name)
 
 
-def tuplet_margin_loss(
-    embeddings: Array,
-    labels: Array,
-    *,
-    margin: float = TupletMargin.margin,
-    scale: float = TupletMargin.scale,
-    **options,
-) -> Array:
+def tuplet_margin_loss(embeddings: Array, labels: Array, *,
+                       margin: float = TupletMargin.margin,
+                       scale: float = TupletMargin.scale, **options) -> Array:
   r"""Tuplet margin loss (Yu and Tao, ICCV 2019, eq. 3).
 
   .. math::
@@ -127,9 +122,8 @@ def tuplet_margin_loss(
     labels: ``[B]`` integer labels.
     margin: ``beta`` in degrees, in [0, 90].
     scale: ``s``, the scale of the cosines, in [1e-6, 1e4].
-    **options: the pair losses' shared keywords (``axis_name``,
-      ``pos_mask``, ``neg_mask``, ``block_size``, ``collective``, ``ref``),
-      documented once at :func:`circle_jax.losses.engine.embedding_loss`.
+    **options: the pair losses' shared keywords, documented once at
+      :func:`circle_jax.losses.engine.embedding_loss`.
 
   Returns:
     float32 scalar.
@@ -145,8 +139,6 @@ def tuplet_margin_loss(
   return engine.embedding_loss(rule, embeddings, labels, **options)
 
 
-# The registry's facts of this module's losses (circle_jax.losses.registry
-# collects them).
 REGISTRY = (
     entries.entry("tuplet_margin", tuplet_margin_loss, "pair",
         rule=TupletMargin,

@@ -75,16 +75,12 @@ def _statistics(z: Array, axis_name) -> tuple[Array, Array]:
   return jnp.diagonal(cov), cov
 
 
-def vicreg_loss(
-    embeddings: Array,
-    ref_emb: Array,
-    *,
-    invariance_lambda: float = VICReg.invariance_lambda,
-    variance_mu: float = VICReg.variance_mu,
-    covariance_v: float = VICReg.covariance_v,
-    eps: float = VICReg.eps,
-    axis_name: Optional[str] = None,
-) -> Array:
+def vicreg_loss(embeddings: Array, ref_emb: Array, *,
+                invariance_lambda: float = VICReg.invariance_lambda,
+                variance_mu: float = VICReg.variance_mu,
+                covariance_v: float = VICReg.covariance_v,
+                eps: float = VICReg.eps,
+                axis_name: Optional[str] = None) -> Array:
   r"""VICReg of two views (module docstring).
 
   Args:
@@ -134,15 +130,11 @@ def vicreg_loss(
 
 
 def vicreg_loss_of_views(
-    embeddings: Array,
-    labels: Array,
-    *,
+    embeddings: Array, labels: Array, *,
     invariance_lambda: float = VICReg.invariance_lambda,
     variance_mu: float = VICReg.variance_mu,
-    covariance_v: float = VICReg.covariance_v,
-    eps: float = VICReg.eps,
-    axis_name: Optional[str] = None,
-) -> Array:
+    covariance_v: float = VICReg.covariance_v, eps: float = VICReg.eps,
+    axis_name: Optional[str] = None) -> Array:
   r"""VICReg of a batch whose rows ``2i`` and ``2i + 1`` are two views.
 
   ``vicreg_loss(embeddings[0::2], embeddings[1::2], ...)``; the registry's

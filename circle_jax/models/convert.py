@@ -369,10 +369,7 @@ def convert_keras_resnet(layers: Mapping[str, Mapping[str, np.ndarray]], *,
     depth: 50, 101 or 152.
     strict: raise on Keras layers with weights that the trunk does not use
       (the ImageNet classifier ``predictions`` is always ignored).
-    source: how to name the checkpoint in errors.
-    in_channels: the channels of the model's images; the first convolution
-      is adapted to them (:func:`adapt_input_channels`: summed for
-      grayscale images).
+    source, in_channels: as :func:`convert_bn_inception`.
 
   Returns:
     ``{'params': ..., 'batch_stats': ...}`` for :class:`ResNet`, float32.

@@ -25,6 +25,7 @@ learning-rate schedule runs on the global step, like PyTorch's ``LRScheduler``.
 
 from __future__ import annotations
 
+import inspect
 import types
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
@@ -102,11 +103,8 @@ def freeze_for_steps(
 
 
 def make_schedule(
-    learning_rate: float,
-    *,
-    schedule: str = DEFAULTS.schedule,
-    num_train_steps: int = 1,
-    lr_warmup_steps: int = DEFAULTS.lr_warmup_steps,
+    learning_rate: float, *, schedule: str = DEFAULTS.schedule,
+    num_train_steps: int = 1, lr_warmup_steps: int = DEFAULTS.lr_warmup_steps,
     decay_every_steps: int = DEFAULTS.decay_every_steps,
     decay_factor: float = DEFAULTS.decay_factor,
     cosine_final_fraction: float = DEFAULTS.cosine_final_fraction,
@@ -151,6 +149,13 @@ def make_schedule(
     return main
   ramp = optax.linear_schedule(0.0, learning_rate, warm)
   return optax.join_schedules([ramp, main], [warm])
+
+
+# The fields of ``config.optim`` that :func:`make_schedule` reads (its
+# keywords but ``num_train_steps``, which is ``config.num_train_steps``).
+SCHEDULE_FIELDS = tuple(
+    k for k in inspect.signature(make_schedule).parameters
+    if k not in ("learning_rate", "num_train_steps"))
 
 
 def _scale_transform(name: str, *, b1, b2, eps, momentum, nesterov, rms_decay):
@@ -282,11 +287,8 @@ def optimizer_from_config(optim_config, *, num_train_steps: int,
 def learning_rates(optim_config, num_train_steps: int) -> Callable[[int], dict]:
   """``step -> {group: lr}`` for logging."""
   c = optim_config
-  base = make_schedule(
-      c.learning_rate, schedule=c.schedule, num_train_steps=num_train_steps,
-      lr_warmup_steps=c.lr_warmup_steps, decay_every_steps=c.decay_every_steps,
-      decay_factor=c.decay_factor,
-      cosine_final_fraction=c.cosine_final_fraction)
+  base = make_schedule(c.learning_rate, num_train_steps=num_train_steps,
+                       **{k: c[k] for k in SCHEDULE_FIELDS})
   mult = dict(c.lr_multipliers)
   return lambda step: {g: float(base(step)) * float(mult.get(g, 1.0))
                        for g in GROUPS}

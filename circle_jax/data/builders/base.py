@@ -254,6 +254,17 @@ class EncodedImageBuilder(tfds.core.GeneratorBasedBuilder,
     return missing_files_error(self.name, manual_dir, self.EXPECTED_FILES,
                                missing, hint)
 
+  def single_source(self, manual_dir, key: str, **where
+                    ) -> Dict[str, source_trees.SourceTree]:
+    """``{key: tree}``: the one source tree that
+    :func:`circle_jax.data.builders.sources.find_source` finds in
+    ``manual_dir`` with ``where`` (``folder``, ``archives``, ``marker``), or
+    the missing-files error naming every expected file."""
+    tree = source_trees.find_source(manual_dir, **where)
+    if tree is None:
+      raise self.missing(manual_dir, self.EXPECTED_FILES)
+    return {key: tree}
+
   @staticmethod
   def manual_dir_of(dl_manager):
     """The manual directory, or None when unset, absent or empty."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from circle_jax.data.builders import base
-from circle_jax.data.builders import sources as source_trees
 
 _FOLDER = "CUB_200_2011"
 _SOURCE = ("https://www.vision.caltech.edu/datasets/cub_200_2011/ "
@@ -37,13 +36,10 @@ class Cub200(base.EncodedImageBuilder, skip_registration=True):
   NUM_TRAIN_CLASSES = 100
 
   def _open_sources(self, manual_dir, dl_manager):
-    tree = source_trees.find_source(manual_dir, folder=_FOLDER,
-                            archives=("CUB_200_2011.tgz", "CUB_200_2011.tar.gz",
-                                      "CUB_200_2011.tar"),
-                            marker="images.txt")
-    if tree is None:
-      raise self.missing(manual_dir, self.EXPECTED_FILES)
-    return {"cub": tree}
+    return self.single_source(
+        manual_dir, "cub", folder=_FOLDER, marker="images.txt",
+        archives=("CUB_200_2011.tgz", "CUB_200_2011.tar.gz",
+                  "CUB_200_2011.tar"))
 
   def _plan(self, sources):
     tree = sources["cub"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from circle_jax.data.builders import base
-from circle_jax.data.builders import sources as source_trees
 
 _FOLDER = "Stanford_Online_Products"
 _SOURCE = ("https://cvgl.stanford.edu/projects/lifted_struct/ "
@@ -35,12 +34,9 @@ class Sop(base.EncodedImageBuilder, skip_registration=True):
   EXPECTED_SIZES = {"train": 59551, "test": 60502}
 
   def _open_sources(self, manual_dir, dl_manager):
-    tree = source_trees.find_source(manual_dir, folder=_FOLDER,
-                            archives=("Stanford_Online_Products.zip",),
-                            marker="Ebay_train.txt")
-    if tree is None:
-      raise self.missing(manual_dir, self.EXPECTED_FILES)
-    return {"sop": tree}
+    return self.single_source(
+        manual_dir, "sop", folder=_FOLDER, marker="Ebay_train.txt",
+        archives=("Stanford_Online_Products.zip",))
 
   def _plan(self, sources):
     tree = sources["sop"]

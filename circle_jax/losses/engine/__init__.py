@@ -94,6 +94,7 @@ from circle_jax.losses.engine.ring import ring_per_anchor
 from circle_jax.losses.engine.rule import (
     NegativeLogsumexp,
     PairRule,
+    PairSetMeans,
     PositivePairMean,
     both_sets_nonempty,
     rule_dataclass,

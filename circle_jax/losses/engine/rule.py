@@ -161,6 +161,34 @@ class PositivePairMean(PairRule):
     return self.scale * reductions.ratio_of_sums(*terms, axis_name)
 
 
+class PairSetMeans(PairRule):
+  """Per anchor, the sums of ``v_p`` over its positive pairs and of ``v_n``
+  over its negative pairs, with their counts (``"sum"``); the loss is
+  ``w_+`` times the global mean over the positive pairs plus ``w_-`` times
+  the global mean over the negative pairs (each side's sums over every
+  device's anchors, divided; a side without pairs adds 0).
+
+  A subclass gives ``values(x) -> (v_p, v_n)`` (and may ``select`` pairs)
+  and, for weights other than 1, ``side_weights() -> (w_+, w_-)``.
+  """
+
+  statistic = "sum"
+
+  def side_weights(self):
+    return 1.0, 1.0
+
+  def combine(self, sum_count_p, sum_count_n):
+    terms = sum_count_p + sum_count_n  # (sum_p, count_p, sum_n, count_n)
+    return terms, jnp.ones(terms[0].shape, bool)
+
+  def reduce(self, terms, valid, axis_name):
+    del valid
+    sum_p, count_p, sum_n, count_n = terms
+    w_p, w_n = self.side_weights()
+    return (w_p * reductions.ratio_of_sums(sum_p, count_p, axis_name)
+            + w_n * reductions.ratio_of_sums(sum_n, count_n, axis_name))
+
+
 def set_statistics(rule) -> Tuple[str, str]:
   """``(positive set's, negative set's)`` statistic of ``rule``."""
   kind = rule.statistic
