@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from circle_jax import evaluation as eval_lib
+from circle_jax import losses as losses_lib
 from circle_jax import parallel
 from circle_jax.train import state as state_lib
 from circle_jax.train import step as step_lib
@@ -165,6 +166,9 @@ def check_grid(entry, grid: Grid, fixed_hyper: Mapping[str, Any], *,
       raise ValueError(
           f"--grid {name}: only float hyperparameters can be swept; "
           f"{entry.name}.{name} defaults to {default!r}.")
+  # The regularizers' fields are the step's (make_loss_fn), not the loss's.
+  fixed_hyper = {k: v for k, v in fixed_hyper.items()
+                 if k not in losses_lib.regularizers.FIELDS}
   x = jax.ShapeDtypeStruct((4, embedding_dim), jnp.float32)
   y = jax.ShapeDtypeStruct((4,), jnp.int32)
   p = None

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from circle_jax import losses
 from circle_jax.train import grid as grid_lib
 from experiments import sweep
 from experiments.configs import digits
@@ -98,9 +99,13 @@ def test_first_step_loss_is_the_plain_loss_call(tiny_setup):
                "batch_stats": s.state.batch_stats}
   emb, _ = s.model.apply(variables, batches[0]["image"], train=True,
                          mutable=["batch_stats"])
+  # (the regularizers' fields are the step's, unset here: no regularizer)
+  fixed = {k: v for k, v in s.fixed_hyper.items()
+           if k not in losses.regularizers.FIELDS}
+  assert not any(v for k, v in s.fixed_hyper.items()
+                 if k.endswith("_regularizer"))
   for i, point in enumerate(s.grid.points()):
-    want = s.entry.apply(emb, batches[0]["label"], None,
-                         **{**s.fixed_hyper, **point})
+    want = s.entry.apply(emb, batches[0]["label"], None, **fixed, **point)
     np.testing.assert_allclose(metrics["loss"][i], want, rtol=1e-5)
 
 
