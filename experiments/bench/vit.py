@@ -43,7 +43,7 @@ def jax_step(batch: int, image_size: int = 224, *, remat: bool = False,
 
   from circle_jax import config as config_lib  # pylint: disable=import-outside-toplevel
   from circle_jax import losses as losses_lib  # pylint: disable=import-outside-toplevel
-  from circle_jax.train import config_checks  # pylint: disable=import-outside-toplevel
+  from circle_jax import config_facts  # pylint: disable=import-outside-toplevel
   from circle_jax.train import run as run_lib  # pylint: disable=import-outside-toplevel
   from circle_jax.train import step as step_lib  # pylint: disable=import-outside-toplevel
 
@@ -62,7 +62,7 @@ def jax_step(batch: int, image_size: int = 224, *, remat: bool = False,
       c, model, None, (image_size, image_size, 3))[0]
   state = init() if concrete else jax.eval_shape(init)
   loss_fn = step_lib.make_loss_fn(losses_lib.get_loss("circle"),
-                                  config_checks.loss_hyper(c))
+                                  config_facts.loss_hyper(c))
   step = step_lib.make_train_step(loss_fn, base_key=jax.random.PRNGKey(0),
                                   placement="none", donate=concrete)
   rng = np.random.default_rng(0)

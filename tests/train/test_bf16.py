@@ -87,6 +87,9 @@ def test_bfloat16_embeddings_give_the_float32_loss(bf16_step):
       v, x, train=True, mutable=["batch_stats"]))(
           state_lib.model_variables(state), batch["image"])
   assert embeddings.dtype == jnp.float32
+  # (the regularizers' fields are the step's, not the loss's)
+  hyper = {k: v for k, v in hyper.items()
+           if k not in losses_lib.regularizers.FIELDS}
   loss = jax.jit(lambda e: losses_lib.get_loss("circle").apply(
       e, batch["label"], None, key=key, **hyper))
   rounded = embeddings.astype(jnp.bfloat16)
