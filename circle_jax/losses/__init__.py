@@ -142,3 +142,12 @@ from circle_jax.losses.pnp import (
 from circle_jax.losses.manifold import (
     manifold_loss,
 )
+from circle_jax.losses.pml_miners import (
+    MINERS,
+    angular_miner,
+    batch_easy_hard_miner,
+    get_miner,
+    hdc_miner,
+    triplet_margin_miner,
+    uniform_histogram_miner,
+)
