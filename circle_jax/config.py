@@ -260,6 +260,21 @@ def more_loss(name: str, weight: float = 1.0,
   return c.lock()
 
 
+def miner_config() -> ml_collections.ConfigDict:
+  """``config.miner``: ``name``, a ``circle_jax.losses.MINERS`` name (``""``:
+  no miner), and every miner's hyperparameters, ``None`` for the selected
+  miner's default (``--config.miner.name=hdc
+  --config.miner.filter_percentage=0.3``); setting one the miner lacks is an
+  error when the step is built."""
+  c = Config()
+  c.name = ""
+  for entry in losses_lib.MINERS.values():
+    for field, default in entry.defaults.items():
+      kind = tuple if default is None else type(default)
+      c[field] = placeholder(kind)
+  return c
+
+
 def base_config() -> ml_collections.ConfigDict:
   """Every field of a training config with its default (locked)."""
   c = Config()
@@ -306,6 +321,8 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.loss = loss_config("circle")   # name + every hyperparameter (see above)
   c.more_losses = Config()  # key -> more_loss(name, weight, **hyper)
+  # A miner's pos_mask / neg_mask for the pair loss (circle_jax.losses.MINERS).
+  c.miner = miner_config()
 
   c.batch = Config()
   c.batch.sampler = "pk"           # "pk": P classes x K images; "random";

@@ -164,3 +164,12 @@ from circle_jax.losses.combine import (
     multiple_losses,
     self_supervised_loss,
 )
+from circle_jax.losses.pml_miners import (
+    MINERS,
+    angular_miner,
+    batch_easy_hard_miner,
+    get_miner,
+    hdc_miner,
+    triplet_margin_miner,
+    uniform_histogram_miner,
+)

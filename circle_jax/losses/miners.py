@@ -43,7 +43,7 @@ Array = jax.Array
 _LOG_FLOOR = 1e-8
 
 
-def _block(embeddings, labels, axis_name):
+def mining_block(embeddings, labels, axis_name):
   """Stop-gradient cosine block ``[M, N]`` and its label masks."""
   rows, _, sim, pos, neg = engine.pair_block(embeddings, labels,
                                              axis_name=axis_name)
@@ -240,7 +240,7 @@ def multi_similarity_miner(
     Metric Learning", CVPR 2019, eqs. 4-5.
   """
   rule = MultiSimilarity(epsilon=epsilon)  # the loss's own mining
-  sim, pos, neg, _ = _block(embeddings, labels, axis_name)
+  sim, pos, neg, _ = mining_block(embeddings, labels, axis_name)
   return engine.selected_pairs(rule, sim, pos, neg)
 
 
@@ -265,7 +265,7 @@ def batch_hard_miner(embeddings: Array, labels: Array, *,
     Hermans, Beyer, Leibe, "In Defense of the Triplet Loss for Person
     Re-Identification", arXiv:1703.07737, 2017.
   """
-  sim, pos, neg, _ = _block(embeddings, labels, axis_name)
+  sim, pos, neg, _ = mining_block(embeddings, labels, axis_name)
   return batch_hard_masks(ops.euclidean_from_cosine(sim), pos, neg)
 
 
@@ -296,7 +296,7 @@ def semi_hard_miner(embeddings: Array, labels: Array, *, margin: float = 0.2,
     Recognition and Clustering", CVPR 2015, Sec. 3.2.
   """
   ranges.check_range(margin, "margin", ranges.NONNEGATIVE_RANGE)
-  sim, pos, neg, _ = _block(embeddings, labels, axis_name)
+  sim, pos, neg, _ = mining_block(embeddings, labels, axis_name)
   return semi_hard_masks(ops.euclidean_from_cosine(sim), pos, neg,
                          margin=margin)
 
@@ -325,7 +325,7 @@ def pair_margin_miner(embeddings: Array, labels: Array, *,
     Musgrave, Belongie, Lim, "A Metric Learning Reality Check", ECCV 2020
     (PairMarginMiner of pytorch-metric-learning).
   """
-  sim, pos, neg, _ = _block(embeddings, labels, axis_name)
+  sim, pos, neg, _ = mining_block(embeddings, labels, axis_name)
   return pair_margin_masks(ops.euclidean_from_cosine(sim), pos, neg,
                            pos_margin=pos_margin, neg_margin=neg_margin)
 
@@ -382,7 +382,7 @@ def distance_weighted_miner(
     Learning", ICCV 2017, eq. 4 and Sec. 4.
   """
   ranges.check_range(cutoff, "cutoff", ranges.NONNEGATIVE_RANGE)
-  sim, pos, neg, offset = _block(embeddings, labels, axis_name)
+  sim, pos, neg, offset = mining_block(embeddings, labels, axis_name)
   dist = ops.euclidean_from_cosine(sim)
   return distance_weighted_weights(
       dist, pos, neg, offset, key, embeddings.shape[1], cutoff=cutoff,

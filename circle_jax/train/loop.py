@@ -293,7 +293,8 @@ def _build(config, workdir, reporter, force_resume) -> Job:
       num_threads=config.dataset.num_threads)
   job.train_step = step_lib.make_train_step(
       step_lib.make_loss_fn(job.entry, hyper,
-                            config_facts.more_losses(config)),
+                            config_facts.more_losses(config),
+                            config.miner.to_dict()),
       placement=job.placement,
       base_key=step_key, embed_chunk_size=config.batch.embed_chunk_size,
       sharded=sharded)

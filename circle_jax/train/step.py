@@ -110,18 +110,26 @@ class LossFn:
         self.regularizers, embeddings,
         None if name is None else loss_params[name],
         centers_per_class=self.centers_per_class, axis_name=axis_name)
+  mined: bool = False
 
   def arguments(self, loss_params, *, key, axis_name, ref=None):
     """``(args, kwargs)`` of :attr:`fn` after the embeddings and labels."""
     entry = self.entry
     args = () if entry.param_name is None else (
         loss_params[entry.param_name],)
+    extra = {}
+    if self.mined:
+      if ref is not None:
+        raise ValueError("A miner mines the batch, not the cross-batch "
+                         "memory: set xbm.size=0 or miner.name=''.")
+      extra = {"miner_key": key}
     if entry.supports_axis_name or axis_name is None:
-      return args, entry.routed(key=key, axis_name=axis_name, ref=ref)
+      return args, {**entry.routed(key=key, axis_name=axis_name, ref=ref),
+                    **extra}
     if ref is not None:
       raise ValueError(f"Loss {entry.name!r} cannot see the global batch, so "
                        "it cannot meet a memory sharded over the devices.")
-    return args, {**entry.routed(key=key), "axis_name": axis_name}
+    return args, {**entry.routed(key=key), "axis_name": axis_name, **extra}
 
   def __call__(self, embeddings, labels, loss_params, *, key, axis_name,
                ref=None):
@@ -130,7 +138,8 @@ class LossFn:
     return self.fn(embeddings, labels, *args, **kwargs)
 
 
-def make_loss_fn(entry, hyper: Optional[dict] = None, more=()) -> LossFn:
+def make_loss_fn(entry, hyper: Optional[dict] = None, more=(),
+                 miner: Optional[dict] = None) -> LossFn:
   """Binds a ``circle_jax.losses`` registry entry and its hyperparameters for
   the step, once (unknown names and bad geometry fields fail here).
 
@@ -141,6 +150,10 @@ def make_loss_fn(entry, hyper: Optional[dict] = None, more=()) -> LossFn:
       (:data:`circle_jax.losses.regularizers.FIELDS`).
     more: ``[(key, entry, weight, hyper)]``, the terms added to the loss
       (``config_facts.more_losses``).
+    miner: optional ``config.miner`` as a dict (``name``, ``""`` for none,
+      and hyperparameters, ``None`` for the miner's default): the miner's
+      masks of the (global) batch become the pair loss's ``pos_mask`` /
+      ``neg_mask``; a sampling miner reads a stream of the step's key.
 
   Returns:
     A :class:`LossFn`, called as ``loss_fn(embeddings, labels, loss_params,
@@ -156,11 +169,39 @@ def make_loss_fn(entry, hyper: Optional[dict] = None, more=()) -> LossFn:
   centers = hyper.get("centers_per_class", dict(
       getattr(entry, "defaults", {})).get("centers_per_class", 1))
   fn = entry.bind(**hyper)
+  mine = _bind_miner(entry, miner)
+  if mine is not None:
+    fn = functools.partial(_mined, fn, mine)
   if not entry.supports_axis_name:
     fn = functools.partial(_device_mean, fn)
   more = tuple((k, weight, make_loss_fn(e, h))
                for k, e, weight, h in more)
-  return LossFn(entry, fn, regularizers, centers, more)
+  return LossFn(entry, fn, regularizers, centers, more,
+                mined=mine is not None)
+
+
+def _bind_miner(entry, miner: Optional[dict]):
+  """The bound miner of ``config.miner`` (None without one)."""
+  miner = dict(miner or {})
+  name = miner.pop("name", "")
+  if not name:
+    return None
+  if entry.kind != "pair":
+    raise ValueError(f"Loss {entry.name!r} is not a pair loss and takes no "
+                     "miner masks: set miner.name=''.")
+  return losses_lib.get_miner(name).bind(
+      **{k: v for k, v in miner.items() if v is not None})
+
+
+def _mined(loss, mine, embeddings, labels, *args, miner_key=None,
+           axis_name=None, **kwargs):
+  """``loss`` with the miner's masks of the (global) batch."""
+  pos_mask, neg_mask = mine(embeddings, labels, key=miner_key,
+                            axis_name=axis_name)
+  if axis_name is not None:
+    kwargs["axis_name"] = axis_name
+  return loss(embeddings, labels, *args, pos_mask=pos_mask,
+              neg_mask=neg_mask, **kwargs)
 
 
 def _device_mean(loss, embeddings, labels, *args, axis_name=None, **kwargs):
