@@ -75,51 +75,24 @@ def _grad_x_from_grad_s(x, g):
 
 def ms_ref(x, labels, alpha=2.0, beta=50.0, base=0.5, epsilon=0.1, mining=True,
            pos_mask=None, neg_mask=None):
-  s = ref.cos(x)
-  b = len(labels)
-  total = 0.0
-  for i in range(b):
-    pos, neg = _pairs(labels, i, pos_mask, neg_mask)
-    sp, sn = s[i, pos], s[i, neg]
-    if mining:
-      min_pos = sp.min() if len(sp) else np.inf
-      max_neg = sn.max() if len(sn) else -np.inf
-      sp_m = sp[sp - epsilon < max_neg]
-      sn_m = sn[sn + epsilon > min_pos]
-      sp, sn = sp_m, sn_m
-    if len(sp) == 0 or len(sn) == 0:  # with or without mining
-      continue
-    total += np.log1p(np.exp(-alpha * (sp - base)).sum()) / alpha
-    total += np.log1p(np.exp(beta * (sn - base)).sum()) / beta
-  return total / b
+  """Multi-Similarity of embeddings: reference.ref_ms on their cosines."""
+  return ref.ref_ms(ref.cos(x), labels, alpha=alpha, beta=beta, base=base,
+                    epsilon=epsilon, mining=mining, pos_mask=pos_mask,
+                    neg_mask=neg_mask)
 
 
 def rll_ref(x, labels, alpha=1.2, margin=0.4, t_neg=10.0, t_pos=0.0,
             imbalance=0.5, pos_mask=None, neg_mask=None):
-  """Returns (loss, dL/dx); the normalised weights are constants in backprop."""
-  s = ref.cos(x)
-  d = np.sqrt(np.maximum(2 - 2 * s, 0))
-  b = len(labels)
-  total = 0.0
-  g_d = np.zeros((b, b))  # dL/dd
-  for i in range(b):
-    pos, neg = _pairs(labels, i, pos_mask, neg_mask)
-    pos = [j for j in pos if d[i, j] > alpha - margin]
-    neg = [j for j in neg if d[i, j] < alpha]
-    if pos:
-      v = d[i, pos] - (alpha - margin)
-      w = np.exp(t_pos * v - (t_pos * v).max())
-      w /= w.sum()
-      total += (1 - imbalance) * (w * v).sum()
-      g_d[i, pos] = (1 - imbalance) * w
-    if neg:
-      v = alpha - d[i, neg]
-      w = np.exp(t_neg * v - (t_neg * v).max())
-      w /= w.sum()
-      total += imbalance * (w * v).sum()
-      g_d[i, neg] = -imbalance * w
+  """Returns (loss, dL/dx) of reference.rll_reference on the embeddings'
+  distances ``d = sqrt(2 - 2 cos)``; the normalised weights are constants in
+  backprop."""
+  d = np.sqrt(np.maximum(2 - 2 * ref.cos(x), 0))
+  value, g_d = ref.rll_reference(d, labels, alpha=alpha, margin=margin,
+                                 t_neg=t_neg, t_pos=t_pos,
+                                 imbalance=imbalance, pos_mask=pos_mask,
+                                 neg_mask=neg_mask)
   g_s = -g_d / np.where(d > 0, d, np.inf)  # d = sqrt(2 - 2s)
-  return total / b, _grad_x_from_grad_s(x, g_s / b)
+  return value, _grad_x_from_grad_s(x, g_s)
 
 
 def numeric_grad(f, x, h=1e-6):
