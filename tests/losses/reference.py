@@ -147,32 +147,61 @@ def lifted_ref_paper(x, y, margin):
   return total / (2 * count) if count else 0.0
 
 
-def lifted_ref_ordered(x, y, margin, pos_mask=None, neg_mask=None):
-  d = dist64(x)
+def _sets(y, i, col_y, batch, pos_mask, neg_mask):
+  """Anchor ``i``'s positive and negative columns (no self pair when the
+  columns are the batch)."""
+  pos, neg = [], []
+  for j in range(len(col_y)):
+    if batch and j == i:
+      continue
+    if col_y[j] == y[i] and (pos_mask is None or pos_mask[i, j]):
+      pos.append(j)
+    if col_y[j] != y[i] and (neg_mask is None or neg_mask[i, j]):
+      neg.append(j)
+  return pos, neg
+
+
+def lifted_ref_ordered(x, y, margin, pos_mask=None, neg_mask=None, *,
+                       cols=None, col_y=None):
+  """Eq. 4 over ordered positive pairs; with reference columns ``cols``
+  (labels ``col_y``) the column is no anchor: no column term."""
+  a = l2n(x)
+  c = a if cols is None else l2n(cols)
+  col_y = y if col_y is None else col_y
+
+  def dist(u, v):
+    return float(np.sqrt(np.sum((u - v) ** 2)))
+
   total, count = 0.0, 0
   for i in range(len(y)):
-    pos, neg_i = _pairs(y, i, pos_mask, neg_mask)
+    pos, neg_i = _sets(y, i, col_y, cols is None, pos_mask, neg_mask)
     for j in pos:
-      _, neg_j = _pairs(y, j, pos_mask, neg_mask)
-      terms = [margin - d[i, k] for k in neg_i] + [margin - d[j, l]
-                                                   for l in neg_j]
+      terms = [margin - dist(a[i], c[k]) for k in neg_i]
+      if cols is None:  # the column is an anchor too: its negatives
+        _, neg_j = _sets(y, j, y, True, pos_mask, neg_mask)
+        terms += [margin - dist(a[j], a[k]) for k in neg_j]
       if terms:
-        total += max(0.0, logsumexp(terms) + d[i, j]) ** 2
+        total += max(0.0, logsumexp(terms) + dist(a[i], c[j])) ** 2
       count += 1
   return 0.5 * total / count if count else 0.0
 
 
-def n_pair_ref(x, y, l2_reg, pos_mask=None, neg_mask=None):
+def n_pair_ref(x, y, l2_reg, pos_mask=None, neg_mask=None, *, cols=None,
+               col_y=None):
+  """Sohn's tuplet term per positive pair, mean, plus the L2 penalty of the
+  anchors; ``cols`` / ``col_y``: reference columns instead of the batch."""
   f = np.asarray(x, np.float64)
-  s = f @ f.T
+  c = f if cols is None else np.asarray(cols, np.float64)
+  col_y = y if col_y is None else col_y
   terms = []
   for a in range(len(y)):
-    pos, neg = _pairs(y, a, pos_mask, neg_mask)
+    pos, neg = _sets(y, a, col_y, cols is None, pos_mask, neg_mask)
     if not neg:
       continue
     for p in pos:
-      terms.append(np.log1p(sum(np.exp(s[a, n] - s[a, p]) for n in neg)))
-  tuplet = float(np.mean(terms)) if terms else 0.0
+      terms.append(np.log1p(sum(np.exp(f[a] @ c[n] - f[a] @ c[p])
+                                for n in neg)))
+  tuplet = sum(terms) / len(terms) if terms else 0.0
   return tuplet + l2_reg * float(np.mean((f * f).sum(1)))
 
 

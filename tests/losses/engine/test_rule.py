@@ -44,70 +44,15 @@ def _x(seed=0):
 
 
 # ----------------------------------------------------------------------------
-# Float64 references, written naively with loops.
+# The cases: each loss with its float64 reference (tests/losses/reference.py).
 # ----------------------------------------------------------------------------
-
-
-def _sets(y, i, col_y, batch, pos_mask, neg_mask):
-  """Anchor ``i``'s positive and negative columns (no self pair)."""
-  pos, neg = [], []
-  for j in range(len(col_y)):
-    if batch and j == i:
-      continue
-    if col_y[j] == y[i] and (pos_mask is None or pos_mask[i, j]):
-      pos.append(j)
-    if col_y[j] != y[i] and (neg_mask is None or neg_mask[i, j]):
-      neg.append(j)
-  return pos, neg
-
-
-def n_pair_ref(x, y, l2_reg, cols=None, col_y=None, pos_mask=None,
-               neg_mask=None):
-  """Sohn's tuplet term per positive pair, mean, plus the L2 penalty."""
-  f = np.asarray(x, np.float64)
-  c = f if cols is None else np.asarray(cols, np.float64)
-  col_y = y if col_y is None else col_y
-  terms = []
-  for a in range(len(y)):
-    pos, neg = _sets(y, a, col_y, cols is None, pos_mask, neg_mask)
-    if not neg:
-      continue
-    for p in pos:
-      terms.append(np.log1p(sum(np.exp(f[a] @ c[n] - f[a] @ c[p])
-                                for n in neg)))
-  tuplet = sum(terms) / len(terms) if terms else 0.0
-  return tuplet + l2_reg * float(np.mean((f * f).sum(1)))
-
-
-def lifted_ref(x, y, margin, cols=None, col_y=None, pos_mask=None,
-               neg_mask=None):
-  """Eq. 4 over ordered positive pairs; references: no column term."""
-  a = ref.l2n(x)
-  c = a if cols is None else ref.l2n(cols)
-  col_y = y if col_y is None else col_y
-
-  def dist(u, v):
-    return float(np.sqrt(np.sum((u - v) ** 2)))
-
-  total, count = 0.0, 0
-  for i in range(len(y)):
-    pos, neg_i = _sets(y, i, col_y, cols is None, pos_mask, neg_mask)
-    for j in pos:
-      terms = [margin - dist(a[i], c[k]) for k in neg_i]
-      if cols is None:  # the column is an anchor too: its negatives
-        _, neg_j = _sets(y, j, y, True, pos_mask, neg_mask)
-        terms += [margin - dist(a[j], a[k]) for k in neg_j]
-      if terms:
-        total += max(0.0, ref.logsumexp(terms) + dist(a[i], c[j])) ** 2
-      count += 1
-  return 0.5 * total / count if count else 0.0
 
 
 CASES = {
     "n_pair": (losses.n_pair_loss, dict(l2_reg=0.1),
-               functools.partial(n_pair_ref, l2_reg=0.1)),
+               functools.partial(ref.n_pair_ref, l2_reg=0.1)),
     "lifted_structure": (losses.lifted_structure_loss, dict(margin=0.7),
-                         functools.partial(lifted_ref, margin=0.7)),
+                         functools.partial(ref.lifted_ref_ordered, margin=0.7)),
 }
 
 
