@@ -83,12 +83,7 @@ def dist64(x):
 
 
 def _pairs(y, i, pos_mask=None, neg_mask=None):
-  b = len(y)
-  pos = [j for j in range(b) if y[j] == y[i] and j != i
-         and (pos_mask is None or pos_mask[i, j])]
-  neg = [j for j in range(b) if y[j] != y[i]
-         and (neg_mask is None or neg_mask[i, j])]
-  return pos, neg
+  return _sets(y, i, y, True, pos_mask, neg_mask)
 
 
 def _mean_nonzero(values):
@@ -149,16 +144,10 @@ def lifted_ref_paper(x, y, margin):
 
 def _sets(y, i, col_y, batch, pos_mask, neg_mask):
   """Anchor ``i``'s positive and negative columns (no self pair when the
-  columns are the batch)."""
-  pos, neg = [], []
-  for j in range(len(col_y)):
-    if batch and j == i:
-      continue
-    if col_y[j] == y[i] and (pos_mask is None or pos_mask[i, j]):
-      pos.append(j)
-    if col_y[j] != y[i] and (neg_mask is None or neg_mask[i, j]):
-      neg.append(j)
-  return pos, neg
+  columns are the batch): :func:`ranking_sets`' positives, and its other
+  candidates."""
+  pos, cand = ranking_sets(y, col_y, i, pos_mask, neg_mask, self_pairs=batch)
+  return pos, [k for k in cand if col_y[k] != y[i]]
 
 
 def lifted_ref_ordered(x, y, margin, pos_mask=None, neg_mask=None, *,
