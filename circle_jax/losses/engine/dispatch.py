@@ -102,7 +102,8 @@ def embedding_loss(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
     rule: the pair rule (its hyperparameters already set).
     embeddings: ``[B, D]`` float32 or bfloat16 (the local anchors).
     labels: ``[B]`` integer labels, or ``[B, L]`` multi-hot label sets
-      (bool or 0/1; pytorch-metric-learning issue #658): a pair is then
+      (bool or 0/1; Musgrave et al., pytorch-metric-learning, GitHub issue
+      658, "multi-label support"): a pair is then
       positive when the two sets intersect and negative otherwise, a sample
       without labels a negative of every other
       (:func:`circle_jax.losses.engine.tiles.same_labels`). Every engine,

@@ -73,7 +73,8 @@ def same_labels(row_labels, col_labels):
 
   The one label comparison of every pair loss, engine and miner. Integer
   class ids ``[R]`` / ``[C]`` match when equal. Multi-hot label sets
-  ``[R, L]`` / ``[C, L]`` (pytorch-metric-learning issue #658) match when
+  ``[R, L]`` / ``[C, L]`` (Musgrave et al., pytorch-metric-learning, GitHub
+  issue 658, "multi-label support") match when
   they intersect, i.e. share a class: a one-hot row is its class id. A row
   with no label (all zero) matches nothing, so it is a negative of every
   other sample, another empty row included: "positive iff the sets

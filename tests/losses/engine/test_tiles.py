@@ -74,7 +74,8 @@ def test_tile_pieces_make_another_engine_without_touching_a_loss(name):
 
 
 # ----------------------------------------------------------------------------
-# Multi-hot labels (issue 40 item 8; pytorch-metric-learning issue #658).
+# Multi-hot labels (Musgrave et al., pytorch-metric-learning, GitHub issue
+# 658, "multi-label support").
 # ----------------------------------------------------------------------------
 
 # Five samples: {0}, {0, 1}, {1}, {} (no label) and {2}.
