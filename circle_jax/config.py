@@ -135,6 +135,25 @@ class LossSection(Config):
     return dict(self.__dict__.get("_held", {}))
 
 
+class MultiplierSection(Config):
+  """``config.optim.lr_multipliers``: a multiplier per parameter group
+  (``backbone``, ``head``, ``loss``) and, added by item, per parameter-path
+  prefix: ``c.optim.lr_multipliers["loss/hier"] = 50.0`` in a config file,
+  ``--config.optim.lr_multipliers.loss/hier=50`` on the command line. A
+  prefix is the slash-joined keys of the ``{'model': ..., 'loss': ...}``
+  parameter tree; :func:`circle_jax.train.optim.make_optimizer` gives each
+  leaf the multiplier of its longest matching prefix, else its group's.
+  Any other unknown name is refused as in every section.
+  """
+
+  def __setitem__(self, key, value):
+    if self.is_locked and key not in self._fields and "/" in str(key):
+      with self.unlocked():
+        super().__setitem__(key, value)
+      return
+    super().__setitem__(key, value)
+
+
 @functools.lru_cache(maxsize=None)
 def _fields_of_every_loss() -> frozenset:
   return frozenset(k for name in losses_lib.LOSSES
@@ -401,7 +420,7 @@ def optim_config() -> ml_collections.ConfigDict:
   c.name = "adam"            # adam, adamw, sgd, rmsprop
   c.learning_rate = 1e-3     # base learning rate
   c.weight_decay = 0.0       # L2 (sgd/adam/rmsprop) or decoupled (adamw)
-  c.lr_multipliers = Config(    # per parameter group
+  c.lr_multipliers = MultiplierSection(  # per group or path prefix
       {"backbone": 1.0, "head": 1.0, "loss": 1.0})
   c.freeze_backbone_steps = 0  # train only head and loss this long
   c.schedule = "constant"    # constant, step, cosine

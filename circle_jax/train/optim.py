@@ -44,6 +44,12 @@ SCHEDULES = ("constant", "step", "cosine")
 DEFAULTS = config_lib.optim_config()
 
 
+def path_keys(path) -> tuple:
+  """The keys of a ``jax.tree_util`` key path (or of a tuple of names) as
+  strings."""
+  return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+
+
 def param_group(path: tuple, frozen: frozenset = frozenset()) -> str:
   """The group (``backbone``, ``head``, ``loss`` or ``frozen``) of a path.
 
@@ -52,7 +58,7 @@ def param_group(path: tuple, frozen: frozenset = frozenset()) -> str:
     frozen: paths under ``params['model']`` that never move (the BatchNorm
       scale/bias of a ``freeze_bn`` model, ``circle_jax.models.frozen_bn_paths``).
   """
-  keys = tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+  keys = path_keys(path)
   if keys and keys[0] == "loss":
     return "loss"
   if keys[1:] in frozen:
@@ -62,10 +68,37 @@ def param_group(path: tuple, frozen: frozenset = frozenset()) -> str:
   return "backbone"
 
 
-def param_labels(params: PyTree, frozen: frozenset = frozenset()) -> PyTree:
-  """A tree like ``params`` with each leaf replaced by its group name."""
-  return jax.tree_util.tree_map_with_path(
-      lambda p, _: param_group(p, frozen), params)
+def param_labels(params: PyTree, frozen: frozenset = frozenset(),
+                 prefixes=()) -> PyTree:
+  """A tree like ``params`` with each leaf replaced by its label: the longest
+  of the path ``prefixes`` (``'loss/hier'``) above it, else its group name
+  (frozen leaves stay ``frozen``).
+
+  Raises:
+    ValueError: a prefix above no leaf (a misspelt path).
+  """
+  split = sorted(((tuple(k.split("/")), k) for k in prefixes),
+                 key=lambda item: -len(item[0]))
+  used = set()
+
+  def label(path, _):
+    group = param_group(path, frozen)
+    keys = path_keys(path)
+    for parts, key in split:
+      if group != "frozen" and keys[:len(parts)] == parts:
+        used.add(key)
+        return key
+    return group
+
+  labels = jax.tree_util.tree_map_with_path(label, params)
+  unused = sorted(set(prefixes) - used)
+  if unused:
+    raise ValueError(
+        f"`optim.lr_multipliers` names {unused[0]!r}, which is above no "
+        "parameter: a prefix is the slash-joined keys of the {'model', "
+        "'loss'} parameter tree (e.g. 'loss/hier'); check the spelling "
+        "against the checkpoint's parameter names.")
+  return labels
 
 
 class FreezeState(NamedTuple):
@@ -206,8 +239,13 @@ def make_optimizer(
     name: ``adam``, ``adamw``, ``sgd`` or ``rmsprop`` (PyTorch semantics).
     learning_rate: base learning rate (of the backbone group).
     weight_decay: L2 (coupled) for adam/sgd/rmsprop, decoupled for adamw.
-    lr_multipliers: per-group multipliers, keys among ``backbone``, ``head``,
-      ``loss`` (missing groups get 1; default: 1 for every group).
+    lr_multipliers: multipliers by group, keys among ``backbone``, ``head``,
+      ``loss`` (missing groups get 1; default: 1 for every group), or by
+      parameter-path prefix, a key with a slash (``'loss/hier'``,
+      ``'model/backbone/prompt'``): every leaf under the longest matching
+      prefix gets that multiplier instead of its group's (HIER's proxies
+      at x50 beside Proxy-Anchor's at x1e4). A prefix under the backbone
+      is frozen with it for ``freeze_backbone_steps``.
     freeze_backbone_steps: warm-up steps during which only ``head`` and
       ``loss`` are trained (see the module docstring).
     frozen_paths: key tuples under ``params['model']`` that are never updated
@@ -226,12 +264,18 @@ def make_optimizer(
     An ``optax.GradientTransformation``.
   """
   multipliers = {g: 1.0 for g in GROUPS}
-  for group, value in dict(lr_multipliers or {}).items():
-    if group not in GROUPS:
+  for key, value in dict(lr_multipliers or {}).items():
+    if "/" in key:
+      if key.split("/")[0] not in ("model", "loss") or "" in key.split("/"):
+        raise ValueError(
+            f"`optim.lr_multipliers` key {key!r} is not a parameter path: a "
+            "prefix starts with 'model/' or 'loss/' (e.g. 'loss/hier').")
+    elif key not in GROUPS:
       raise ValueError(
-          f"Unknown parameter group {group!r} in `optim.lr_multipliers`; use "
-          f"{GROUPS}.")
-    multipliers[group] = float(value)
+          f"Unknown parameter group {key!r} in `optim.lr_multipliers`; use "
+          f"{GROUPS} or a parameter-path prefix such as 'loss/hier'.")
+    multipliers[key] = float(value)
+  prefixes = tuple(k for k in multipliers if "/" in k)
   if weight_decay < 0:
     raise ValueError(f"`optim.weight_decay` must be >= 0; got {weight_decay}.")
   if name not in OPTIMIZERS:
@@ -241,7 +285,7 @@ def make_optimizer(
       lr_warmup_steps=lr_warmup_steps, decay_every_steps=decay_every_steps,
       decay_factor=decay_factor, cosine_final_fraction=cosine_final_fraction)
 
-  def group_tx(group):
+  def group_tx(label):
     scale = _scale_transform(name, b1=b1, b2=b2, eps=eps, momentum=momentum,
                              nesterov=nesterov, rms_decay=rms_decay)
     parts = []
@@ -251,9 +295,10 @@ def make_optimizer(
     if weight_decay and name == "adamw":
       parts.append(optax.add_decayed_weights(weight_decay))
     inner = optax.chain(*parts)
+    group = label if label in GROUPS else param_group(label.split("/"))
     if group == "backbone":
       inner = freeze_for_steps(inner, freeze_backbone_steps)
-    mult = multipliers[group]
+    mult = multipliers[label]
     lr: Callable = lambda step: base(step) * mult
     return optax.chain(inner, optax.scale_by_learning_rate(lr))
 
@@ -263,11 +308,11 @@ def make_optimizer(
   if grad_clip_norm and grad_clip_norm > 0:
     chain.append(optax.clip_by_global_norm(grad_clip_norm))
   frozen = frozenset(tuple(str(k) for k in p) for p in frozen_paths)
-  transforms = {g: group_tx(g) for g in GROUPS}
+  transforms = {label: group_tx(label) for label in multipliers}
   if frozen:
     transforms["frozen"] = optax.set_to_zero()
   chain.append(optax.partition(
-      transforms, lambda params: param_labels(params, frozen)))
+      transforms, lambda params: param_labels(params, frozen, prefixes)))
   return optax.chain(*chain)
 
 
@@ -285,10 +330,11 @@ def optimizer_from_config(optim_config, *, num_train_steps: int,
 
 
 def learning_rates(optim_config, num_train_steps: int) -> Callable[[int], dict]:
-  """``step -> {group: lr}`` for logging."""
+  """``step -> {group or path prefix: lr}`` for logging."""
   c = optim_config
   base = make_schedule(c.learning_rate, num_train_steps=num_train_steps,
                        **{k: c[k] for k in SCHEDULE_FIELDS})
-  mult = dict(c.lr_multipliers)
-  return lambda step: {g: float(base(step)) * float(mult.get(g, 1.0))
-                       for g in GROUPS}
+  mult = {g: 1.0 for g in GROUPS}
+  mult.update(dict(c.lr_multipliers))
+  return lambda step: {g: float(base(step)) * float(m)
+                       for g, m in mult.items()}

@@ -105,6 +105,44 @@ def test_sgd_momentum_rmsprop_and_frozen_paths():
   np.testing.assert_allclose(hist[-1]["loss"]["proxies"], want, rtol=1e-5, atol=1e-5)
 
 
+def test_path_prefix_multipliers_override_the_group():
+  """A slash key sets the multiplier of the leaves under it (the longest
+  prefix wins); a prefix under the backbone freezes with it; the config
+  section takes such keys by item and the saved config keeps them."""
+  params = _params()
+  params["loss"]["hier"] = {"p": jnp.array([1.0]), "q": jnp.array([2.0])}
+  params["model"]["backbone"]["prompt"] = jnp.array([0.0])
+  grads = jax.tree.map(jnp.ones_like, params)
+  tx = optim.make_optimizer(
+      name="sgd", learning_rate=0.1, freeze_backbone_steps=1,
+      lr_multipliers={"loss": 10.0, "loss/hier": 50.0, "loss/hier/q": 2.0,
+                      "model/backbone/prompt": 3.0})
+  state = tx.init(params)
+  moves = []
+  for _ in range(2):
+    updates, state = tx.update(grads, state, params)
+    moves.append(jax.tree.map(
+        lambda u: round(float(-u.ravel()[0]), 6), updates))
+  assert moves[0]["loss"] == {"proxies": 1.0, "hier": {"p": 5.0, "q": 0.2}}
+  assert moves[0]["model"]["backbone"] == {"w": 0.0, "prompt": 0.0}
+  assert moves[1]["model"]["backbone"] == {"w": 0.1, "prompt": 0.3}
+  assert moves[0]["model"]["head"]["w"] == 0.1
+  with pytest.raises(ValueError, match="'loss/hierr', which is above no"):
+    optim.make_optimizer(lr_multipliers={"loss/hierr": 2.0}).init(params)
+  with pytest.raises(ValueError, match="starts with 'model/' or 'loss/'"):
+    optim.make_optimizer(lr_multipliers={"hier/p": 2.0})
+
+  c = config_lib.base_config()
+  c.optim.lr_multipliers["loss/hier"] = 50.0
+  saved = config_lib.from_dict(c.to_dict())
+  assert saved.optim.lr_multipliers.to_dict() == {
+      "backbone": 1.0, "head": 1.0, "loss": 1.0, "loss/hier": 50.0}
+  lrs = optim.learning_rates(saved.optim, 10)(0)
+  assert lrs["loss/hier"] == pytest.approx(50 * lrs["backbone"])
+  with pytest.raises(AttributeError, match="lr_multipliers.proxy: the config"):
+    c.optim.lr_multipliers.proxy = 2.0
+
+
 def test_clipping():
   tx = optim.make_optimizer(name="sgd", learning_rate=1.0, grad_clip_value=0.1)
   hist = _run(tx, 1)
