@@ -139,7 +139,9 @@ class MultiplierSection(Config):
   """``config.optim.lr_multipliers``: a multiplier per parameter group
   (``backbone``, ``head``, ``loss``) and, added by item, per parameter-path
   prefix: ``c.optim.lr_multipliers["loss/hier"] = 50.0`` in a config file,
-  ``--config.optim.lr_multipliers.loss/hier=50`` on the command line. A
+  the whole section on the command line (ml_collections cannot parse a
+  slash in a field path): ``--config.optim.lr_multipliers="{'loss': 10.0,
+  'loss/hier': 50.0}"`` (groups left out get 1). A
   prefix is the slash-joined keys of the ``{'model': ..., 'loss': ...}``
   parameter tree; :func:`circle_jax.train.optim.make_optimizer` gives each
   leaf the multiplier of its longest matching prefix, else its group's.
