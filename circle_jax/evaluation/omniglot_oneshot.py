@@ -16,6 +16,15 @@ people at 4.5% error). Here the classifier is 1-nearest neighbour by cosine
 similarity of the embeddings of a trained model (ties go to the first training
 image in sorted file order, the order of the repository's demo).
 
+Without the official runs (they are not shipped here),
+:func:`within_alphabet_runs` draws runs by the same protocol from an Omniglot
+images archive: each run takes 20 characters of one alphabet, one drawer's
+image of each as the training images and another drawer's as the test
+images. On the alphabets that the ``omniglot_small`` model never saw (small2
+without small1's alphabets) they are a stand-in for the official runs, not
+the official runs: other alphabets, other drawer pairs.
+:func:`ensemble_embedder` makes one 1-NN classifier of several models.
+
 :func:`read_runs` accepts the extracted folder or the zip, with or without the
 top-level ``all_runs/`` folder, and ``class_labels.txt`` paths relative to the
 runs' folder (the repository's format) or to the run's own folder.
@@ -37,11 +46,12 @@ import os
 import re
 import tarfile
 import zipfile
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from circle_jax.data.builders import base as builders_base
+from circle_jax.data.builders import omniglot as omniglot_builder
 from circle_jax.data.builders import sources as builders_sources
 from circle_jax.errors import UserError
 
@@ -231,3 +241,117 @@ def evaluate_run(run, runs: Sequence[OneShotRun]
   result = oneshot_errors(run_embedder(run), runs)
   return result, {"workdir": run.workdir, "which": run.which,
                   "step": run.step, "dataset": run.config.dataset.name}
+
+
+def within_alphabet_runs(path: str, *, way: int = 20, num_runs: int = 20,
+                         seed: int = 0,
+                         exclude_alphabets: Sequence[str] = (),
+                         alphabets: Optional[Sequence[str]] = None
+                         ) -> List[OneShotRun]:
+  """One-shot runs drawn by the official protocol from an images archive.
+
+  Lake et al. (2015) built each run from one alphabet: ``way`` characters,
+  one drawer's image of each as the training images, another drawer's image
+  of each as the test images. Run ``r`` here takes the ``r``-th alphabet in
+  turn among those with at least ``way`` characters (sorted by name), then
+  ``way`` of its characters and two distinct drawers at random; the test
+  images come in a random order.
+
+  Args:
+    path: an Omniglot images archive or its folder, in the official layout
+      ``<top>/<alphabet>/characterNN/<id>_<drawer>.png``
+      (``images_background_small2.zip``).
+    way: characters per run (20 in the benchmark).
+    num_runs: how many runs (20 in the benchmark).
+    seed: the draw's seed.
+    exclude_alphabets: alphabets left out (those a model trained on).
+    alphabets: only these alphabets (default: every alphabet not excluded).
+
+  Returns:
+    The runs ``run01`` ..., as :func:`read_runs` gives them.
+
+  Raises:
+    OneShotRunsError: no alphabet with ``way`` characters (one line).
+  """
+  tree = builders_sources.open_tree(path)
+  images: Dict[Tuple[str, str], Dict[str, str]] = {}
+  for name in tree.names():
+    parts = name.split("/")
+    if len(parts) != 4 or not name.endswith(".png") or "_" not in parts[3]:
+      continue
+    drawer = parts[3][:-len(".png")].rsplit("_", 1)[1]
+    images.setdefault((parts[1], parts[2]), {})[drawer] = name
+  chars: Dict[str, List[str]] = {}
+  for alphabet, character in sorted(images):
+    if alphabet in exclude_alphabets or (alphabets is not None
+                                         and alphabet not in alphabets):
+      continue
+    chars.setdefault(alphabet, []).append(character)
+  eligible = sorted(a for a, c in chars.items() if len(c) >= way)
+  if not eligible or way < 2 or num_runs < 1:
+    raise OneShotRunsError(
+        f"no alphabet of {tree.description} has {way} characters (after "
+        f"leaving out {sorted(exclude_alphabets)}); give an images archive "
+        "in the official layout or a smaller `way` (>= 2).")
+  rng = np.random.default_rng(seed)
+  runs = []
+  for r in range(num_runs):
+    alphabet = eligible[r % len(eligible)]
+    picked = sorted(rng.choice(chars[alphabet], way, replace=False))
+    drawers = sorted(set.intersection(
+        *(set(images[alphabet, c]) for c in picked)))
+    first, second = rng.choice(drawers, 2, replace=False)
+    training = [images[alphabet, c][first] for c in picked]
+    order = rng.permutation(way)
+    test = [images[alphabet, picked[i]][second] for i in order]
+    data = dict(tree.iter_files(training + test))
+    runs.append(OneShotRun(
+        name=f"run{r + 1:02d}", training=tuple(training), test=tuple(test),
+        answers=tuple(int(i) for i in order),
+        training_images=tuple(data[n] for n in training),
+        test_images=tuple(data[n] for n in test)))
+  return runs
+
+
+def stand_in_runs(seed: int = 0, folder: Optional[str] = None
+                  ) -> List[OneShotRun]:
+  """:func:`within_alphabet_runs` on the alphabets ``omniglot_small`` tests
+  on: ``images_background_small2`` without small1's alphabets (those with 20
+  characters: Japanese_(katakana) and Sanskrit; Tagalog has 17).
+
+  Args:
+    seed: the draw's seed.
+    folder: where the two zips are (default: the copies in the package).
+  """
+  folder = str(folder or omniglot_builder.BUNDLED_DIR)
+  small1 = builders_sources.open_tree(
+      os.path.join(folder, "images_background_small1.zip"))
+  return within_alphabet_runs(
+      os.path.join(folder, "images_background_small2.zip"), seed=seed,
+      exclude_alphabets=sorted(omniglot_builder.alphabets_of(
+          small1, "images_background_small1")))
+
+
+def ensemble_embedder(embedders: Sequence[Callable[[Sequence[bytes]],
+                                                    np.ndarray]]
+                      ) -> Callable[[Sequence[bytes]], np.ndarray]:
+  """One embedding of several models for cosine 1-NN.
+
+  Each model's embeddings are L2-normalised, concatenated and divided by
+  ``sqrt(n)``: the cosine similarity of two ensemble embeddings is the mean
+  of the ``n`` models' cosine similarities.
+
+  Args:
+    embedders: ``embed(images) -> [N, D_m]`` functions (:func:`run_embedder`).
+  """
+  if not embedders:
+    raise ValueError("ensemble_embedder needs at least one model.")
+
+  def embed(images: Sequence[bytes]) -> np.ndarray:
+    parts = []
+    for fn in embedders:
+      e = np.asarray(fn(images), np.float64)
+      norms = np.linalg.norm(e, axis=1, keepdims=True)
+      parts.append(e / np.where(norms > 0, norms, 1.0))
+    return np.concatenate(parts, axis=1) / np.sqrt(len(parts))
+  return embed

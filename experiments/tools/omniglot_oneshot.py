@@ -1,15 +1,20 @@
-"""The official Omniglot 20-way one-shot runs with a trained model.
+"""The official Omniglot 20-way one-shot runs with a trained model or an ensemble.
 
-  python -m experiments.tools.omniglot_oneshot --workdir W --runs all_runs.zip \\
+  python -m experiments.tools.omniglot_oneshot --workdir W [--workdir W2 ...] \\
+      (--runs all_runs.zip | --stand_in [--stand_in_seed S]) \\
       [--which best|latest]
 
 ``--runs`` is ``python/one-shot-classification/all_runs.zip`` of the Omniglot
 repository (Lake et al. 2015, https://github.com/brendenlake/omniglot) or its
-extracted folder; nothing is downloaded. Each test image is classified by
-1-nearest neighbour (cosine) among its run's training images, embedded with the
-workdir's model and eval preprocessing
-(:mod:`circle_jax.evaluation.omniglot_oneshot`). Prints the error of each run
-and their mean, in %, as the paper reports them.
+extracted folder; nothing is downloaded. ``--stand_in`` draws 20 runs by the
+same protocol from the alphabets that ``omniglot_small`` holds out
+(:func:`circle_jax.evaluation.omniglot_oneshot.stand_in_runs`; not the
+official runs). Each test image is classified by 1-nearest neighbour
+(cosine) among its run's training images, embedded with the workdir's model
+and eval preprocessing (:mod:`circle_jax.evaluation.omniglot_oneshot`);
+several ``--workdir`` make one ensemble, the mean of their cosine
+similarities. Prints the error of each run and their mean, in %, as the
+paper reports them (and each member's mean first, for an ensemble).
 """
 
 import sys
@@ -25,11 +30,27 @@ from circle_jax.train import restore as restore_lib
 
 
 def _run(args):
-  runs = omniglot_oneshot.read_runs(args.runs)
-  run = restore_lib.restore_run(args.workdir, args.which)
-  result, info = omniglot_oneshot.evaluate_run(run, runs)
-  print(f"{info['workdir']} ({info['dataset']}), {info['which']} checkpoint "
-        f"at step {info['step']}: 1-NN (cosine) one-shot error")
+  if args.runs:
+    runs = omniglot_oneshot.read_runs(args.runs)
+  else:
+    runs = omniglot_oneshot.stand_in_runs(args.stand_in_seed)
+  restored = [restore_lib.restore_run(w, args.which) for w in args.workdir]
+  embedders = [omniglot_oneshot.run_embedder(r) for r in restored]
+  what = ("official runs" if args.runs else
+          f"stand-in runs (seed {args.stand_in_seed}), not the official runs")
+  if len(restored) > 1:
+    for run, embed in zip(restored, embedders):
+      member = omniglot_oneshot.oneshot_errors(embed, runs)
+      print(f"member {run.workdir}, {run.which} checkpoint at step "
+            f"{run.step}: mean {member.mean_error:6.2f}%")
+    print(f"ensemble of {len(restored)} models, {what}: 1-NN (cosine) "
+          "one-shot error")
+  else:
+    run = restored[0]
+    print(f"{run.workdir} ({run.config.dataset.name}), {run.which} checkpoint "
+          f"at step {run.step}, {what}: 1-NN (cosine) one-shot error")
+  result = omniglot_oneshot.oneshot_errors(
+      omniglot_oneshot.ensemble_embedder(embedders), runs)
   for name, error in zip(result.runs, result.errors):
     print(f"{name}  {error:6.2f}%")
   print(f"mean   {result.mean_error:6.2f}% over {len(result.runs)} runs")
@@ -37,8 +58,14 @@ def _run(args):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--workdir", required=True, help="a training run's folder")
-  p.add_argument("--runs", required=True, help="all_runs.zip or its folder")
+  p.add_argument("--workdir", required=True, action="append",
+                 help="a training run's folder (repeat for an ensemble)")
+  which_runs = p.add_mutually_exclusive_group(required=True)
+  which_runs.add_argument("--runs", help="all_runs.zip or its folder")
+  which_runs.add_argument("--stand_in", action="store_true",
+                          help="runs drawn from omniglot_small's test "
+                          "alphabets (not the official runs)")
+  p.add_argument("--stand_in_seed", type=int, default=0)
   p.add_argument("--which", choices=("best", "latest"), default=None,
                  help="checkpoint (default: best if the run kept one)")
   p.add_argument("--verbose", action="store_true",

@@ -142,3 +142,76 @@ def test_workdir_model_errors(trained_workdir, tmp_path):
     for i, wrong in RUNS[r.name][1].items():
       assert pred[i] == wrong
   assert result.mean_error == pytest.approx(np.mean(result.errors))
+
+
+def _archive(root, sizes, drawers=4):
+  """An images archive in Omniglot's layout: ``sizes`` = {alphabet: number
+  of characters}; each image's pixels name its (alphabet, character, drawer)
+  in a small header, so the draw can be read back from the bytes."""
+  path = os.path.join(root, "images_x.zip")
+  with zipfile.ZipFile(path, "w") as zf:
+    for a, (alphabet, n) in enumerate(sorted(sizes.items())):
+      for c in range(n):
+        for d in range(1, drawers + 1):
+          im = np.full((105, 105), 255, np.uint8)
+          im[0, :3] = (a, c, d)
+          buf = io.BytesIO()
+          Image.fromarray(im).save(buf, format="PNG")
+          zf.writestr(f"images_x/{alphabet}/character{c + 1:02d}/"
+                      f"{a}{c:02d}_{d:02d}.png", buf.getvalue())
+  return path
+
+
+def _header(data):
+  return tuple(int(v) for v in np.asarray(Image.open(io.BytesIO(data)))[0, :3])
+
+
+def test_within_alphabet_runs_follow_the_official_protocol(tmp_path):
+  """Each run: one alphabet with enough characters (taken in turn), `way`
+  distinct characters, one drawer for the training images and another for
+  the test images; the answers pair each test image with its character."""
+  path = _archive(tmp_path, {"Aa": 5, "Bb": 3, "Cc": 2, "Dd": 4})
+  runs = oneshot.within_alphabet_runs(path, way=3, num_runs=6, seed=3,
+                                      exclude_alphabets=["Dd"])
+  assert [r.name for r in runs] == [f"run{i:02d}" for i in range(1, 7)]
+  for r, want_alphabet in zip(runs, [0, 1] * 3):  # Aa, Bb; Cc too small
+    train = [_header(b) for b in r.training_images]
+    test = [_header(b) for b in r.test_images]
+    assert {t[0] for t in train + test} == {want_alphabet}
+    assert len({t[1] for t in train}) == 3 and len({t[2] for t in train}) == 1
+    assert len({t[2] for t in test}) == 1 and test[0][2] != train[0][2]
+    assert [train[a][1] for a in r.answers] == [t[1] for t in test]
+  again = oneshot.within_alphabet_runs(path, way=3, num_runs=6, seed=3,
+                                       exclude_alphabets=["Dd"])
+  assert [r.test for r in again] == [r.test for r in runs]
+  other = oneshot.within_alphabet_runs(path, way=3, num_runs=6, seed=4,
+                                       exclude_alphabets=["Dd"])
+  assert [r.test for r in other] != [r.test for r in runs]
+  _one_line("no alphabet of .* has 6 characters", lambda:
+            oneshot.within_alphabet_runs(path, way=6))
+
+
+def test_stand_in_runs_use_only_the_held_out_alphabets():
+  runs = oneshot.stand_in_runs(seed=0)
+  assert len(runs) == 20
+  alphabets = {p.split("/")[1] for r in runs for p in r.training + r.test}
+  assert alphabets == {"Japanese_(katakana)", "Sanskrit"}
+  for r in runs:
+    assert len(r.training) == len(set(r.training)) == 20
+    drawers = {p.rsplit("_", 1)[1] for p in r.training}, {
+        p.rsplit("_", 1)[1] for p in r.test}
+    assert len(drawers[0]) == len(drawers[1]) == 1 and drawers[0] != drawers[1]
+
+
+def test_ensemble_cosine_is_the_members_mean_cosine():
+  rng = np.random.default_rng(0)
+  a, b = rng.normal(size=(5, 3)), rng.normal(size=(5, 7)) * 10
+  embed = oneshot.ensemble_embedder([lambda _: a, lambda _: b])
+  e = embed([b""] * 5)
+
+  def cos(x):
+    x = x / np.linalg.norm(x, axis=1, keepdims=True)
+    return x @ x.T
+  np.testing.assert_allclose(e @ e.T, (cos(a) + cos(b)) / 2, atol=1e-12)
+  with pytest.raises(ValueError, match="at least one model"):
+    oneshot.ensemble_embedder([])

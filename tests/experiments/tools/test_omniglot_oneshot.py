@@ -54,3 +54,23 @@ def test_bad_runs_path_is_one_line(workdir, tmp_path):
       f"error: --runs: '{tmp_path / 'all_runs.zip'}' does not exist; give "
       "all_runs.zip of the Omniglot repository (python/one-shot-"
       "classification) or its extracted folder."]
+
+
+def test_an_ensemble_on_the_stand_in_runs(workdir):
+  """Two --workdir make one ensemble (here the same model twice: the
+  ensemble's errors are that model's); --stand_in draws the runs from the
+  held-out alphabets and says they are not the official runs."""
+  proc = _cli(f"--workdir={workdir}", f"--workdir={workdir}", "--stand_in",
+              "--stand_in_seed=1", "--which=latest")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  result, _ = omniglot_oneshot.evaluate_run(
+      restore_lib.restore_run(workdir, "latest"),
+      omniglot_oneshot.stand_in_runs(seed=1))
+  lines = proc.stdout.strip().splitlines()
+  assert lines[:2] == [f"member {workdir}, latest checkpoint at step 2: mean "
+                       f"{result.mean_error:6.2f}%"] * 2
+  assert lines[2] == ("ensemble of 2 models, stand-in runs (seed 1), not the "
+                      "official runs: 1-NN (cosine) one-shot error")
+  assert lines[3:] == [f"{n}  {e:6.2f}%" for n, e in zip(
+      result.runs, result.errors)] + [
+          f"mean   {result.mean_error:6.2f}% over 20 runs"]
