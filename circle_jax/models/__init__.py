@@ -44,6 +44,7 @@ from circle_jax.models.head import EmbeddingModel
 from circle_jax.models.resnet import ResNet
 from circle_jax.models.resnet import STAGE_SIZES
 # ViT backbones and their timm weights (issue: Vision Transformer backbones).
+from circle_jax.models import vit as vit_lib
 from circle_jax.models.vit import FAMILIES as VIT_FAMILIES
 from circle_jax.models.vit import ViT
 from circle_jax.models.vit import vit_options
@@ -290,7 +291,9 @@ def frozen_module_paths(variables, kwargs) -> FrozenSet[Tuple[str, ...]]:
   """Paths into ``variables['params']`` of the modules a backbone option
   freezes: the ViT's patch projection under ``frozen_patch_embed`` (Hyp-ViT
   trains with it fixed, as PyTorch's ``requires_grad=False``: no step, no
-  weight decay, no optimiser moments).
+  weight decay, no optimiser moments), and under ``tune='bitfit'`` or
+  ``'prompt'`` every ViT parameter that :func:`circle_jax.models.vit.
+  trainable` does not train.
 
   Args:
     variables: ``{'params': ...}`` (``model.init``'s result).
@@ -299,11 +302,19 @@ def frozen_module_paths(variables, kwargs) -> FrozenSet[Tuple[str, ...]]:
   Returns:
     A frozenset of key tuples such as ``('backbone', 'patch_embed', 'kernel')``.
   """
-  if not dict(kwargs).get("frozen_patch_embed", False):
+  kwargs = dict(kwargs)
+  tune = kwargs.get("tune", "full")
+  if not kwargs.get("frozen_patch_embed", False) and tune == "full":
     return frozenset()
   params = flax.traverse_util.flatten_dict(variables["params"])
-  return frozenset(p for p in params
-                   if len(p) > 2 and p[:2] == ("backbone", "patch_embed"))
+  frozen = set()
+  if kwargs.get("frozen_patch_embed", False):
+    frozen |= {p for p in params
+               if len(p) > 2 and p[:2] == ("backbone", "patch_embed")}
+  if tune != "full":  # The ViT's prompt tuning / BitFit (vit.trainable).
+    frozen |= {p for p in params if p[0] == "backbone"
+               and not vit_lib.trainable(p[1:], tune)}
+  return frozenset(frozen)
 
 
 def param_labels(variables, *, freeze_bn: bool):

@@ -16,6 +16,20 @@ Forward pass (pre-norm transformer, Dosovitskiy et al.)::
   x = x + DropPath(LS2 * MLP(LN2(x)))
   x = LN(x); feature = pool(x)           # cls token, mean of patches, or MAP
 
+Visual prompt tuning (Jia et al., VPT; Ren et al., VPTSP-G): with
+``num_prompts`` > 0, block ``i < prompt_depth`` sees ``max(num_prompts - i *
+prompt_step, 0)`` learned tokens prepended to its input and dropped from its
+output (deep VPT; ``prompt_depth=1`` is shallow VPT, whose tokens are kept
+only through the first block here, as in the VPTSP-G code, not carried
+through the depth). The tokens carry no position embedding.
+``prompt_tokens`` (a call argument) replaces the learned prompts by given
+per-example tokens (VPTSP-G's class prompts: :mod:`circle_jax.models.
+semantic_proxies`). ``tune`` says which backbone parameters train
+(:func:`trainable`): all (``'full'``), the prompts, the added ``head_norm``
+and every bias (``'bitfit'``, Zaken et al.), or the prompts and
+``head_norm`` only (``'prompt'``); the trainer's optimiser gives the others
+no update (:func:`circle_jax.models.frozen_module_paths`).
+
 The backbone returns the pooled feature as a ``[B, 1, 1, width]`` map so that
 :class:`circle_jax.models.EmbeddingHead` (its global pooling is then the
 identity) puts the linear embedding on it like on the conv trunks.
@@ -43,6 +57,13 @@ References:
   Supervision" (CLIP), ICML 2021.
   Zhai et al., "Sigmoid Loss for Language Image Pre-Training" (SigLIP), ICCV
   2023.
+  Jia, Tang, Chen, Cardie, Belongie, Hariharan, Lim, "Visual Prompt
+  Tuning", ECCV 2022.
+  Ben Zaken, Ravfogel, Goldberg, "BitFit: Simple Parameter-efficient
+  Fine-tuning for Transformer-based Masked Language-models", ACL 2022.
+  Ren, Chen, Wang, Hua, "Learning Semantic Proxies from Visual Prompts for
+  Parameter-Efficient Fine-Tuning in Deep Metric Learning" (VPTSP-G), ICLR
+  2024, github.com/Noahsark/ParameterEfficient-DML.
   Wightman, "PyTorch Image Models" (timm), github.com/huggingface/
   pytorch-image-models, 2019-2026.
 """
@@ -50,7 +71,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
@@ -66,6 +87,11 @@ SIZES: Dict[str, Tuple[int, int, int]] = {
     "l": (1024, 24, 16),
 }
 POOLS = ("cls", "mean", "map")
+TUNES = ("full", "bitfit", "prompt")
+# Top-level parameters that no checkpoint has (the loader keeps their init).
+ADDED = ("prompts", "head_norm")
+# PyTorch's nn.LayerNorm default epsilon, the VPTSP-G code's new fc_norm.
+HEAD_NORM_EPS = 1e-5
 ACTIVATIONS = ("gelu", "quick_gelu", "gelu_tanh")
 
 
@@ -125,6 +151,50 @@ def vit_options(size: str, patch: int, family: str = "augreg",
                      f"patch size {opts['patch_size']}.")
   opts.setdefault("pos_grid", image_size // opts["patch_size"])
   return opts
+
+
+def prompt_counts(num_prompts: int, prompt_depth: Optional[int],
+                  prompt_step: int, depth: int) -> Tuple[int, ...]:
+  """Prompt tokens of each prompted block: ``max(num_prompts - i *
+  prompt_step, 0)`` for block ``i`` below ``prompt_depth`` (all blocks when
+  None); ``()`` without prompts."""
+  if num_prompts <= 0:
+    return ()
+  n = depth if prompt_depth is None else min(int(prompt_depth), depth)
+  return tuple(max(num_prompts - i * prompt_step, 0) for i in range(n))
+
+
+def trainable(path: Sequence[str], tune: str) -> bool:
+  """Whether the ViT parameter at ``path`` (keys under the backbone's
+  params, e.g. ``('blocks_0', 'attn', 'qkv', 'bias')``) trains under
+  ``tune`` (one of :data:`TUNES`): BitFit trains every parameter named
+  ``bias`` (LayerNorm biases included, their scales not: the VPTSP-G code's
+  ``'bias' in name``) besides the prompts and ``head_norm``."""
+  if tune not in TUNES:
+    raise ValueError(f"`tune` must be one of {', '.join(TUNES)}; got "
+                     f"{tune!r}.")
+  if tune == "full" or path[0] in ADDED:
+    return True
+  return tune == "bitfit" and path[-1] == "bias"
+
+
+def _prompt_init(key, shape, dtype=jnp.float32):
+  """PyTorch's ``xavier_normal_`` of a ``[1, n, D]`` tensor (the VPTSP-G
+  code's prompts): std ``sqrt(2 / ((n + 1) D))``."""
+  _, n, d = shape
+  return jax.random.normal(key, shape, dtype) * (2.0 / ((n + 1) * d)) ** 0.5
+
+
+class _Prompts(nn.Module):
+  """The learned prompt tokens, ``layer_{i}`` of shape ``[1, n_i, D]``."""
+
+  counts: Tuple[int, ...]
+  width: int
+
+  @nn.compact
+  def __call__(self):
+    return [self.param(f"layer_{i}", _prompt_init, (1, n, self.width))
+            if n else None for i, n in enumerate(self.counts)]
 
 
 def _activation(name: str):
@@ -377,6 +447,16 @@ class ViT(nn.Module):
       (``params['blocks']``; :func:`circle_jax.models.vit_weights.
       stack_blocks` converts).
     dtype: compute dtype of the matmuls.
+    num_prompts: prompt tokens of the first block (0: no prompts).
+    prompt_depth: blocks that get prompts (None: all, deep VPT; 1:
+      shallow).
+    prompt_step: each next block gets this many fewer tokens (the VPTSP-G
+      code's ``prompt_block_step``).
+    head_norm: a new LayerNorm (epsilon 1e-5, scale 1, bias 0) on the pooled
+      feature, trained under every ``tune`` (the VPTSP-G code's ``fc_norm``
+      before its linear head).
+    tune: which parameters train: ``'full'``, ``'bitfit'`` or ``'prompt'``
+      (see the module docstring and :func:`trainable`).
     freeze_bn, bn_momentum, bn_axis_name: accepted for the interface shared
       with the conv trunks; a ViT has no BatchNorm.
   """
@@ -402,6 +482,11 @@ class ViT(nn.Module):
   drop_path: float = 0.0
   frozen_patch_embed: bool = False
   remat: bool = False
+  num_prompts: int = 0
+  prompt_depth: Optional[int] = None
+  prompt_step: int = 0
+  head_norm: bool = False
+  tune: str = "full"
   dtype: Any = jnp.float32
   freeze_bn: bool = False
   bn_momentum: float = 0.9
@@ -421,6 +506,15 @@ class ViT(nn.Module):
       rate = getattr(self, name)
       if not 0.0 <= rate < 1.0:
         raise ValueError(f"`{name}` must be in [0, 1); got {rate}.")
+    if self.tune not in TUNES:
+      raise ValueError(f"`tune` must be one of {', '.join(TUNES)}; got "
+                       f"{self.tune!r}.")
+    if self.num_prompts < 0 or self.prompt_step < 0:
+      raise ValueError("`num_prompts` and `prompt_step` must be >= 0; got "
+                       f"{self.num_prompts} and {self.prompt_step}.")
+    if self.num_prompts and self.remat:
+      raise ValueError("Prompt tokens need remat=False (the scanned blocks "
+                       "take no per-block tokens).")
     problem = self.input_problem(*x.shape[1:3])
     if problem:
       raise ValueError(f"ViT: {problem}.")
@@ -435,8 +529,30 @@ class ViT(nn.Module):
               f"{self.patch_size}")
     return ""
 
+  def _layer_prompts(self, prompt_tokens, batch):
+    """Per-block prompt tokens (None where a block has none)."""
+    counts = prompt_counts(self.num_prompts, self.prompt_depth,
+                           self.prompt_step, self.depth)
+    learned = _Prompts(counts, self.width, name="prompts")() if counts else []
+    if prompt_tokens is None:
+      return learned
+    tokens = list(prompt_tokens)
+    if len(tokens) > self.depth:
+      raise ValueError(f"`prompt_tokens` has {len(tokens)} entries for "
+                       f"{self.depth} blocks.")
+    for t in tokens:
+      if t.ndim != 3 or t.shape[0] not in (1, batch) or (
+          t.shape[2] != self.width):
+        raise ValueError(f"Each of `prompt_tokens` must be [{batch} or 1, n, "
+                         f"{self.width}]; got {tuple(t.shape)}.")
+    return tokens
+
   @nn.compact
-  def __call__(self, x: Array, *, train: bool) -> Array:
+  def __call__(self, x: Array, *, train: bool,
+               prompt_tokens: Optional[Sequence[Array]] = None) -> Array:
+    """Pooled features ``[B, 1, 1, width]`` of images ``x [B, H, W, C]``;
+    ``prompt_tokens`` (per-block ``[B or 1, n_i, width]``) replace the
+    learned prompts (blocks beyond the list get none)."""
     self._check(x)
     deterministic = not train
     p, d = self.patch_size, self.width
@@ -469,6 +585,7 @@ class ViT(nn.Module):
     x = x.astype(self.dtype)
     if self.pre_norm:
       x = _LayerNorm(self.ln_eps, self.dtype, name="norm_pre")(x)
+    layer_prompts = self._layer_prompts(prompt_tokens, b)
     block = dict(num_heads=self.num_heads, mlp_dim=self.mlp_dim or 4 * d,
                  act=self.act, ln_eps=self.ln_eps,
                  layer_scale=self.layer_scale, dropout=self.dropout,
@@ -487,8 +604,14 @@ class ViT(nn.Module):
                          x, jnp.asarray(rates, jnp.float32))
     else:
       for i in range(self.depth):
-        x = _Block(**dict(block, drop_path=rates[i]),
-                   name=f"blocks_{i}")(x, deterministic)
+        run = _Block(**dict(block, drop_path=rates[i]), name=f"blocks_{i}")
+        tokens = layer_prompts[i] if i < len(layer_prompts) else None
+        if tokens is None or not tokens.shape[1]:
+          x = run(x, deterministic)
+        else:  # Prepended, then dropped (the VPTSP-G code's order).
+          n = tokens.shape[1]
+          tokens = jnp.broadcast_to(tokens, (b, n, d)).astype(x.dtype)
+          x = run(jnp.concatenate([tokens, x], axis=1), deterministic)[:, n:]
     if not self.fc_norm:
       x = _LayerNorm(self.ln_eps, self.dtype, name="norm")(x)
     if self.pool == "cls":
@@ -501,4 +624,6 @@ class ViT(nn.Module):
                        x[:, num_prefix:])
     if self.fc_norm:
       y = _LayerNorm(self.ln_eps, self.dtype, name="fc_norm")(y)
+    if self.head_norm:
+      y = _LayerNorm(HEAD_NORM_EPS, self.dtype, name="head_norm")(y)
     return y.astype(jnp.float32)[:, None, None, :]

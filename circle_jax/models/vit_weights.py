@@ -140,11 +140,18 @@ def convert_timm_vit(state_dict: Mapping[str, np.ndarray],
                             in_channels=in_channels)
     return {"params": stack_blocks(flat["params"], module.depth)}
   size = module.patch_size * module.pos_grid
-  shapes = jax.eval_shape(lambda: module.init(
+  init = lambda: module.init(  # noqa: E731
       jax.random.PRNGKey(0), jnp.zeros((1, size, size, in_channels)),
-      train=False))
+      train=False)
+  shapes = jax.eval_shape(init)
   expected = flax.traverse_util.flatten_dict(shapes["params"])
   out, used = {}, set()
+  if any(p[0] in vit_lib.ADDED for p in expected):
+    # Prompts and head_norm are in no checkpoint: they keep their init.
+    added = flax.traverse_util.flatten_dict(init()["params"])
+    out = {p: np.asarray(v) for p, v in added.items()
+           if p[0] in vit_lib.ADDED}
+    expected = {p: v for p, v in expected.items() if p not in out}
   for path, spec in sorted(expected.items()):
     key, perm = _timm_name(path)
     want = tuple(spec.shape)

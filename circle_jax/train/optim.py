@@ -25,6 +25,7 @@ learning-rate schedule runs on the global step, like PyTorch's ``LRScheduler``.
 
 from __future__ import annotations
 
+import fnmatch
 import inspect
 import types
 from typing import Any, Callable, Mapping, NamedTuple, Optional
@@ -68,26 +69,37 @@ def param_group(path: tuple, frozen: frozenset = frozenset()) -> str:
   return "backbone"
 
 
+def _matches(keys: tuple, key: str) -> bool:
+  """Whether a path (its keys) is under the prefix ``key`` or, for a key
+  with a ``*``, ``?`` or ``[``, matches it as a glob pattern (``fnmatch``
+  on the slash-joined path; ``*`` spans slashes)."""
+  if any(c in key for c in "*?["):
+    return fnmatch.fnmatchcase("/".join(keys), key)
+  parts = tuple(key.split("/"))
+  return keys[:len(parts)] == parts
+
+
 def param_labels(params: PyTree, frozen: frozenset = frozenset(),
                  prefixes=()) -> PyTree:
-  """A tree like ``params`` with each leaf replaced by its label: the longest
-  of the path ``prefixes`` (``'loss/hier'``) above it, else its group name
-  (frozen leaves stay ``frozen``).
+  """A tree like ``params`` with each leaf replaced by its label: the most
+  specific of the path ``prefixes`` (``'loss/hier'``) or glob patterns
+  (``'model/backbone/*bias'``: every bias of the backbone) that matches it
+  (the one with the most slash-separated parts, then the longest), else its
+  group name. Frozen leaves stay ``frozen``.
 
   Raises:
-    ValueError: a prefix above no leaf (a misspelt path).
+    ValueError: a prefix or pattern that matches no leaf (a misspelt path).
   """
-  split = sorted(((tuple(k.split("/")), k) for k in prefixes),
-                 key=lambda item: -len(item[0]))
+  ordered = sorted(prefixes, key=lambda k: (-k.count("/"), -len(k)))
   used = set()
 
   def label(path, _):
     group = param_group(path, frozen)
     keys = path_keys(path)
-    for parts, key in split:
-      if group != "frozen" and keys[:len(parts)] == parts:
+    for key in ordered:
+      if _matches(keys, key):
         used.add(key)
-        return key
+        return group if group == "frozen" else key
     return group
 
   labels = jax.tree_util.tree_map_with_path(label, params)
@@ -96,8 +108,9 @@ def param_labels(params: PyTree, frozen: frozenset = frozenset(),
     raise ValueError(
         f"`optim.lr_multipliers` names {unused[0]!r}, which is above no "
         "parameter: a prefix is the slash-joined keys of the {'model', "
-        "'loss'} parameter tree (e.g. 'loss/hier'); check the spelling "
-        "against the checkpoint's parameter names.")
+        "'loss'} parameter tree (e.g. 'loss/hier', or a glob pattern such "
+        "as 'model/backbone/*bias'); check the spelling against the "
+        "checkpoint's parameter names.")
   return labels
 
 
@@ -244,13 +257,19 @@ def make_optimizer(
       parameter-path prefix, a key with a slash (``'loss/hier'``,
       ``'model/backbone/prompt'``): every leaf under the longest matching
       prefix gets that multiplier instead of its group's (HIER's proxies
-      at x50 beside Proxy-Anchor's at x1e4). A prefix under the backbone
-      is frozen with it for ``freeze_backbone_steps``.
+      at x50 beside Proxy-Anchor's at x1e4). A key with ``*`` is a glob
+      pattern on the slash-joined path (``'model/backbone/*bias'``:
+      BitFit's biases); see :func:`param_labels` for which key wins. A
+      prefix or pattern under the backbone is frozen with it for
+      ``freeze_backbone_steps``; a frozen path (``frozen_paths``) stays
+      frozen whatever key matches it.
     freeze_backbone_steps: warm-up steps during which only ``head`` and
       ``loss`` are trained (see the module docstring).
     frozen_paths: key tuples under ``params['model']`` that are never updated
-      (no gradient step, no weight decay): the BatchNorm affine parameters of
-      a ``freeze_bn`` model.
+      (no gradient step, no weight decay, no optimiser moments): the
+      BatchNorm affine parameters of a ``freeze_bn`` model, the ViT
+      parameters that its ``tune`` (BitFit, prompt tuning) leaves fixed
+      (:func:`circle_jax.models.frozen_module_paths`).
     schedule, num_train_steps, lr_warmup_steps, decay_every_steps,
       decay_factor, cosine_final_fraction: see :func:`make_schedule`.
     grad_clip_norm: if > 0, clip the global gradient norm to this value.

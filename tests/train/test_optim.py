@@ -143,6 +143,51 @@ def test_path_prefix_multipliers_override_the_group():
     c.optim.lr_multipliers.proxy = 2.0
 
 
+
+def test_glob_pattern_groups_biases_and_frozen_weights_never_move():
+  """BitFit's group: a glob key ('model/backbone/*bias') gives every bias
+  its multiplier, the prompt prefix its own; frozen kernels get a zero
+  update under AdamW's decoupled decay and no optimiser moments change."""
+  params = {"model": {
+      "backbone": {"blocks_0": {"qkv": {"kernel": jnp.ones((2,)),
+                                        "bias": jnp.ones((2,))},
+                                "ln": {"scale": jnp.ones((2,)),
+                                       "bias": jnp.ones((2,))}},
+                   "prompts": {"layer_0": jnp.ones((2,))}},
+      "head": {"w": jnp.ones((2,))}}, "loss": {}}
+  frozen = [("backbone", "blocks_0", "qkv", "kernel"),
+            ("backbone", "blocks_0", "ln", "scale")]
+  tx = optim.make_optimizer(
+      name="adamw", learning_rate=0.1, weight_decay=0.5,
+      frozen_paths=frozen,
+      lr_multipliers={"model/backbone/*bias": 2.0,
+                      "model/backbone/prompts": 3.0})
+  state = tx.init(params)
+  grads = jax.tree.map(jnp.ones_like, params)
+  updates, new_state = tx.update(grads, state, params)
+  move = jax.tree.map(lambda u: round(float(-u[0]), 5), updates)
+  block = move["model"]["backbone"]["blocks_0"]
+  # Adam's first step is lr * (1 + wd * w) = lr * 1.5 per unit multiplier.
+  assert block == {"qkv": {"kernel": 0.0, "bias": 0.3},
+                   "ln": {"scale": 0.0, "bias": 0.3}}
+  assert move["model"]["backbone"]["prompts"]["layer_0"] == 0.45
+  assert move["model"]["head"]["w"] == 0.15
+  labels = optim.param_labels(
+      params, frozenset(frozen),
+      ("model/backbone/*bias", "model/backbone/prompts"))
+  assert labels["model"]["backbone"]["blocks_0"] == {
+      "qkv": {"kernel": "frozen", "bias": "model/backbone/*bias"},
+      "ln": {"scale": "frozen", "bias": "model/backbone/*bias"}}
+  for old, new in zip(jax.tree.leaves(state), jax.tree.leaves(new_state)):
+    if old.shape == () or np.all(np.asarray(old) == np.asarray(new)):
+      continue
+    assert old.shape == (2,)  # only trained leaves' moments move
+  n_moments = sum(x.size for x in jax.tree.leaves(state) if x.ndim)
+  assert n_moments == 2 * 2 * 4  # mu and nu of the 4 trained leaves only
+  with pytest.raises(ValueError, match="'model/backbone/\\*bais', which is"):
+    optim.make_optimizer(
+        lr_multipliers={"model/backbone/*bais": 2.0}).init(params)
+
 def test_clipping():
   tx = optim.make_optimizer(name="sgd", learning_rate=1.0, grad_clip_value=0.1)
   hist = _run(tx, 1)
