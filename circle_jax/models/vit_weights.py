@@ -148,7 +148,7 @@ def convert_timm_vit(state_dict: Mapping[str, np.ndarray],
   out, used = {}, set()
   if any(p[0] in vit_lib.ADDED for p in expected):
     # Prompts and head_norm are in no checkpoint: they keep their init.
-    added = flax.traverse_util.flatten_dict(init()["params"])
+    added = flax.traverse_util.flatten_dict(jax.jit(init)()["params"])
     out = {p: np.asarray(v) for p, v in added.items()
            if p[0] in vit_lib.ADDED}
     expected = {p: v for p, v in expected.items() if p not in out}

@@ -59,8 +59,9 @@ def init_vit(module, size=16):
 def timm_state_dict(module, seed=0):
   """A timm-named state dict built from our own parameters (the inverse
   mapping), so that the converter round-trips."""
+  size = module.pos_grid * module.patch_size
   params = flax.traverse_util.flatten_dict(
-      init_vit(module, module.pos_grid * module.patch_size)["params"])
+      variable_shapes(module, (1, size, size, 3))["params"])
   rng = np.random.RandomState(seed)
   sd = {}
   for path, value in params.items():
