@@ -552,7 +552,9 @@ class ViT(nn.Module):
                prompt_tokens: Optional[Sequence[Array]] = None) -> Array:
     """Pooled features ``[B, 1, 1, width]`` of images ``x [B, H, W, C]``;
     ``prompt_tokens`` (per-block ``[B or 1, n_i, width]``) replace the
-    learned prompts (blocks beyond the list get none)."""
+    learned prompts (blocks beyond the list get none), and the feature is
+    then returned before ``head_norm`` (VPTSP-G's class-prompt pass has a
+    head of its own: :mod:`circle_jax.models.semantic_proxies`)."""
     self._check(x)
     deterministic = not train
     p, d = self.patch_size, self.width
@@ -624,6 +626,6 @@ class ViT(nn.Module):
                        x[:, num_prefix:])
     if self.fc_norm:
       y = _LayerNorm(self.ln_eps, self.dtype, name="fc_norm")(y)
-    if self.head_norm:
+    if self.head_norm and prompt_tokens is None:
       y = _LayerNorm(HEAD_NORM_EPS, self.dtype, name="head_norm")(y)
     return y.astype(jnp.float32)[:, None, None, :]

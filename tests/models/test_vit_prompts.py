@@ -59,7 +59,7 @@ def _block(x, p):
   return x + _dense(y, p["mlp"]["fc2"])
 
 
-def _reference(params, image, layer_prompts):
+def _reference(params, image, layer_prompts, head_norm=True):
   """The prompted ViT of one ``[H, W, 3]`` image; ``layer_prompts[i]``
   ``[n_i, D]`` (or None) is prepended to block ``i``'s input."""
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
@@ -75,12 +75,13 @@ def _reference(params, image, layer_prompts):
       x = np.concatenate([tokens, x])
     x = _block(x, p[f"blocks_{i}"])[n:]
   y = _ln(x, p["norm"]["ln"], 1e-6)[0]
-  return _ln(y, p["head_norm"]["ln"], 1e-5)
+  return _ln(y, p["head_norm"]["ln"], 1e-5) if head_norm else y
 
 
 def test_prompted_vit_matches_a_float64_reference():
   """Deep prompts (3 then 2 tokens: ``prompt_step=1``), ``head_norm``, and
-  per-example ``prompt_tokens`` replacing them (the class prompts)."""
+  per-example ``prompt_tokens`` replacing them (the class prompts, whose
+  pass skips ``head_norm``)."""
   module = _vit(num_prompts=3, prompt_step=1, head_norm=True)
   assert vit_lib.prompt_counts(3, None, 1, 2) == (3, 2)
   assert vit_lib.prompt_counts(3, 1, 0, 2) == (3,)  # shallow
@@ -110,10 +111,11 @@ def test_prompted_vit_matches_a_float64_reference():
     np.testing.assert_allclose(
         shared[b], _reference(params, x[b], learned), atol=2e-5)
     np.testing.assert_allclose(
-        per_example[b], _reference(params, x[b], [t[b] for t in own]),
-        atol=2e-5)
+        per_example[b], _reference(params, x[b], [t[b] for t in own],
+                                   head_norm=False), atol=2e-5)
     np.testing.assert_allclose(
-        first_only[b], _reference(params, x[b], [own[0][b]]), atol=2e-5)
+        first_only[b], _reference(params, x[b], [own[0][b]],
+                                  head_norm=False), atol=2e-5)
   # The prompts do change the feature (a test that can fail).
   assert np.abs(shared - per_example).max() > 1e-2
 
