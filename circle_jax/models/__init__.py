@@ -44,7 +44,7 @@ from circle_jax.models.head import EmbeddingModel
 from circle_jax.models.resnet import ResNet
 from circle_jax.models.resnet import STAGE_SIZES
 # ViT backbones and their timm weights (issue: Vision Transformer backbones).
-from circle_jax.models import vit as vit_lib
+from circle_jax.models import vit_prompts
 from circle_jax.models.vit import FAMILIES as VIT_FAMILIES
 from circle_jax.models.vit import ViT
 from circle_jax.models.vit import vit_options
@@ -313,7 +313,7 @@ def frozen_module_paths(variables, kwargs) -> FrozenSet[Tuple[str, ...]]:
                if len(p) > 2 and p[:2] == ("backbone", "patch_embed")}
   if tune != "full":  # The ViT's prompt tuning / BitFit (vit.trainable).
     frozen |= {p for p in params if p[0] == "backbone"
-               and not vit_lib.trainable(p[1:], tune)}
+               and not vit_prompts.trainable(p[1:], tune)}
   return frozenset(frozen)
 
 

@@ -51,7 +51,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from circle_jax.models import vit as vit_lib
+from circle_jax.models import vit_prompts
 
 Array = jax.Array
 GRU_TYPES = ("gru", "gru_relu")
@@ -97,13 +97,13 @@ class SemanticProxyNet(nn.Module):
     if self.gru not in GRU_TYPES:
       raise ValueError(f"`gru` must be one of {', '.join(GRU_TYPES)}; got "
                        f"{self.gru!r}.")
-    counts = vit_lib.prompt_counts(self.num_prompts, self.prompt_depth,
+    counts = vit_prompts.prompt_counts(self.num_prompts, self.prompt_depth,
                                    self.prompt_step, self.prompt_depth)
     self.prompts = [
         self.param(f"prompts_{i}", _class_prompt_init,
                    (self.num_classes, n, self.width)) if n else None
         for i, n in enumerate(counts)]
-    self.head_norm = nn.LayerNorm(epsilon=vit_lib.HEAD_NORM_EPS,
+    self.head_norm = nn.LayerNorm(epsilon=vit_prompts.HEAD_NORM_EPS,
                                   param_dtype=jnp.float32)
     self.head = nn.Dense(self.embedding_dim, param_dtype=jnp.float32,
                          kernel_init=nn.initializers.xavier_uniform())

@@ -25,7 +25,7 @@ through the depth). The tokens carry no position embedding.
 ``prompt_tokens`` (a call argument) replaces the learned prompts by given
 per-example tokens (VPTSP-G's class prompts: :mod:`circle_jax.models.
 semantic_proxies`). ``tune`` says which backbone parameters train
-(:func:`trainable`): all (``'full'``), the prompts, the added ``head_norm``
+(:func:`circle_jax.models.vit_prompts.trainable`): all (``'full'``), the prompts, the added ``head_norm``
 and every bias (``'bitfit'``, Zaken et al.), or the prompts and
 ``head_norm`` only (``'prompt'``); the trainer's optimiser gives the others
 no update (:func:`circle_jax.models.frozen_module_paths`).
@@ -57,13 +57,7 @@ References:
   Supervision" (CLIP), ICML 2021.
   Zhai et al., "Sigmoid Loss for Language Image Pre-Training" (SigLIP), ICCV
   2023.
-  Jia, Tang, Chen, Cardie, Belongie, Hariharan, Lim, "Visual Prompt
-  Tuning", ECCV 2022.
-  Ben Zaken, Ravfogel, Goldberg, "BitFit: Simple Parameter-efficient
-  Fine-tuning for Transformer-based Masked Language-models", ACL 2022.
-  Ren, Chen, Wang, Hua, "Learning Semantic Proxies from Visual Prompts for
-  Parameter-Efficient Fine-Tuning in Deep Metric Learning" (VPTSP-G), ICLR
-  2024, github.com/Noahsark/ParameterEfficient-DML.
+  Visual prompts and BitFit: see :mod:`circle_jax.models.vit_prompts`.
   Wightman, "PyTorch Image Models" (timm), github.com/huggingface/
   pytorch-image-models, 2019-2026.
 """
@@ -77,6 +71,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from circle_jax.models import vit_prompts
+
 Array = jax.Array
 
 # name -> (width, depth, heads).
@@ -87,11 +83,6 @@ SIZES: Dict[str, Tuple[int, int, int]] = {
     "l": (1024, 24, 16),
 }
 POOLS = ("cls", "mean", "map")
-TUNES = ("full", "bitfit", "prompt")
-# Top-level parameters that no checkpoint has (the loader keeps their init).
-ADDED = ("prompts", "head_norm")
-# PyTorch's nn.LayerNorm default epsilon, the VPTSP-G code's new fc_norm.
-HEAD_NORM_EPS = 1e-5
 ACTIVATIONS = ("gelu", "quick_gelu", "gelu_tanh")
 
 
@@ -151,50 +142,6 @@ def vit_options(size: str, patch: int, family: str = "augreg",
                      f"patch size {opts['patch_size']}.")
   opts.setdefault("pos_grid", image_size // opts["patch_size"])
   return opts
-
-
-def prompt_counts(num_prompts: int, prompt_depth: Optional[int],
-                  prompt_step: int, depth: int) -> Tuple[int, ...]:
-  """Prompt tokens of each prompted block: ``max(num_prompts - i *
-  prompt_step, 0)`` for block ``i`` below ``prompt_depth`` (all blocks when
-  None); ``()`` without prompts."""
-  if num_prompts <= 0:
-    return ()
-  n = depth if prompt_depth is None else min(int(prompt_depth), depth)
-  return tuple(max(num_prompts - i * prompt_step, 0) for i in range(n))
-
-
-def trainable(path: Sequence[str], tune: str) -> bool:
-  """Whether the ViT parameter at ``path`` (keys under the backbone's
-  params, e.g. ``('blocks_0', 'attn', 'qkv', 'bias')``) trains under
-  ``tune`` (one of :data:`TUNES`): BitFit trains every parameter named
-  ``bias`` (LayerNorm biases included, their scales not: the VPTSP-G code's
-  ``'bias' in name``) besides the prompts and ``head_norm``."""
-  if tune not in TUNES:
-    raise ValueError(f"`tune` must be one of {', '.join(TUNES)}; got "
-                     f"{tune!r}.")
-  if tune == "full" or path[0] in ADDED:
-    return True
-  return tune == "bitfit" and path[-1] == "bias"
-
-
-def _prompt_init(key, shape, dtype=jnp.float32):
-  """PyTorch's ``xavier_normal_`` of a ``[1, n, D]`` tensor (the VPTSP-G
-  code's prompts): std ``sqrt(2 / ((n + 1) D))``."""
-  _, n, d = shape
-  return jax.random.normal(key, shape, dtype) * (2.0 / ((n + 1) * d)) ** 0.5
-
-
-class _Prompts(nn.Module):
-  """The learned prompt tokens, ``layer_{i}`` of shape ``[1, n_i, D]``."""
-
-  counts: Tuple[int, ...]
-  width: int
-
-  @nn.compact
-  def __call__(self):
-    return [self.param(f"layer_{i}", _prompt_init, (1, n, self.width))
-            if n else None for i, n in enumerate(self.counts)]
 
 
 def _activation(name: str):
@@ -456,7 +403,8 @@ class ViT(nn.Module):
       feature, trained under every ``tune`` (the VPTSP-G code's ``fc_norm``
       before its linear head).
     tune: which parameters train: ``'full'``, ``'bitfit'`` or ``'prompt'``
-      (see the module docstring and :func:`trainable`).
+      (see the module docstring and
+      :func:`circle_jax.models.vit_prompts.trainable`).
     freeze_bn, bn_momentum, bn_axis_name: accepted for the interface shared
       with the conv trunks; a ViT has no BatchNorm.
   """
@@ -506,9 +454,9 @@ class ViT(nn.Module):
       rate = getattr(self, name)
       if not 0.0 <= rate < 1.0:
         raise ValueError(f"`{name}` must be in [0, 1); got {rate}.")
-    if self.tune not in TUNES:
-      raise ValueError(f"`tune` must be one of {', '.join(TUNES)}; got "
-                       f"{self.tune!r}.")
+    if self.tune not in vit_prompts.TUNES:
+      raise ValueError(f"`tune` must be one of {', '.join(vit_prompts.TUNES)}; "
+                       f"got {self.tune!r}.")
     if self.num_prompts < 0 or self.prompt_step < 0:
       raise ValueError("`num_prompts` and `prompt_step` must be >= 0; got "
                        f"{self.num_prompts} and {self.prompt_step}.")
@@ -531,9 +479,9 @@ class ViT(nn.Module):
 
   def _layer_prompts(self, prompt_tokens, batch):
     """Per-block prompt tokens (None where a block has none)."""
-    counts = prompt_counts(self.num_prompts, self.prompt_depth,
+    counts = vit_prompts.prompt_counts(self.num_prompts, self.prompt_depth,
                            self.prompt_step, self.depth)
-    learned = _Prompts(counts, self.width, name="prompts")() if counts else []
+    learned = vit_prompts.Prompts(counts, self.width, name="prompts")() if counts else []
     if prompt_tokens is None:
       return learned
     tokens = list(prompt_tokens)
@@ -627,5 +575,5 @@ class ViT(nn.Module):
     if self.fc_norm:
       y = _LayerNorm(self.ln_eps, self.dtype, name="fc_norm")(y)
     if self.head_norm and prompt_tokens is None:
-      y = _LayerNorm(HEAD_NORM_EPS, self.dtype, name="head_norm")(y)
+      y = _LayerNorm(vit_prompts.HEAD_NORM_EPS, self.dtype, name="head_norm")(y)
     return y.astype(jnp.float32)[:, None, None, :]

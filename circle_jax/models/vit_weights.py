@@ -45,6 +45,7 @@ import numpy as np
 from circle_jax import errors
 from circle_jax.models import convert
 from circle_jax.models import vit as vit_lib
+from circle_jax.models import vit_prompts
 
 IGNORED_PREFIXES = ("head.", "mask_token")
 # The patch projection, which adapts to the images' channels.
@@ -146,11 +147,11 @@ def convert_timm_vit(state_dict: Mapping[str, np.ndarray],
   shapes = jax.eval_shape(init)
   expected = flax.traverse_util.flatten_dict(shapes["params"])
   out, used = {}, set()
-  if any(p[0] in vit_lib.ADDED for p in expected):
+  if any(p[0] in vit_prompts.ADDED for p in expected):
     # Prompts and head_norm are in no checkpoint: they keep their init.
     added = flax.traverse_util.flatten_dict(jax.jit(init)()["params"])
     out = {p: np.asarray(v) for p, v in added.items()
-           if p[0] in vit_lib.ADDED}
+           if p[0] in vit_prompts.ADDED}
     expected = {p: v for p, v in expected.items() if p not in out}
   for path, spec in sorted(expected.items()):
     key, perm = _timm_name(path)

@@ -17,7 +17,7 @@ import pytest
 
 from circle_jax import config as config_lib
 from circle_jax import models
-from circle_jax.models import vit as vit_lib
+from circle_jax.models import vit_prompts
 from circle_jax.models import vit_weights
 from circle_jax.train import optim
 from tests.models import helpers
@@ -83,9 +83,9 @@ def test_prompted_vit_matches_a_float64_reference():
   per-example ``prompt_tokens`` replacing them (the class prompts, whose
   pass skips ``head_norm``)."""
   module = _vit(num_prompts=3, prompt_step=1, head_norm=True)
-  assert vit_lib.prompt_counts(3, None, 1, 2) == (3, 2)
-  assert vit_lib.prompt_counts(3, 1, 0, 2) == (3,)  # shallow
-  assert vit_lib.prompt_counts(5, 12, 2, 12) == (5, 3, 1, 0, 0, 0, 0, 0, 0,
+  assert vit_prompts.prompt_counts(3, None, 1, 2) == (3, 2)
+  assert vit_prompts.prompt_counts(3, 1, 0, 2) == (3,)  # shallow
+  assert vit_prompts.prompt_counts(5, 12, 2, 12) == (5, 3, 1, 0, 0, 0, 0, 0, 0,
                                                  0, 0, 0)
   params = helpers.random_variables(helpers.variable_shapes(
       module, (1, SIZE, SIZE, 3)))["params"]
@@ -143,7 +143,7 @@ def test_tune_freezes_all_but_prompts_biases_and_head_norm():
   assert not any(p[0] == "head" for p in frozen)
   prompt_only = models.frozen_module_paths(variables, {"tune": "prompt"})
   assert {p for p in flat if p not in prompt_only} == {
-      p for p in flat if p[0] == "head" or p[1] in vit_lib.ADDED}
+      p for p in flat if p[0] == "head" or p[1] in vit_prompts.ADDED}
   assert models.frozen_module_paths(variables, {"tune": "full"}) == set()
 
   c = config_lib.base_config().optim

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from circle_jax import models
-from circle_jax.models import vit as vit_lib
+from circle_jax.models import vit_prompts
 from circle_jax.models import vit_weights
 from circle_jax.train import config_checks
 from circle_jax.train import loop
@@ -92,7 +92,7 @@ def test_two_training_steps_keep_the_frozen_weights(tiny_datasets,  # noqa: F811
           "params"])
   sd = {}
   for p, v in flat.items():
-    if p[0] in vit_lib.ADDED:
+    if p[0] in vit_prompts.ADDED:
       continue  # no checkpoint has them
     key, perm = vit_weights._timm_name(p)  # pylint: disable=protected-access
     v = np.asarray(v) + 0.01
