@@ -168,6 +168,9 @@ def gru_mix(features: Array, labels: Array, memory: Array, weights, *,
     ``(new_memory [C, E], classes [B // k])``.
   """
   classes = class_runs(labels, k)
+  if dropout and key is None:
+    raise ValueError("`dropout` needs a `key` (a jax.random key) for its "
+                     "masks; pass key=... or dropout=0.")
   m = classes.shape[0]
   x = features.astype(jnp.float32).reshape(m, k, -1)
   memory = jax.lax.stop_gradient(jnp.asarray(memory, jnp.float32))

@@ -62,3 +62,24 @@ def test_bad_options_are_one_line():
     jax.eval_shape(lambda: net.init(jax.random.PRNGKey(0), jnp.zeros((2, D)),
                                     jnp.zeros((2,), jnp.int32),
                                     jnp.zeros((C, E)), k=2))
+
+
+def test_gru_dropout_needs_its_key_and_drops_updated_entries():
+  """The official ``rnn_dropout``: inverted dropout on each GRU output;
+  rows stay unit after the re-normalisation."""
+  rng = np.random.default_rng(1)
+  unit = rng.normal(size=(C, E))
+  unit /= np.linalg.norm(unit, axis=1, keepdims=True)
+  feats = rng.normal(size=(4, E))
+  w = {g: (np.eye(E), np.eye(E), np.zeros(E)) for g in "rzn"}
+  labels = jnp.asarray([0, 0, 2, 2])
+  mix = jax.jit(sp.gru_mix, static_argnames=("k", "dropout"))
+  plain, _ = mix(feats, labels, unit, w, k=2, key=jax.random.PRNGKey(0))
+  dropped, _ = mix(feats, labels, unit, w, k=2, dropout=0.5,
+                   key=jax.random.PRNGKey(0))
+  plain, dropped = np.asarray(plain), np.asarray(dropped)
+  assert np.abs(plain[[0, 2]] - dropped[[0, 2]]).max() > 1e-3
+  np.testing.assert_allclose(dropped[[1, 3, 4]], unit[[1, 3, 4]], atol=1e-6)
+  np.testing.assert_allclose(np.linalg.norm(dropped, axis=1), 1.0, rtol=1e-5)
+  with pytest.raises(ValueError, match="`dropout` needs a `key`"):
+    sp.gru_mix(feats, labels, unit, w, k=2, dropout=0.5)
