@@ -25,10 +25,11 @@ through the depth). The tokens carry no position embedding.
 ``prompt_tokens`` (a call argument) replaces the learned prompts by given
 per-example tokens (VPTSP-G's class prompts: :mod:`circle_jax.models.
 semantic_proxies`). ``tune`` says which backbone parameters train
-(:func:`circle_jax.models.vit_prompts.trainable`): all (``'full'``), the prompts, the added ``head_norm``
-and every bias (``'bitfit'``, Zaken et al.), or the prompts and
-``head_norm`` only (``'prompt'``); the trainer's optimiser gives the others
-no update (:func:`circle_jax.models.frozen_module_paths`).
+(:func:`circle_jax.models.vit_prompts.trainable`): all (``'full'``), the
+prompts, the added ``head_norm`` and every bias (``'bitfit'``, Ben Zaken et
+al.), or the prompts and ``head_norm`` only (``'prompt'``); the trainer's
+optimiser gives the others no update
+(:func:`circle_jax.models.frozen_module_paths`).
 
 The backbone returns the pooled feature as a ``[B, 1, 1, width]`` map so that
 :class:`circle_jax.models.EmbeddingHead` (its global pooling is then the
@@ -455,8 +456,8 @@ class ViT(nn.Module):
       if not 0.0 <= rate < 1.0:
         raise ValueError(f"`{name}` must be in [0, 1); got {rate}.")
     if self.tune not in vit_prompts.TUNES:
-      raise ValueError(f"`tune` must be one of {', '.join(vit_prompts.TUNES)}; "
-                       f"got {self.tune!r}.")
+      raise ValueError("`tune` must be one of "
+                       f"{', '.join(vit_prompts.TUNES)}; got {self.tune!r}.")
     if self.num_prompts < 0 or self.prompt_step < 0:
       raise ValueError("`num_prompts` and `prompt_step` must be >= 0; got "
                        f"{self.num_prompts} and {self.prompt_step}.")
@@ -480,8 +481,9 @@ class ViT(nn.Module):
   def _layer_prompts(self, prompt_tokens, batch):
     """Per-block prompt tokens (None where a block has none)."""
     counts = vit_prompts.prompt_counts(self.num_prompts, self.prompt_depth,
-                           self.prompt_step, self.depth)
-    learned = vit_prompts.Prompts(counts, self.width, name="prompts")() if counts else []
+                                       self.prompt_step, self.depth)
+    learned = (vit_prompts.Prompts(counts, self.width, name="prompts")()
+               if counts else [])
     if prompt_tokens is None:
       return learned
     tokens = list(prompt_tokens)
@@ -575,5 +577,6 @@ class ViT(nn.Module):
     if self.fc_norm:
       y = _LayerNorm(self.ln_eps, self.dtype, name="fc_norm")(y)
     if self.head_norm and prompt_tokens is None:
-      y = _LayerNorm(vit_prompts.HEAD_NORM_EPS, self.dtype, name="head_norm")(y)
+      y = _LayerNorm(vit_prompts.HEAD_NORM_EPS, self.dtype,
+                     name="head_norm")(y)
     return y.astype(jnp.float32)[:, None, None, :]

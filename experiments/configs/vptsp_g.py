@@ -1,4 +1,4 @@
-"""VPTSP-G (Ren et al., ICLR 2024) with ViT-S/16 at 384-d: ``vptsp_g.py:DATASET``.
+"""VPTSP-G (Ren et al., ICLR 2024), ViT-S/16, 384-d: ``vptsp_g.py:DATASET``.
 
 Paper: L. Ren, C. Chen, L. Wang, K. Hua, "Learning Semantic Proxies from
 Visual Prompts for Parameter-Efficient Fine-Tuning in Deep Metric Learning",
