@@ -57,13 +57,6 @@ Array = jax.Array
 GRU_TYPES = ("gru", "gru_relu")
 
 
-def _class_prompt_init(key, shape, dtype=jnp.float32):
-  """PyTorch's ``xavier_normal_`` of a ``[C, n, D]`` tensor: std
-  ``sqrt(2 / ((n + C) D))`` (the official class prompts)."""
-  c, n, d = shape
-  return jax.random.normal(key, shape, dtype) * (2.0 / ((n + c) * d)) ** 0.5
-
-
 def class_runs(labels: Array, k: int) -> Array:
   """The class of each run of ``k`` consecutive samples, ``[B // k]``."""
   if labels.ndim != 1 or labels.shape[0] % k:
@@ -98,11 +91,11 @@ class SemanticProxyNet(nn.Module):
       raise ValueError(f"`gru` must be one of {', '.join(GRU_TYPES)}; got "
                        f"{self.gru!r}.")
     counts = vit_prompts.prompt_counts(self.num_prompts, self.prompt_depth,
-                                   self.prompt_step, self.prompt_depth)
+                                       self.prompt_step, self.prompt_depth)
+    init = vit_prompts.prompt_init(self.num_classes, self.num_prompts)
     self.prompts = [
-        self.param(f"prompts_{i}", _class_prompt_init,
-                   (self.num_classes, n, self.width)) if n else None
-        for i, n in enumerate(counts)]
+        self.param(f"prompts_{i}", init, (self.num_classes, n, self.width))
+        if n else None for i, n in enumerate(counts)]
     self.head_norm = nn.LayerNorm(epsilon=vit_prompts.HEAD_NORM_EPS,
                                   param_dtype=jnp.float32)
     self.head = nn.Dense(self.embedding_dim, param_dtype=jnp.float32,

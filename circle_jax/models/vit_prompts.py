@@ -57,11 +57,16 @@ def trainable(path: Sequence[str], tune: str) -> bool:
   return tune == "bitfit" and path[-1] == "bias"
 
 
-def prompt_init(key, shape, dtype=jnp.float32):
-  """PyTorch's ``xavier_normal_`` of a ``[1, n, D]`` tensor (the VPTSP-G
-  code's prompts): std ``sqrt(2 / ((n + 1) D))``."""
-  _, n, d = shape
-  return jax.random.normal(key, shape, dtype) * (2.0 / ((n + 1) * d)) ** 0.5
+def prompt_init(rows: int, tokens: int):
+  """PyTorch's ``xavier_normal_`` of the VPTSP-G code's ``[rows, tokens,
+  D]`` prompt tensors (``rows`` 1 for the shared prompts, ``C`` for the class
+  prompts; ``tokens`` the first block's count, of which deeper blocks use
+  the first ``n_i``): std ``sqrt(2 / ((tokens + rows) D))``, for a
+  parameter of any shape ``[..., D]``."""
+  def init(key, shape, dtype=jnp.float32):
+    std = (2.0 / ((tokens + rows) * shape[-1])) ** 0.5
+    return jax.random.normal(key, shape, dtype) * std
+  return init
 
 
 class Prompts(nn.Module):
@@ -72,5 +77,6 @@ class Prompts(nn.Module):
 
   @nn.compact
   def __call__(self):
-    return [self.param(f"layer_{i}", prompt_init, (1, n, self.width))
+    init = prompt_init(1, max(self.counts))
+    return [self.param(f"layer_{i}", init, (1, n, self.width))
             if n else None for i, n in enumerate(self.counts)]

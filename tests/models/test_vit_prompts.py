@@ -188,3 +188,11 @@ def test_prompted_weights_load_and_bad_options_are_one_line():
     jax.eval_shape(lambda: prompted.init(
         jax.random.PRNGKey(0), jnp.zeros((2, SIZE, SIZE, 3)), train=False,
         prompt_tokens=[jnp.zeros((3, 1, WIDTH))]))
+
+
+def test_prompt_init_is_torch_xavier_normal_of_the_first_blocks_tensor():
+  """std ``sqrt(2 / ((tokens + rows) D))`` for every block (the code slices
+  deeper blocks' tokens out of one ``[rows, tokens, D]`` tensor)."""
+  init = vit_prompts.prompt_init(1, 80)
+  x = np.asarray(init(jax.random.PRNGKey(0), (1, 40, 256)))
+  assert x.std() == pytest.approx((2 / (81 * 256)) ** 0.5, rel=0.05)
