@@ -257,12 +257,13 @@ COMPONENTS: Tuple[Component, ...] = (
     _reduction("DoNothingReducer", "none",
                "returns the per-anchor or per-pair terms"),
     _reduction("MeanReducer", "mean"),
-    _out("reducers.MultipleReducers",
-         "a loss has one kind of term (per anchor or per pair, stated in "
-         "its docstring), so there is no per-sub-loss reducer map"),
-    _out("reducers.PerAnchorReducer",
-         "whether a loss's terms are per anchor or per pair is fixed by "
-         "the loss (its docstring says which), not by a reducer"),
+    _fn("reducers.MultipleReducers", "losses.engine.MultipleReducers",
+        "`reduction=losses.engine.MultipleReducers({\"pos_loss\": ..}, "
+        "default_reducer=..)` of a pair loss",
+        "Python only; keys are PML's sub-loss names"),
+    _fn("reducers.PerAnchorReducer", "losses.engine.PerAnchorReducer",
+        "`reduction=losses.engine.PerAnchorReducer(Reduction(..))` of a "
+        "pair loss", "Python only; the default aggregation (a row's mean)"),
     _reduction("SumReducer", "sum"),
     _reduction("ThresholdReducer", "threshold"),
     # --- distances: the pair losses' `geometry` option ---
