@@ -299,9 +299,11 @@ COMPONENTS: Tuple[Component, ...] = (
                  "`losses.regularizers.zero_mean_regularizer(w)`",
                  _WEIGHT_REG.format("zero_mean")),
     # --- samplers ---
-    _out("samplers.FixedSetOfTriplets",
-         "a fixed list of triplets is a data-loader choice; batches here "
-         "are functions of (seed, step)"),
+    _fn("samplers.FixedSetOfTriplets", "data.samplers.FixedSetOfTriplets",
+        "`data.samplers.FixedSetOfTriplets(labels, num_triplets=.., "
+        "batch_size=..)`",
+        "PML's triplets for `numpy.random.seed(seed)`; the epochs' order "
+        "is a function of (seed, step); Python only"),
     _fn("samplers.HierarchicalSampler", "data.samplers.HierarchicalSampler",
         "`data.samplers.HierarchicalSampler(...)`", "",
         "`--config.batch.sampler=hierarchical`"),
@@ -309,9 +311,13 @@ COMPONENTS: Tuple[Component, ...] = (
         "`data.samplers.PKSampler(...)`",
         "P classes x K images per batch, deterministic per (seed, step) "
         "and multi-host", "`--config.batch.sampler=pk`"),
-    _out("samplers.TuplesToWeightsSampler",
-         "needs a pass of a miner over the whole dataset between epochs; "
-         "batches here are functions of (seed, step)"),
+    _fn("samplers.TuplesToWeightsSampler",
+        "data.samplers.TuplesToWeightsSampler",
+        "`data.samplers.TuplesToWeightsSampler(weights_from_pairs(pos_mask, "
+        "neg_mask), batch_size=..)`",
+        "the embedding and mining pass is the caller's (PML's sampler runs "
+        "it each epoch); Python only",
+        needs=("attr:circle_jax.data.samplers.weights_from_pairs",)),
     # --- trainers and testers ---
     _out("trainers.CascadedEmbeddings", _TRAINERS_LEFT_OUT),
     _out("trainers.DeepAdversarialMetricLearning", _TRAINERS_LEFT_OUT),
