@@ -340,7 +340,10 @@ COMPONENTS: Tuple[Component, ...] = (
         "evaluation.retrieval.retrieval_metrics",
         "`evaluation.retrieval.retrieval_metrics(query, query_labels, "
         "gallery, gallery_labels)`", "a separate gallery"),
-    _out("testers.WithSameParentLabelTester", _TRAINERS_LEFT_OUT),
+    _fn("testers.WithSameParentLabelTester",
+        "evaluation.retrieval.same_parent_metrics",
+        "`evaluation.retrieval.same_parent_metrics(query, labels_by_level)`",
+        "a function of the embeddings (PML 3 removed its testers)"),
     # --- datasets ---
     Component("datasets.CUB", "`data.DATASETS[\"cub200\"]`",
               "`--config.dataset.name=cub200`", ("dataset:cub200",)),
