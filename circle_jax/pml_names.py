@@ -17,8 +17,8 @@ public classes of PML's ``losses``, ``miners``, ``reducers``,
 ``utils.accuracy_calculator`` and ``utils.distributed`` (the abstract
 ``Base*`` classes, ``GenericPairLoss`` and the ``*Mixin`` mix-ins are not
 components), plus AccuracyCalculator's
-metrics (its ``calculate_*`` methods) and its options ``avg_of_avgs``,
-``return_per_class`` and ``label_comparison_fn``.
+metrics (its ``calculate_*`` methods) and its constructor options but
+``device`` (:data:`ACCURACY_OPTIONS`).
 
 Needs, one string each:
 
@@ -56,7 +56,10 @@ MODULES = ("losses", "miners", "reducers", "distances", "regularizers",
 # Abstract classes: PML's base classes and GenericPairLoss (the base of its
 # pair losses).
 _BASES = ("Base", "Generic")
-ACCURACY_OPTIONS = ("avg_of_avgs", "return_per_class", "label_comparison_fn")
+# AccuracyCalculator's constructor options, all but `device` (a torch
+# placement).
+ACCURACY_OPTIONS = ("include", "exclude", "avg_of_avgs", "return_per_class",
+                    "k", "label_comparison_fn", "knn_func", "kmeans_func")
 
 _WEIGHT_REG = ("`--config.loss.weight_regularizer={}` "
                "`--config.loss.weight_reg_weight=..`")
@@ -415,6 +418,28 @@ COMPONENTS: Tuple[Component, ...] = (
               "`retrieval_metrics(..., label_comparison_fn=...)`", "",
               ("param:circle_jax.evaluation.retrieval.retrieval_metrics:"
                "label_comparison_fn",)),
+    Component("AccuracyCalculator.include",
+              "`retrieval_metrics(..., metrics=(...))`", "",
+              ("param:circle_jax.evaluation.retrieval.retrieval_metrics:"
+               "metrics",),
+              "the metrics to compute, by our names (`recall@K` by `ks=`)"),
+    Component("AccuracyCalculator.exclude",
+              "`retrieval_metrics(..., metrics=(...))`", "",
+              ("param:circle_jax.evaluation.retrieval.retrieval_metrics:"
+               "metrics",),
+              "name the metrics to keep instead of those to drop"),
+    Component("AccuracyCalculator.k",
+              "`retrieval_metrics(...)`", "",
+              ("attr:circle_jax.evaluation.retrieval.retrieval_metrics",),
+              "always exact: each metric ranks as deep as it needs (PML's "
+              "`k=None`); a `k` that truncates mAP is not offered"),
+    _out("AccuracyCalculator.kmeans_func",
+         "NMI and AMI cluster with `evaluation.clustering.kmeans` (k-means++ "
+         "in JAX on the devices); another k-means is not taken"),
+    _out("AccuracyCalculator.knn_func",
+         "the metrics rank the whole gallery exactly on the devices; an "
+         "approximate k-NN would change them (approximate search: "
+         "`circle_jax.search`)"),
     Component("AccuracyCalculator.return_per_class",
               "`retrieval_metrics(..., return_per_class=True)`", "",
               ("param:circle_jax.evaluation.retrieval.retrieval_metrics:"
@@ -433,8 +458,9 @@ def count_rule() -> str:
       + ", ".join(f"`{m}`" for m in MODULES)
       + " (not the abstract `Base*` classes, `GenericPairLoss` or the `*Mixin` "
       "mix-ins), AccuracyCalculator's "
-      "metrics (its `calculate_*` methods) and its options "
-      + ", ".join(f"`{o}`" for o in ACCURACY_OPTIONS))
+      "metrics (its `calculate_*` methods) and its constructor options "
+      + ", ".join(f"`{o}`" for o in ACCURACY_OPTIONS)
+      + " (all but `device`, a torch placement)")
 
 
 def installed_components() -> Tuple[str, ...]:
