@@ -139,7 +139,8 @@ class LossFn:
 
 
 def make_loss_fn(entry, hyper: Optional[dict] = None, more=(),
-                 miner: Optional[dict] = None) -> LossFn:
+                 miner: Optional[dict] = None,
+                 more_miners: Optional[dict] = None) -> LossFn:
   """Binds a ``circle_jax.losses`` registry entry and its hyperparameters for
   the step, once (unknown names and bad geometry fields fail here).
 
@@ -154,6 +155,9 @@ def make_loss_fn(entry, hyper: Optional[dict] = None, more=(),
       and hyperparameters, ``None`` for the miner's default): the miner's
       masks of the (global) batch become the pair loss's ``pos_mask`` /
       ``neg_mask``; a sampling miner reads a stream of the step's key.
+    more_miners: ``{key: miner}``, the miners of the terms of ``more``
+      (``config_facts.more_loss_miners``), each as ``miner`` for its term
+      alone (PML's ``MultipleLosses(miners=...)``).
 
   Returns:
     A :class:`LossFn`, called as ``loss_fn(embeddings, labels, loss_params,
@@ -174,7 +178,11 @@ def make_loss_fn(entry, hyper: Optional[dict] = None, more=(),
     fn = functools.partial(_mined, fn, mine)
   if not entry.supports_axis_name:
     fn = functools.partial(_device_mean, fn)
-  more = tuple((k, weight, make_loss_fn(e, h))
+  more_miners = dict(more_miners or {})
+  unknown = sorted(set(more_miners) - {k for k, *_ in more})
+  if unknown:
+    raise ValueError(f"`more_miners` names {unknown}, not terms of `more`.")
+  more = tuple((k, weight, make_loss_fn(e, h, miner=more_miners.get(k)))
                for k, e, weight, h in more)
   return LossFn(entry, fn, regularizers, centers, more,
                 mined=mine is not None)
