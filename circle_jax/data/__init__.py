@@ -30,6 +30,7 @@ from circle_jax.data.builders import CorruptImageError
 from circle_jax.data.builders import EncryptedArchiveError
 from circle_jax.data.builders import MissingDatasetFilesError
 from circle_jax.data.builders import split_labels
+from circle_jax.data.builders import split_super_labels
 from circle_jax.data.pipeline import eval_iterator
 from circle_jax.data.pipeline import EvalIterable
 from circle_jax.data.pipeline import global_batch

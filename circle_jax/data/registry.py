@@ -65,6 +65,12 @@ class DatasetSpec:
   superclass_name: str = "superclass"
 
   @property
+  def super_labels(self) -> bool:
+    """Whether its records carry the official super-class of their class
+    (``super_label``, :func:`circle_jax.data.split_super_labels`: SOP)."""
+    return bool(builders.BUILDERS[self.name].SUPER_LABELS)
+
+  @property
   def num_images(self) -> Mapping[str, int]:
     return types.MappingProxyType(
         dict(builders.BUILDERS[self.name].EXPECTED_SIZES))

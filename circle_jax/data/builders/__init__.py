@@ -3,6 +3,7 @@
 from circle_jax.data.builders.base import EncodedImageBuilder
 from circle_jax.data.builders.base import MissingDatasetFilesError
 from circle_jax.data.builders.base import split_labels
+from circle_jax.data.builders.base import split_super_labels
 from circle_jax.data.builders.sources import CorruptImageError
 from circle_jax.data.builders.sources import EncryptedArchiveError
 from circle_jax.data.builders.cars196 import Cars196
