@@ -156,7 +156,8 @@ def load_split(name: str, split: str, *, data_dir,
   The first call for a dataset runs the tfds ``download_and_prepare``: it
   reads the official files from `manual_dir` (or downloads them, for
   Omniglot only and only when `download` is True) and writes ArrayRecord
-  files to ``<data_dir>/<name>/1.0.0/``. Later calls only open those files.
+  files to ``<data_dir>/<name>/<version>/`` (1.0.0; SOP 1.1.0). Later calls
+  only open those files.
   Jobs sharing `data_dir` prepare a dataset once: the others wait for the
   lock ``<data_dir>/<name>.lock`` and then read the result.
 
