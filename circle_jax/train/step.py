@@ -118,10 +118,7 @@ class LossFn:
     args = () if entry.param_name is None else (
         loss_params[entry.param_name],)
     extra = {}
-    if self.mined:
-      if ref is not None:
-        raise ValueError("A miner mines the batch, not the cross-batch "
-                         "memory: set xbm.size=0 or miner.name=''.")
+    if self.mined:  # with `ref`, the miner mines anchors x references
       extra = {"miner_key": key}
     if entry.supports_axis_name or axis_name is None:
       return args, {**entry.routed(key=key, axis_name=axis_name, ref=ref),
@@ -203,9 +200,11 @@ def _bind_miner(entry, miner: Optional[dict]):
 
 def _mined(loss, mine, embeddings, labels, *args, miner_key=None,
            axis_name=None, **kwargs):
-  """``loss`` with the miner's masks of the (global) batch."""
+  """``loss`` with the miner's masks of the (global) batch, or of the
+  anchors against the references ``ref`` (the cross-batch memory) when the
+  loss gets them."""
   pos_mask, neg_mask = mine(embeddings, labels, key=miner_key,
-                            axis_name=axis_name)
+                            axis_name=axis_name, ref=kwargs.get("ref"))
   if axis_name is not None:
     kwargs["axis_name"] = axis_name
   return loss(embeddings, labels, *args, pos_mask=pos_mask,

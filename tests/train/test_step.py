@@ -258,3 +258,30 @@ def test_each_loss_sees_its_own_miner_in_the_train_step(monkeypatch):
   with pytest.raises(ValueError, match="not terms of"):
     step_lib.make_loss_fn(losses.get_loss("circle"),
                           more_miners={"nope": {"name": "hdc"}})
+
+
+def test_the_miner_mines_against_the_cross_batch_memory():
+  """With references (the cross-batch memory's ``ref``) the step's miner
+  mines anchors x references and the loss gets those masks (PML's miners
+  with ``ref_emb``); a miner of the batch only says so in one line."""
+  from circle_jax import losses
+  x = jax.random.normal(jax.random.PRNGKey(0), (8, 4))
+  y = jnp.arange(8) % 4
+  ref = losses.Candidates(jax.random.normal(jax.random.PRNGKey(1), (6, 4)),
+                          jnp.arange(6) % 3)
+  fn = step_lib.make_loss_fn(losses.get_loss("contrastive"), {},
+                             miner={"name": "pair_margin",
+                                    "pos_margin": 1.0})
+  got, unmined, want = jax.jit(lambda x, ref: (
+      fn(x, y, {}, key=None, axis_name=None, ref=ref),
+      losses.contrastive_loss(x, y, ref=ref),
+      losses.contrastive_loss(x, y, ref=ref, **dict(zip(
+          ("pos_mask", "neg_mask"),
+          losses.pair_margin_miner(x, y, ref=ref, pos_margin=1.0))))))(
+              x, ref)
+  np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
+  assert float(got) != float(unmined)
+  angular = step_lib.make_loss_fn(losses.get_loss("contrastive"), {},
+                                  miner={"name": "angular"})
+  with pytest.raises(ValueError, match="takes no reference"):
+    angular(x, y, {}, key=None, axis_name=None, ref=ref)
