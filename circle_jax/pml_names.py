@@ -352,8 +352,12 @@ COMPONENTS: Tuple[Component, ...] = (
               "`--config.dataset.name=cub200`", ("dataset:cub200",)),
     Component("datasets.Cars196", "`data.DATASETS[\"cars196\"]`",
               "`--config.dataset.name=cars196`", ("dataset:cars196",)),
-    _out("datasets.INaturalist2018",
-         "not in the dataset registry (no paper reproduced here uses it)"),
+    Component("datasets.INaturalist2018",
+              "`data.DATASETS[\"inaturalist2018\"]`",
+              "`--config.dataset.name=inaturalist2018`",
+              ("dataset:inaturalist2018",),
+              "not built yet: a builder of the official train2018/val2018 "
+              "JSONs with Smooth-AP's split lists, as PML's"),
     Component("datasets.StanfordOnlineProducts", "`data.DATASETS[\"sop\"]`",
               "`--config.dataset.name=sop`", ("dataset:sop",)),
     # --- utils ---
@@ -433,9 +437,12 @@ COMPONENTS: Tuple[Component, ...] = (
               ("attr:circle_jax.evaluation.retrieval.retrieval_metrics",),
               "always exact: each metric ranks as deep as it needs (PML's "
               "`k=None`); a `k` that truncates mAP is not offered"),
-    _out("AccuracyCalculator.kmeans_func",
-         "NMI and AMI cluster with `evaluation.clustering.kmeans` (k-means++ "
-         "in JAX on the devices); another k-means is not taken"),
+    Component("AccuracyCalculator.kmeans_func",
+              "`clustering_metrics(..., kmeans_func=...)`", "",
+              ("param:circle_jax.evaluation.clustering.clustering_metrics:"
+               "kmeans_func",),
+              "numpy embeddings in, cluster ids out (default: our k-means++ "
+              "in JAX)"),
     _out("AccuracyCalculator.knn_func",
          "the metrics rank the whole gallery exactly on the devices; an "
          "approximate k-NN would change them (approximate search: "
