@@ -120,6 +120,9 @@ DATASETS = {
         DatasetSpec("digits", 5, 5, 1, "train", ("test",),
                     dict(preset="grayscale", image_size=16), (1, 2, 4, 8),
                     needs_files=False),
+        # Smooth-AP's split and its Recall@K cut-offs (Brown et al. 2020).
+        DatasetSpec("inaturalist2018", 5690, 2452, 3, "train", ("test",),
+                    _RGB, (1, 4, 16, 32)),
     )
 }
 
