@@ -59,6 +59,15 @@ class _Sampler:
     return self.indices(step)[lo:hi], np.arange(lo, hi, dtype=np.int64)
 
 
+def _label_vector(labels) -> np.ndarray:
+  """``labels`` as a 1-D integer array, or one line naming the problem."""
+  labels = np.asarray(labels)
+  if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+    raise ValueError(f"`labels` must be a 1-D integer array; got shape "
+                     f"{labels.shape} and dtype {labels.dtype}.")
+  return labels
+
+
 def _check_step(step) -> int:
   step = int(step)
   if step < 0:
@@ -89,10 +98,7 @@ class PKSampler(_Sampler):
 
   def __init__(self, labels, *, classes_per_batch: int, images_per_class: int,
                seed: int = 0):
-    labels = np.asarray(labels)
-    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-      raise ValueError(f"`labels` must be a 1-D integer array; got shape "
-                       f"{labels.shape} and dtype {labels.dtype}.")
+    labels = _label_vector(labels)
     if labels.size and labels.min() < 0:
       raise ValueError("`labels` must be non-negative class ids.")
     if classes_per_batch < 1 or images_per_class < 1:
@@ -392,10 +398,7 @@ class FixedSetOfTriplets(_Sampler):
 
   def __init__(self, labels, *, num_triplets: int, batch_size: int,
                seed: int = 0):
-    labels = np.asarray(labels)
-    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-      raise ValueError(f"`labels` must be a 1-D integer array; got shape "
-                       f"{labels.shape} and dtype {labels.dtype}.")
+    labels = _label_vector(labels)
     if num_triplets < 1 or batch_size < 3 or batch_size % 3:
       raise ValueError(
           f"`num_triplets` must be >= 1 and `batch_size` a positive multiple"

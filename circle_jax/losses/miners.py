@@ -239,8 +239,8 @@ def multi_similarity_miner(
     labels: ``[B]`` integer labels.
     epsilon: the mining margin ``epsilon``.
     axis_name: mine the ``[B_local, B_global]`` block across devices.
-    ref: references the anchors meet instead of the batch (PML's
-      ``ref_emb``; :func:`circle_jax.losses.miners.mining_block`).
+    ref: references instead of the batch (PML's ``ref_emb``; see
+      :func:`circle_jax.losses.miners.mining_block`).
 
   Returns:
     ``(pos_mask, neg_mask)``, boolean ``[B, B]`` (``[B_local, B_global]``).
@@ -268,8 +268,8 @@ def batch_hard_miner(embeddings: Array, labels: Array, *,
     embeddings: ``[B, D]`` float32 or bfloat16.
     labels: ``[B]`` integer labels.
     axis_name: mine the ``[B_local, B_global]`` block across devices.
-    ref: references the anchors meet instead of the batch (PML's
-      ``ref_emb``; :func:`circle_jax.losses.miners.mining_block`).
+    ref: references instead of the batch (PML's ``ref_emb``; see
+      :func:`circle_jax.losses.miners.mining_block`).
 
   Returns:
     ``(pos_mask, neg_mask)``: one-hot boolean rows (all False for an anchor
@@ -301,8 +301,8 @@ def semi_hard_miner(embeddings: Array, labels: Array, *, margin: float = 0.2,
     labels: ``[B]`` integer labels.
     margin: the triplet margin.
     axis_name: mine the ``[B_local, B_global]`` block across devices.
-    ref: references the anchors meet instead of the batch (PML's
-      ``ref_emb``; :func:`circle_jax.losses.miners.mining_block`).
+    ref: references instead of the batch (PML's ``ref_emb``; see
+      :func:`circle_jax.losses.miners.mining_block`).
 
   Returns:
     ``(pos_mask, neg_mask)``, boolean. Binary searches in sorted rows
@@ -337,8 +337,8 @@ def pair_margin_miner(embeddings: Array, labels: Array, *,
     pos_margin: positives closer than this are dropped.
     neg_margin: negatives farther than this are dropped.
     axis_name: mine the ``[B_local, B_global]`` block across devices.
-    ref: references the anchors meet instead of the batch (PML's
-      ``ref_emb``; :func:`circle_jax.losses.miners.mining_block`).
+    ref: references instead of the batch (PML's ``ref_emb``; see
+      :func:`circle_jax.losses.miners.mining_block`).
 
   Returns:
     ``(pos_mask, neg_mask)``, boolean.

@@ -219,8 +219,8 @@ def triplet_margin_miner(
     margin: the margin (PML's ``margin``; any real).
     type_of_triplets: ``"all"``, ``"hard"``, ``"semihard"`` or ``"easy"``.
     axis_name: mine the ``[B_local, B_global]`` block across devices.
-    ref: references the anchors meet instead of the batch (PML's
-      ``ref_emb``; :func:`circle_jax.losses.miners.mining_block`).
+    ref: references instead of the batch (PML's ``ref_emb``; see
+      :func:`circle_jax.losses.miners.mining_block`).
 
   Returns:
     ``(pos_mask, neg_mask)``, boolean ``[B, B]`` (``[B_local, B_global]``).
@@ -322,8 +322,8 @@ def batch_easy_hard_miner(
     allowed_pos_range, allowed_neg_range: ``(low, high)`` distances or
       ``None``.
     axis_name: mine the ``[B_local, B_global]`` block across devices.
-    ref: references the anchors meet instead of the batch (PML's
-      ``ref_emb``; :func:`circle_jax.losses.miners.mining_block`).
+    ref: references instead of the batch (PML's ``ref_emb``; see
+      :func:`circle_jax.losses.miners.mining_block`).
 
   Returns:
     ``(pos_mask, neg_mask)``, boolean ``[B, B]`` (``[B_local, B_global]``):
@@ -404,8 +404,8 @@ def hdc_miner(embeddings: Array, labels: Array, *,
     labels: ``[B]`` integer labels.
     filter_percentage: the fraction kept, in ``[0, 1]``.
     axis_name: mine the ``[B_local, B_global]`` block across devices.
-    ref: references the anchors meet instead of the batch (PML's
-      ``ref_emb``; :func:`circle_jax.losses.miners.mining_block`).
+    ref: references instead of the batch (PML's ``ref_emb``; see
+      :func:`circle_jax.losses.miners.mining_block`).
 
   Returns:
     ``(pos_mask, neg_mask)``, boolean ``[B, B]`` (``[B_local, B_global]``).
@@ -487,8 +487,8 @@ def uniform_histogram_miner(
     num_bins: the number of bins (PML's ``num_bins``).
     pos_per_bin, neg_per_bin: draws per non-empty bin.
     axis_name: mine the ``[B_local, B_global]`` block across devices.
-    ref: references the anchors meet instead of the batch (PML's
-      ``ref_emb``; :func:`circle_jax.losses.miners.mining_block`).
+    ref: references instead of the batch (PML's ``ref_emb``; see
+      :func:`circle_jax.losses.miners.mining_block`).
 
   Returns:
     ``pair_weights``: float32 ``[B, B]`` (``[B_local, B_global]``), the
@@ -571,15 +571,12 @@ class MinerEntry:
         if key is None:
           raise ValueError(f"miner {self.name!r} samples: pass a PRNG key.")
         args = (jax.random.fold_in(key, _MINER_STREAM),)
-      if ref is not None:
-        if not self.takes_ref:
-          raise ValueError(f"miner {self.name!r} mines the batch only; it "
-                           "takes no reference embeddings (`ref`).")
-        hyper_ref = {**hyper, "ref": ref}
-      else:
-        hyper_ref = hyper
-      out = self.fn(embeddings, labels, *args, axis_name=axis_name,
-                    **hyper_ref)
+      if ref is not None and not self.takes_ref:
+        raise ValueError(f"miner {self.name!r} mines the batch only; it "
+                         "takes no reference embeddings (`ref`).")
+      refs = {} if ref is None else {"ref": ref}
+      out = self.fn(embeddings, labels, *args, axis_name=axis_name, **hyper,
+                    **refs)
       return (out > 0, out > 0) if self.returns_weights else out
     return masks
 
