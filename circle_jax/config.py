@@ -271,13 +271,17 @@ def loss_config(name: str = "circle", **hyper) -> ml_collections.ConfigDict:
   return c.lock()
 
 
-def more_loss(name: str, weight: float = 1.0,
+def more_loss(name: str, weight: float = 1.0, miner: Optional[dict] = None,
               **hyper) -> ml_collections.ConfigDict:
   """A section of ``config.more_losses`` (PML's ``MultipleLosses``):
-  :func:`loss_config` of ``name`` and its ``weight``; the step adds
-  ``weight * L`` of the batch (docs/training.md)."""
+  :func:`loss_config` of ``name``, its ``weight`` and its own ``miner``
+  (:func:`miner_config`; ``name=""``, the default, mines nothing, whatever
+  ``config.miner`` is); the step adds ``weight * L`` of the batch
+  (docs/training.md)."""
   c = loss_config(name, **hyper).unlock()
   c.weight = float(weight)
+  c.miner = miner_config()
+  c.miner.update(dict(miner or {}))
   return c.lock()
 
 

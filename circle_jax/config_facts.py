@@ -94,10 +94,19 @@ def more_losses(config) -> list:
   out = []
   for key, section in config.get("more_losses", {}).items():
     hyper = {k: v for k, v in section.items()
-             if k not in ("name", "weight") and v is not None}
+             if k not in ("name", "weight", "miner") and v is not None}
     out.append((key, losses_lib.get_loss(section.name), section.weight,
                 hyper))
   return out
+
+
+def more_loss_miners(config) -> dict:
+  """``{key: miner}``: each term of ``config.more_losses`` with its own
+  miner (its ``miner`` section, :func:`circle_jax.config.miner_config`, as a
+  dict; terms mining nothing are left out)."""
+  return {key: section.miner.to_dict()
+          for key, section in config.get("more_losses", {}).items()
+          if section.get("miner") is not None and section.miner.name}
 
 
 def head_normalizes(config) -> bool:

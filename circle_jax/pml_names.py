@@ -17,8 +17,8 @@ public classes of PML's ``losses``, ``miners``, ``reducers``,
 ``utils.accuracy_calculator`` and ``utils.distributed`` (the abstract
 ``Base*`` classes, ``GenericPairLoss`` and the ``*Mixin`` mix-ins are not
 components), plus AccuracyCalculator's
-metrics (its ``calculate_*`` methods) and its options ``avg_of_avgs``,
-``return_per_class`` and ``label_comparison_fn``.
+metrics (its ``calculate_*`` methods) and its constructor options but
+``device`` (:data:`ACCURACY_OPTIONS`).
 
 Needs, one string each:
 
@@ -56,7 +56,10 @@ MODULES = ("losses", "miners", "reducers", "distances", "regularizers",
 # Abstract classes: PML's base classes and GenericPairLoss (the base of its
 # pair losses).
 _BASES = ("Base", "Generic")
-ACCURACY_OPTIONS = ("avg_of_avgs", "return_per_class", "label_comparison_fn")
+# AccuracyCalculator's constructor options, all but `device` (a torch
+# placement).
+ACCURACY_OPTIONS = ("include", "exclude", "avg_of_avgs", "return_per_class",
+                    "k", "label_comparison_fn", "knn_func", "kmeans_func")
 
 _WEIGHT_REG = ("`--config.loss.weight_regularizer={}` "
                "`--config.loss.weight_reg_weight=..`")
@@ -257,12 +260,13 @@ COMPONENTS: Tuple[Component, ...] = (
     _reduction("DoNothingReducer", "none",
                "returns the per-anchor or per-pair terms"),
     _reduction("MeanReducer", "mean"),
-    _out("reducers.MultipleReducers",
-         "a loss has one kind of term (per anchor or per pair, stated in "
-         "its docstring), so there is no per-sub-loss reducer map"),
-    _out("reducers.PerAnchorReducer",
-         "whether a loss's terms are per anchor or per pair is fixed by "
-         "the loss (its docstring says which), not by a reducer"),
+    _fn("reducers.MultipleReducers", "losses.engine.MultipleReducers",
+        "`reduction=losses.engine.MultipleReducers({\"pos_loss\": ..}, "
+        "default_reducer=..)` of a pair loss",
+        "Python only; keys are PML's sub-loss names"),
+    _fn("reducers.PerAnchorReducer", "losses.engine.PerAnchorReducer",
+        "`reduction=losses.engine.PerAnchorReducer(Reduction(..))` of a "
+        "pair loss", "Python only; the default aggregation (a row's mean)"),
     _reduction("SumReducer", "sum"),
     _reduction("ThresholdReducer", "threshold"),
     # --- distances: the pair losses' `geometry` option ---
@@ -298,9 +302,11 @@ COMPONENTS: Tuple[Component, ...] = (
                  "`losses.regularizers.zero_mean_regularizer(w)`",
                  _WEIGHT_REG.format("zero_mean")),
     # --- samplers ---
-    _out("samplers.FixedSetOfTriplets",
-         "a fixed list of triplets is a data-loader choice; batches here "
-         "are functions of (seed, step)"),
+    _fn("samplers.FixedSetOfTriplets", "data.samplers.FixedSetOfTriplets",
+        "`data.samplers.FixedSetOfTriplets(labels, num_triplets=.., "
+        "batch_size=..)`",
+        "PML's triplets for `numpy.random.seed(seed)`; the epochs' order "
+        "is a function of (seed, step); Python only"),
     _fn("samplers.HierarchicalSampler", "data.samplers.HierarchicalSampler",
         "`data.samplers.HierarchicalSampler(...)`", "",
         "`--config.batch.sampler=hierarchical`"),
@@ -308,9 +314,13 @@ COMPONENTS: Tuple[Component, ...] = (
         "`data.samplers.PKSampler(...)`",
         "P classes x K images per batch, deterministic per (seed, step) "
         "and multi-host", "`--config.batch.sampler=pk`"),
-    _out("samplers.TuplesToWeightsSampler",
-         "needs a pass of a miner over the whole dataset between epochs; "
-         "batches here are functions of (seed, step)"),
+    _fn("samplers.TuplesToWeightsSampler",
+        "data.samplers.TuplesToWeightsSampler",
+        "`data.samplers.TuplesToWeightsSampler(weights_from_pairs(pos_mask, "
+        "neg_mask), batch_size=..)`",
+        "the embedding and mining pass is the caller's (PML's sampler runs "
+        "it each epoch); Python only",
+        needs=("attr:circle_jax.data.samplers.weights_from_pairs",)),
     # --- trainers and testers ---
     _out("trainers.CascadedEmbeddings", _TRAINERS_LEFT_OUT),
     _out("trainers.DeepAdversarialMetricLearning", _TRAINERS_LEFT_OUT),
@@ -333,14 +343,21 @@ COMPONENTS: Tuple[Component, ...] = (
         "evaluation.retrieval.retrieval_metrics",
         "`evaluation.retrieval.retrieval_metrics(query, query_labels, "
         "gallery, gallery_labels)`", "a separate gallery"),
-    _out("testers.WithSameParentLabelTester", _TRAINERS_LEFT_OUT),
+    _fn("testers.WithSameParentLabelTester",
+        "evaluation.retrieval.same_parent_metrics",
+        "`evaluation.retrieval.same_parent_metrics(query, labels_by_level)`",
+        "a function of the embeddings (PML 3 removed its testers)"),
     # --- datasets ---
     Component("datasets.CUB", "`data.DATASETS[\"cub200\"]`",
               "`--config.dataset.name=cub200`", ("dataset:cub200",)),
     Component("datasets.Cars196", "`data.DATASETS[\"cars196\"]`",
               "`--config.dataset.name=cars196`", ("dataset:cars196",)),
-    _out("datasets.INaturalist2018",
-         "not in the dataset registry (no paper reproduced here uses it)"),
+    Component("datasets.INaturalist2018",
+              "`data.DATASETS[\"inaturalist2018\"]`",
+              "`--config.dataset.name=inaturalist2018`",
+              ("dataset:inaturalist2018",),
+              "not built yet: a builder of the official train2018/val2018 "
+              "JSONs with Smooth-AP's split lists, as PML's"),
     Component("datasets.StanfordOnlineProducts", "`data.DATASETS[\"sop\"]`",
               "`--config.dataset.name=sop`", ("dataset:sop",)),
     # --- utils ---
@@ -405,6 +422,31 @@ COMPONENTS: Tuple[Component, ...] = (
               "`retrieval_metrics(..., label_comparison_fn=...)`", "",
               ("param:circle_jax.evaluation.retrieval.retrieval_metrics:"
                "label_comparison_fn",)),
+    Component("AccuracyCalculator.include",
+              "`retrieval_metrics(..., metrics=(...))`", "",
+              ("param:circle_jax.evaluation.retrieval.retrieval_metrics:"
+               "metrics",),
+              "the metrics to compute, by our names (`recall@K` by `ks=`)"),
+    Component("AccuracyCalculator.exclude",
+              "`retrieval_metrics(..., metrics=(...))`", "",
+              ("param:circle_jax.evaluation.retrieval.retrieval_metrics:"
+               "metrics",),
+              "name the metrics to keep instead of those to drop"),
+    Component("AccuracyCalculator.k",
+              "`retrieval_metrics(...)`", "",
+              ("attr:circle_jax.evaluation.retrieval.retrieval_metrics",),
+              "always exact: each metric ranks as deep as it needs (PML's "
+              "`k=None`); a `k` that truncates mAP is not offered"),
+    Component("AccuracyCalculator.kmeans_func",
+              "`clustering_metrics(..., kmeans_func=...)`", "",
+              ("param:circle_jax.evaluation.clustering.clustering_metrics:"
+               "kmeans_func",),
+              "numpy embeddings in, cluster ids out (default: our k-means++ "
+              "in JAX)"),
+    _out("AccuracyCalculator.knn_func",
+         "the metrics rank the whole gallery exactly on the devices; an "
+         "approximate k-NN would change them (approximate search: "
+         "`circle_jax.search`)"),
     Component("AccuracyCalculator.return_per_class",
               "`retrieval_metrics(..., return_per_class=True)`", "",
               ("param:circle_jax.evaluation.retrieval.retrieval_metrics:"
@@ -423,8 +465,9 @@ def count_rule() -> str:
       + ", ".join(f"`{m}`" for m in MODULES)
       + " (not the abstract `Base*` classes, `GenericPairLoss` or the `*Mixin` "
       "mix-ins), AccuracyCalculator's "
-      "metrics (its `calculate_*` methods) and its options "
-      + ", ".join(f"`{o}`" for o in ACCURACY_OPTIONS))
+      "metrics (its `calculate_*` methods) and its constructor options "
+      + ", ".join(f"`{o}`" for o in ACCURACY_OPTIONS)
+      + " (all but `device`, a torch placement)")
 
 
 def installed_components() -> Tuple[str, ...]:

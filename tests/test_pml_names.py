@@ -100,3 +100,12 @@ def test_left_out_rows_say_why_and_trainers_point_to_ours():
   assert "circle_jax.train" in pml_names.find(
       "trainers.CascadedEmbeddings").left_out
   assert "PML 3" in pml_names.find("trainers.CascadedEmbeddings").left_out
+
+
+def test_accuracy_options_are_pmls_constructor_options():
+  """The audit counts AccuracyCalculator's options from its signature."""
+  acc = pytest.importorskip(
+      "pytorch_metric_learning.utils.accuracy_calculator").AccuracyCalculator
+  params = set(inspect.signature(acc.__init__).parameters) - {"self"}
+  assert set(pml_names.ACCURACY_OPTIONS) == params - {"device"}
+  assert len(pml_names.installed_components()) == 106

@@ -6,7 +6,9 @@
 * :class:`PKSampler`, :class:`RandomSampler`, :class:`ViewSampler` (V
   augmented views of each image, labelled by the image): batches as
   deterministic functions of ``(seed, step)``; :class:`HierarchicalSampler`
-  (PML's: classes from a few super-classes per batch), too.
+  (PML's: classes from a few super-classes per batch),
+  :class:`FixedSetOfTriplets` and :class:`TuplesToWeightsSampler` (PML's),
+  too.
 * :func:`split_classes`: a class-disjoint validation split of the train
   classes, for model selection.
 * :class:`RotatedClasses`: each train class and its rotations by 90, 180,
@@ -28,6 +30,7 @@ from circle_jax.data.builders import CorruptImageError
 from circle_jax.data.builders import EncryptedArchiveError
 from circle_jax.data.builders import MissingDatasetFilesError
 from circle_jax.data.builders import split_labels
+from circle_jax.data.builders import split_super_labels
 from circle_jax.data.pipeline import eval_iterator
 from circle_jax.data.pipeline import EvalIterable
 from circle_jax.data.pipeline import global_batch
@@ -42,9 +45,11 @@ from circle_jax.data.registry import load_split
 from circle_jax.data.rotations import class_copies
 from circle_jax.data.rotations import ROTATIONS
 from circle_jax.data.rotations import RotatedClasses
+from circle_jax.data.samplers import FixedSetOfTriplets
 from circle_jax.data.samplers import HierarchicalSampler
 from circle_jax.data.samplers import PKSampler
 from circle_jax.data.samplers import RandomSampler
+from circle_jax.data.samplers import TuplesToWeightsSampler
 from circle_jax.data.samplers import ViewSampler
 from circle_jax.data.splits import ClassSubset
 from circle_jax.data.splits import holdout_classes

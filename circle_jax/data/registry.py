@@ -65,6 +65,12 @@ class DatasetSpec:
   superclass_name: str = "superclass"
 
   @property
+  def super_labels(self) -> bool:
+    """Whether its records carry the official super-class of their class
+    (``super_label``, :func:`circle_jax.data.split_super_labels`: SOP)."""
+    return bool(builders.BUILDERS[self.name].SUPER_LABELS)
+
+  @property
   def num_images(self) -> Mapping[str, int]:
     return types.MappingProxyType(
         dict(builders.BUILDERS[self.name].EXPECTED_SIZES))
@@ -114,6 +120,9 @@ DATASETS = {
         DatasetSpec("digits", 5, 5, 1, "train", ("test",),
                     dict(preset="grayscale", image_size=16), (1, 2, 4, 8),
                     needs_files=False),
+        # Smooth-AP's split and its Recall@K cut-offs (Brown et al. 2020).
+        DatasetSpec("inaturalist2018", 5690, 2452, 3, "train", ("test",),
+                    _RGB, (1, 4, 16, 32)),
     )
 }
 
@@ -150,7 +159,8 @@ def load_split(name: str, split: str, *, data_dir,
   The first call for a dataset runs the tfds ``download_and_prepare``: it
   reads the official files from `manual_dir` (or downloads them, for
   Omniglot only and only when `download` is True) and writes ArrayRecord
-  files to ``<data_dir>/<name>/1.0.0/``. Later calls only open those files.
+  files to ``<data_dir>/<name>/<version>/`` (1.0.0; SOP 1.1.0). Later calls
+  only open those files.
   Jobs sharing `data_dir` prepare a dataset once: the others wait for the
   lock ``<data_dir>/<name>.lock`` and then read the result.
 

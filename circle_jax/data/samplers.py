@@ -59,6 +59,15 @@ class _Sampler:
     return self.indices(step)[lo:hi], np.arange(lo, hi, dtype=np.int64)
 
 
+def _label_vector(labels) -> np.ndarray:
+  """``labels`` as a 1-D integer array, or one line naming the problem."""
+  labels = np.asarray(labels)
+  if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+    raise ValueError(f"`labels` must be a 1-D integer array; got shape "
+                     f"{labels.shape} and dtype {labels.dtype}.")
+  return labels
+
+
 def _check_step(step) -> int:
   step = int(step)
   if step < 0:
@@ -89,10 +98,7 @@ class PKSampler(_Sampler):
 
   def __init__(self, labels, *, classes_per_batch: int, images_per_class: int,
                seed: int = 0):
-    labels = np.asarray(labels)
-    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-      raise ValueError(f"`labels` must be a 1-D integer array; got shape "
-                       f"{labels.shape} and dtype {labels.dtype}.")
+    labels = _label_vector(labels)
     if labels.size and labels.min() < 0:
       raise ValueError("`labels` must be non-negative class ids.")
     if classes_per_batch < 1 or images_per_class < 1:
@@ -366,3 +372,120 @@ class HierarchicalSampler(_Sampler):
         pick = rng.choice(n, self.K, replace=n < self.K)
         out[i, j] = self._order[self._starts[row] + pick]
     return out.reshape(-1)
+
+
+class FixedSetOfTriplets(_Sampler):
+  """Batches of a fixed set of triplets (PML's ``FixedSetOfTriplets``): the
+  only ground truth a fixed list of ``(anchor, positive, negative)``
+  records, for experiments that train from triplets instead of labels.
+
+  The ``T = num_triplets`` triplets are drawn once, as PML 2.9 draws them
+  (for each: two distinct labels, anchor and negative label, in the order of
+  first appearance; two records of the anchor's label, with replacement
+  only when it has one; one record of the negative's), from
+  ``numpy.random.RandomState(seed)``, so they equal PML's after
+  ``numpy.random.seed(seed)``. The batches are those of a
+  :class:`RandomSampler` over the triplets (epochs of permutations drawn
+  from ``(seed, epoch)``, where PML reshuffles with numpy's global state),
+  each triplet giving its three records in a row.
+
+  Args:
+    labels: int array ``[N]``, the label of every record.
+    num_triplets: T >= 1.
+    batch_size: the global batch size, a multiple of 3.
+    seed: non-negative int.
+  """
+
+  def __init__(self, labels, *, num_triplets: int, batch_size: int,
+               seed: int = 0):
+    labels = _label_vector(labels)
+    if num_triplets < 1 or batch_size < 3 or batch_size % 3:
+      raise ValueError(
+          f"`num_triplets` must be >= 1 and `batch_size` a positive multiple"
+          f" of 3 (whole triplets); got {num_triplets} and {batch_size}.")
+    by_label = {}
+    for i, label in enumerate(labels.tolist()):
+      by_label.setdefault(label, []).append(i)
+    if len(by_label) < 2:
+      raise ValueError("A triplet needs two labels; `labels` has "
+                       f"{len(by_label)}.")
+    rs = np.random.RandomState(seed)
+    keys = list(by_label)
+    triplets = np.empty((int(num_triplets), 3), np.int64)
+    for t in range(len(triplets)):
+      a_label, n_label = rs.choice(keys, size=2, replace=False)
+      anchors = by_label[int(a_label)]
+      a, p = rs.choice(anchors, size=2, replace=len(anchors) < 2)
+      triplets[t] = (a, p, rs.choice(by_label[int(n_label)], replace=False))
+    self.triplets = triplets
+    self._order = RandomSampler(len(triplets), batch_size=batch_size // 3,
+                                seed=seed)
+    self.batch_size = int(batch_size)
+    self.seed = int(seed)
+    self.num_examples = int(labels.size)
+
+  def indices(self, step: int) -> np.ndarray:
+    """Record indices ``[batch_size]`` (int64): ``batch_size / 3`` triplets,
+    each ``anchor, positive, negative`` in a row."""
+    return self.triplets[self._order.indices(step)].reshape(-1)
+
+
+def weights_from_pairs(pos_mask, neg_mask) -> np.ndarray:
+  """A record's weight from a miner's pairs over a pass of the dataset:
+  how often it appears in them (as anchor or as partner), over the most
+  frequent's count (PML's ``convert_to_weights``; all 1 without pairs).
+
+  Args:
+    pos_mask, neg_mask: bool ``[N, N]`` mined positive and negative pairs
+      of the records (a miner of :mod:`circle_jax.losses.miners` on their
+      embeddings, e.g. from :func:`circle_jax.evaluation.embedding.embed_split`).
+
+  Returns:
+    float64 ``[N]``.
+  """
+  pos, neg = np.asarray(pos_mask, bool), np.asarray(neg_mask, bool)
+  if pos.ndim != 2 or pos.shape[0] != pos.shape[1] or neg.shape != pos.shape:
+    raise ValueError(f"`pos_mask` and `neg_mask` must be square [N, N] "
+                     f"masks of the same shape; got {pos.shape} and "
+                     f"{neg.shape}.")
+  counts = (pos.sum(0) + pos.sum(1) + neg.sum(0) + neg.sum(1)).astype(float)
+  top = counts.max(initial=0.0)
+  return counts / top if top > 0 else np.ones_like(counts)
+
+
+class TuplesToWeightsSampler(_Sampler):
+  """Records drawn with replacement in proportion to weights (PML's
+  ``TuplesToWeightsSampler``, whose weights are a miner's pairs over a pass
+  of the dataset: :func:`weights_from_pairs`).
+
+  PML embeds and mines inside the sampler at the start of each epoch; here
+  the pass is the caller's (embed, mine, :func:`weights_from_pairs`) and the
+  sampler draws batch ``s`` from ``numpy.random.default_rng([seed, s])``,
+  so a batch is a function of ``(weights, seed, step)``. Records outside a
+  mined subset keep weight 0, as PML's.
+
+  Args:
+    weights: float ``[N]``, non-negative, not all 0.
+    batch_size: the global batch size.
+    seed: non-negative int.
+  """
+
+  def __init__(self, weights, *, batch_size: int, seed: int = 0):
+    weights = np.asarray(weights, np.float64)
+    if (weights.ndim != 1 or not np.all(np.isfinite(weights))
+        or np.any(weights < 0) or not weights.sum() > 0):
+      raise ValueError("`weights` must be a 1-D array of finite non-negative"
+                       " weights, not all 0 (weights_from_pairs gives them).")
+    if batch_size < 1 or seed < 0:
+      raise ValueError(f"`batch_size` must be >= 1 and `seed` >= 0; got "
+                       f"{batch_size} and {seed}.")
+    self.probabilities = weights / weights.sum()
+    self.batch_size = int(batch_size)
+    self.seed = int(seed)
+    self.num_examples = int(weights.size)
+
+  def indices(self, step: int) -> np.ndarray:
+    """Record indices ``[batch_size]`` (int64), drawn with replacement."""
+    rng = np.random.default_rng([self.seed, _check_step(step)])
+    return rng.choice(self.num_examples, self.batch_size,
+                      p=self.probabilities).astype(np.int64)

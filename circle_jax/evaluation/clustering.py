@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Dict, NamedTuple, Optional
+from typing import Any, Callable, Dict, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -374,22 +374,28 @@ def clustering_metrics(
     embeddings,
     labels,
     *,
-    key,
+    key=None,
     num_clusters: Optional[int] = None,
     max_iterations: int = 100,
     normalize: bool = True,
     chunk_size: int = 4096,
     num_local_trials: Optional[int] = None,
+    kmeans_func: Optional[Callable[[np.ndarray, int], Any]] = None,
 ) -> Dict[str, float]:
   """NMI and AMI of a k-means clustering of the embeddings against the labels.
 
   Args:
     embeddings: ``[N, D]`` float embeddings (numpy or JAX).
     labels: ``[N]`` integer classes.
-    key: ``jax.random`` key for the k-means++ seeding.
+    key: ``jax.random`` key for the k-means++ seeding (unused with
+      ``kmeans_func``, required otherwise).
     num_clusters: ``k``; default the number of distinct labels.
     max_iterations, normalize, chunk_size, num_local_trials: see
       :func:`kmeans`.
+    kmeans_func: optional ``kmeans_func(embeddings, num_clusters) ->
+      [N]`` cluster ids, on the host numpy embeddings as given, used
+      instead of :func:`kmeans` (PML's ``AccuracyCalculator(kmeans_func=)``,
+      e.g. a faiss k-means).
 
   Returns:
     ``{'nmi': float, 'ami': float}`` (see :func:`mutual_information_scores`).
@@ -403,6 +409,13 @@ def clustering_metrics(
     )
   if num_clusters is None:
     num_clusters = int(np.unique(y).size)
+  if kmeans_func is not None:
+    assignments = np.asarray(kmeans_func(np.asarray(embeddings),
+                                         num_clusters))
+    return mutual_information_scores(y, assignments.reshape(-1))
+  if key is None:
+    raise ValueError("clustering_metrics needs `key` (the k-means++ seed) "
+                     "unless `kmeans_func` clusters.")
   res = kmeans(x, num_clusters, key=key, max_iterations=max_iterations,
                normalize=normalize, chunk_size=chunk_size,
                num_local_trials=num_local_trials)

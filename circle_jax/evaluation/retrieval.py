@@ -111,6 +111,7 @@ __all__ = [
     "METRICS",
     "default_ks",
     "retrieval_metrics",
+    "same_parent_metrics",
 ]
 
 METRICS = relevance.METRICS
@@ -544,6 +545,81 @@ def retrieval_metrics(
           "avg_of_avgs" if avg_of_avgs else "mean")
   return relevance.metrics_from_ranks(*facts, ks, metrics=metrics, labels=q_lab,
                              mode=mode)
+
+
+def same_parent_metrics(
+    query,
+    query_labels,
+    gallery=None,
+    gallery_labels=None,
+    *,
+    levels: Optional[Sequence[int]] = None,
+    ks: Sequence[int] = (1, 2, 4, 8),
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    chunk_size: int = 1024,
+    mesh: Optional[Mesh] = None,
+    devices: Optional[Sequence[jax.Device]] = None,
+) -> Dict[str, float]:
+  """Retrieval within each parent class (PML's ``WithSameParentLabelTester``).
+
+  With hierarchical labels ``[N, H]`` (column 0 the class, column 1 its
+  parent, e.g. SOP's super-class), level ``L`` is evaluated as PML 2.9
+  does: for each parent ``p`` of level ``L + 1`` among the queries, the
+  queries and gallery items of parent ``p`` alone, ranked by
+  :func:`retrieval_metrics` with the level-``L`` labels; each metric is the
+  mean over the parents (each parent counts once, whatever its size).
+
+  Args:
+    query, gallery: as :func:`retrieval_metrics`.
+    query_labels, gallery_labels: integer ``[N, H]``, ``H >= 2`` levels.
+    levels: the levels ``L`` to evaluate (each ``< H - 1``); default all.
+    ks, metrics, chunk_size, mesh, devices: as :func:`retrieval_metrics`.
+
+  Returns:
+    ``{"<metric>_level<L>": float}`` for ``recall@K`` and each of
+    ``metrics``, and with two levels or more ``"<metric>_average"``, their
+    mean over the levels (PML's ``AVERAGE_<metric>``).
+
+  Raises:
+    ValueError: labels that are not ``[N, H >= 2]`` integers, a level out
+      of range, or a parent without gallery items.
+  """
+  q_lab = np.asarray(query_labels)
+  g_lab = q_lab if gallery is None else np.asarray(gallery_labels)
+  for name, lab in (("query_labels", q_lab), ("gallery_labels", g_lab)):
+    if lab.ndim != 2 or lab.shape[1] < 2 or not np.issubdtype(
+        lab.dtype, np.integer):
+      raise ValueError(f"`{name}` must be integer [N, H] labels with H >= 2 "
+                       f"levels (class, parent, ...); got shape {lab.shape} "
+                       f"and dtype {lab.dtype}.")
+  top = q_lab.shape[1] - 1
+  levels = tuple(range(top)) if levels is None else tuple(levels)
+  if not levels or any(not 0 <= level < top for level in levels):
+    raise ValueError(f"`levels` must be in [0, {top}) (a level needs a "
+                     f"parent level above it); got {levels}.")
+  q = np.asarray(query)
+  g = None if gallery is None else np.asarray(gallery)
+  out = {}
+  for level in levels:
+    per_parent = []
+    for parent in np.unique(q_lab[:, level + 1]):
+      qm = q_lab[:, level + 1] == parent
+      gm = g_lab[:, level + 1] == parent
+      if not gm.any():
+        raise ValueError(f"Parent {parent} (level {level + 1}) has queries "
+                         "but no gallery items.")
+      per_parent.append(retrieval_metrics(
+          q[qm], q_lab[qm, level], None if g is None else g[gm],
+          None if g is None else g_lab[gm, level], ks=ks, metrics=metrics,
+          chunk_size=chunk_size, mesh=mesh, devices=devices))
+    names = [k for k in per_parent[0] if not k.startswith("num_queries")]
+    for k in names:
+      out[f"{k}_level{level}"] = float(np.mean([r[k] for r in per_parent]))
+  if len(levels) > 1:
+    for k in names:
+      out[f"{k}_average"] = float(np.mean(
+          [out[f"{k}_level{level}"] for level in levels]))
+  return out
 
 
 def gallery_tiles(g, n_dev):

@@ -43,10 +43,17 @@ Array = jax.Array
 _LOG_FLOOR = 1e-8
 
 
-def mining_block(embeddings, labels, axis_name):
-  """Stop-gradient cosine block ``[M, N]`` and its label masks."""
+def mining_block(embeddings, labels, axis_name, ref=None):
+  """Stop-gradient cosine block ``[M, N]`` and its label masks.
+
+  ``ref``: optional :class:`circle_jax.losses.Candidates`, the reference
+  embeddings (a cross-batch memory; PML's ``ref_emb``, ``ref_labels``) the
+  anchors meet instead of the batch, as the pair losses' ``ref``: the
+  block, and a miner's masks, are then anchors x references, ``[M, K]``
+  (pass the same ``ref`` to the loss).
+  """
   rows, _, sim, pos, neg = engine.pair_block(embeddings, labels,
-                                             axis_name=axis_name)
+                                             axis_name=axis_name, ref=ref)
   offset = reductions.local_row_offset(rows.z.shape[0], axis_name)
   return jax.lax.stop_gradient(sim), pos, neg, offset
 
@@ -213,7 +220,8 @@ def distance_weighted_weights(dist, pos, neg, row_start, key, dim: int, *,
 def multi_similarity_miner(
     embeddings: Array, labels: Array, *,
     epsilon: float = MultiSimilarity.epsilon,
-    axis_name: Optional[str] = None) -> Tuple[Array, Array]:
+    axis_name: Optional[str] = None,
+    ref: Optional[engine.Candidates] = None) -> Tuple[Array, Array]:
   r"""Multi-Similarity pair mining (Wang et al. 2019, Sec. 4.1).
 
   With cosine similarities ``S``, for each anchor ``i``:
@@ -231,6 +239,8 @@ def multi_similarity_miner(
     labels: ``[B]`` integer labels.
     epsilon: the mining margin ``epsilon``.
     axis_name: mine the ``[B_local, B_global]`` block across devices.
+    ref: references instead of the batch (PML's ``ref_emb``; see
+      :func:`circle_jax.losses.miners.mining_block`).
 
   Returns:
     ``(pos_mask, neg_mask)``, boolean ``[B, B]`` (``[B_local, B_global]``).
@@ -240,12 +250,14 @@ def multi_similarity_miner(
     Metric Learning", CVPR 2019, eqs. 4-5.
   """
   rule = MultiSimilarity(epsilon=epsilon)  # the loss's own mining
-  sim, pos, neg, _ = mining_block(embeddings, labels, axis_name)
+  sim, pos, neg, _ = mining_block(embeddings, labels, axis_name, ref)
   return engine.selected_pairs(rule, sim, pos, neg)
 
 
 def batch_hard_miner(embeddings: Array, labels: Array, *,
-                     axis_name: Optional[str] = None) -> Tuple[Array, Array]:
+                     axis_name: Optional[str] = None,
+                     ref: Optional[engine.Candidates] = None
+                     ) -> Tuple[Array, Array]:
   r"""Batch-hard mining (Hermans et al. 2017): one positive, one negative.
 
   For each anchor, the farthest positive ``argmax_{p \in P_i} d_{ip}`` and the
@@ -256,6 +268,8 @@ def batch_hard_miner(embeddings: Array, labels: Array, *,
     embeddings: ``[B, D]`` float32 or bfloat16.
     labels: ``[B]`` integer labels.
     axis_name: mine the ``[B_local, B_global]`` block across devices.
+    ref: references instead of the batch (PML's ``ref_emb``; see
+      :func:`circle_jax.losses.miners.mining_block`).
 
   Returns:
     ``(pos_mask, neg_mask)``: one-hot boolean rows (all False for an anchor
@@ -265,12 +279,14 @@ def batch_hard_miner(embeddings: Array, labels: Array, *,
     Hermans, Beyer, Leibe, "In Defense of the Triplet Loss for Person
     Re-Identification", arXiv:1703.07737, 2017.
   """
-  sim, pos, neg, _ = mining_block(embeddings, labels, axis_name)
+  sim, pos, neg, _ = mining_block(embeddings, labels, axis_name, ref)
   return batch_hard_masks(ops.euclidean_from_cosine(sim), pos, neg)
 
 
 def semi_hard_miner(embeddings: Array, labels: Array, *, margin: float = 0.2,
-                    axis_name: Optional[str] = None) -> Tuple[Array, Array]:
+                    axis_name: Optional[str] = None,
+                    ref: Optional[engine.Candidates] = None
+                    ) -> Tuple[Array, Array]:
   r"""Pairs of the semi-hard triplets (Schroff et al. 2015).
 
   A triplet ``(a, p, n)`` is semi-hard when ``d_ap < d_an < d_ap + margin``:
@@ -285,6 +301,8 @@ def semi_hard_miner(embeddings: Array, labels: Array, *, margin: float = 0.2,
     labels: ``[B]`` integer labels.
     margin: the triplet margin.
     axis_name: mine the ``[B_local, B_global]`` block across devices.
+    ref: references instead of the batch (PML's ``ref_emb``; see
+      :func:`circle_jax.losses.miners.mining_block`).
 
   Returns:
     ``(pos_mask, neg_mask)``, boolean. Binary searches in sorted rows
@@ -296,14 +314,16 @@ def semi_hard_miner(embeddings: Array, labels: Array, *, margin: float = 0.2,
     Recognition and Clustering", CVPR 2015, Sec. 3.2.
   """
   ranges.check_range(margin, "margin", ranges.NONNEGATIVE_RANGE)
-  sim, pos, neg, _ = mining_block(embeddings, labels, axis_name)
+  sim, pos, neg, _ = mining_block(embeddings, labels, axis_name, ref)
   return semi_hard_masks(ops.euclidean_from_cosine(sim), pos, neg,
                          margin=margin)
 
 
 def pair_margin_miner(embeddings: Array, labels: Array, *,
                       pos_margin: float = 0.2, neg_margin: float = 0.8,
-                      axis_name: Optional[str] = None) -> Tuple[Array, Array]:
+                      axis_name: Optional[str] = None,
+                      ref: Optional[engine.Candidates] = None
+                      ) -> Tuple[Array, Array]:
   r"""Pairs that violate a contrastive margin.
 
   Keeps positives with ``d_ap > pos_margin`` and negatives with
@@ -317,6 +337,8 @@ def pair_margin_miner(embeddings: Array, labels: Array, *,
     pos_margin: positives closer than this are dropped.
     neg_margin: negatives farther than this are dropped.
     axis_name: mine the ``[B_local, B_global]`` block across devices.
+    ref: references instead of the batch (PML's ``ref_emb``; see
+      :func:`circle_jax.losses.miners.mining_block`).
 
   Returns:
     ``(pos_mask, neg_mask)``, boolean.
@@ -325,7 +347,7 @@ def pair_margin_miner(embeddings: Array, labels: Array, *,
     Musgrave, Belongie, Lim, "A Metric Learning Reality Check", ECCV 2020
     (PairMarginMiner of pytorch-metric-learning).
   """
-  sim, pos, neg, _ = mining_block(embeddings, labels, axis_name)
+  sim, pos, neg, _ = mining_block(embeddings, labels, axis_name, ref)
   return pair_margin_masks(ops.euclidean_from_cosine(sim), pos, neg,
                            pos_margin=pos_margin, neg_margin=neg_margin)
 

@@ -49,6 +49,7 @@ from circle_jax import ops
 from circle_jax.losses import checks
 from circle_jax.losses import miners
 from circle_jax.losses import ranges
+from circle_jax.losses.engine.sides import Candidates
 
 Array = jax.Array
 
@@ -57,18 +58,21 @@ TRIPLET_TYPES = ("all", "hard", "semihard", "easy")
 _ANGLE_RANGE = ranges.HyperRange(0.0, 90.0, True, False)
 
 
-def _distance_block(embeddings, labels, axis_name):
+def _distance_block(embeddings, labels, axis_name, ref=None):
   """Stop-gradient Euclidean distances ``[M, N]`` of the normalised
-  embeddings, the label masks and this device's first global row."""
-  sim, pos, neg, offset = miners.mining_block(embeddings, labels, axis_name)
+  embeddings, the label masks and this device's first global row
+  (``ref``: :func:`circle_jax.losses.miners.mining_block`)."""
+  sim, pos, neg, offset = miners.mining_block(embeddings, labels, axis_name,
+                                              ref)
   return ops.euclidean_from_cosine(sim), pos, neg, offset
 
 
-def _global_rows(fn, embeddings, labels, axis_name):
+def _global_rows(fn, embeddings, labels, axis_name, ref=None):
   """``fn(dist, pos, neg)`` on the whole ``[N, N]`` global block (for miners
-  that rank all pairs of the batch), then this device's rows of each
-  ``[N, N]`` output."""
-  dist, pos, neg, offset = _distance_block(embeddings, labels, axis_name)
+  that rank all pairs of the batch; ``[N, K]`` with ``ref``), then this
+  device's rows of each output."""
+  dist, pos, neg, offset = _distance_block(embeddings, labels, axis_name,
+                                           ref)
   gather = lambda v: ops.gather_global(v, axis_name)
   out = fn(gather(dist), gather(pos), gather(neg))
   m = dist.shape[0]
@@ -176,11 +180,12 @@ def _margin_interval(margin, type_of_triplets):
 
 def triplet_margin_triplets(embeddings: Array, labels: Array, *,
                             margin: float = 0.2, type_of_triplets: str = "all",
-                            axis_name: Optional[str] = None) -> Array:
+                            axis_name: Optional[str] = None,
+                            ref: Optional[Candidates] = None) -> Array:
   """The exact triplet set of :func:`triplet_margin_miner`, ``[M, N, N]``
   bool (``[a, p, n]``); ``O(M N^2)`` memory."""
   lo, hi = _margin_interval(margin, type_of_triplets)
-  dist, pos, neg, _ = _distance_block(embeddings, labels, axis_name)
+  dist, pos, neg, _ = _distance_block(embeddings, labels, axis_name, ref)
   t = dist[:, None, :] - dist[:, :, None]  # d_an - d_ap at [a, p, n]
   return (t > lo) & (t <= hi) & pos[:, :, None] & neg[:, None, :]
 
@@ -188,7 +193,8 @@ def triplet_margin_triplets(embeddings: Array, labels: Array, *,
 def triplet_margin_miner(
     embeddings: Array, labels: Array, *, margin: float = 0.2,
     type_of_triplets: str = "all",
-    axis_name: Optional[str] = None) -> Tuple[Array, Array]:
+    axis_name: Optional[str] = None,
+    ref: Optional[Candidates] = None) -> Tuple[Array, Array]:
   r"""Triplets by their margin ``d_an - d_ap`` (PML's TripletMarginMiner).
 
   With ``t = d_an - d_ap`` (Euclidean distances of normalised embeddings),
@@ -213,6 +219,8 @@ def triplet_margin_miner(
     margin: the margin (PML's ``margin``; any real).
     type_of_triplets: ``"all"``, ``"hard"``, ``"semihard"`` or ``"easy"``.
     axis_name: mine the ``[B_local, B_global]`` block across devices.
+    ref: references instead of the batch (PML's ``ref_emb``; see
+      :func:`circle_jax.losses.miners.mining_block`).
 
   Returns:
     ``(pos_mask, neg_mask)``, boolean ``[B, B]`` (``[B_local, B_global]``).
@@ -224,7 +232,7 @@ def triplet_margin_miner(
     (pytorch-metric-learning's TripletMarginMiner).
   """
   lo, hi = _margin_interval(margin, type_of_triplets)
-  dist, pos, neg, _ = _distance_block(embeddings, labels, axis_name)
+  dist, pos, neg, _ = _distance_block(embeddings, labels, axis_name, ref)
   # A positive is kept iff the first negative beyond d_ap + lo is at most
   # d_ap + hi; a negative iff the first positive from d_an - hi is below
   # d_an - lo.
@@ -288,7 +296,8 @@ def batch_easy_hard_miner(
     neg_strategy: str = "semihard",
     allowed_pos_range: Optional[Sequence[float]] = None,
     allowed_neg_range: Optional[Sequence[float]] = None,
-    axis_name: Optional[str] = None) -> Tuple[Array, Array]:
+    axis_name: Optional[str] = None,
+    ref: Optional[Candidates] = None) -> Tuple[Array, Array]:
   r"""One positive and one negative per anchor, by strategy (PML's
   BatchEasyHardMiner, Xuan et al. 2020).
 
@@ -313,6 +322,8 @@ def batch_easy_hard_miner(
     allowed_pos_range, allowed_neg_range: ``(low, high)`` distances or
       ``None``.
     axis_name: mine the ``[B_local, B_global]`` block across devices.
+    ref: references instead of the batch (PML's ``ref_emb``; see
+      :func:`circle_jax.losses.miners.mining_block`).
 
   Returns:
     ``(pos_mask, neg_mask)``, boolean ``[B, B]`` (``[B_local, B_global]``):
@@ -327,7 +338,7 @@ def batch_easy_hard_miner(
   _check_strategies(pos_strategy, neg_strategy)
   pos_range = _check_allowed_range(allowed_pos_range, "allowed_pos_range")
   neg_range = _check_allowed_range(allowed_neg_range, "allowed_neg_range")
-  dist, pos, neg, _ = _distance_block(embeddings, labels, axis_name)
+  dist, pos, neg, _ = _distance_block(embeddings, labels, axis_name, ref)
   pos_largest = pos_strategy in ("hard", "semihard")
   neg_largest = neg_strategy == "easy"
   pos_pick = neg_pick = None
@@ -375,7 +386,8 @@ def _top_fraction(dist, mask, fraction, largest):
 
 def hdc_miner(embeddings: Array, labels: Array, *,
               filter_percentage: float = 0.5,
-              axis_name: Optional[str] = None) -> Tuple[Array, Array]:
+              axis_name: Optional[str] = None,
+              ref: Optional[Candidates] = None) -> Tuple[Array, Array]:
   r"""The hardest fraction of the batch's pairs (PML's HDCMiner, the mining
   of Yuan et al.'s hard-aware cascade).
 
@@ -392,6 +404,8 @@ def hdc_miner(embeddings: Array, labels: Array, *,
     labels: ``[B]`` integer labels.
     filter_percentage: the fraction kept, in ``[0, 1]``.
     axis_name: mine the ``[B_local, B_global]`` block across devices.
+    ref: references instead of the batch (PML's ``ref_emb``; see
+      :func:`circle_jax.losses.miners.mining_block`).
 
   Returns:
     ``(pos_mask, neg_mask)``, boolean ``[B, B]`` (``[B_local, B_global]``).
@@ -407,7 +421,7 @@ def hdc_miner(embeddings: Array, labels: Array, *,
   def mine(dist, pos, neg):
     return (_top_fraction(dist, pos, filter_percentage, True),
             _top_fraction(dist, neg, filter_percentage, False))
-  return _global_rows(mine, embeddings, labels, axis_name)
+  return _global_rows(mine, embeddings, labels, axis_name, ref)
 
 
 # ----------------------------------------------------------------------------
@@ -447,7 +461,8 @@ def _histogram_draws(dist, mask, key, num_bins, per_bin):
 def uniform_histogram_miner(
     embeddings: Array, labels: Array, key: Array, *, num_bins: int = 100,
     pos_per_bin: int = 10, neg_per_bin: int = 10,
-    axis_name: Optional[str] = None) -> Array:
+    axis_name: Optional[str] = None,
+    ref: Optional[Candidates] = None) -> Array:
   r"""Pairs drawn uniformly over the range of distances (PML's
   UniformHistogramMiner).
 
@@ -472,6 +487,8 @@ def uniform_histogram_miner(
     num_bins: the number of bins (PML's ``num_bins``).
     pos_per_bin, neg_per_bin: draws per non-empty bin.
     axis_name: mine the ``[B_local, B_global]`` block across devices.
+    ref: references instead of the batch (PML's ``ref_emb``; see
+      :func:`circle_jax.losses.miners.mining_block`).
 
   Returns:
     ``pair_weights``: float32 ``[B, B]`` (``[B_local, B_global]``), the
@@ -492,7 +509,7 @@ def uniform_histogram_miner(
   def mine(dist, pos, neg):
     return (_histogram_draws(dist, pos, k_pos, num_bins, pos_per_bin)
             + _histogram_draws(dist, neg, k_neg, num_bins, neg_per_bin))
-  return _global_rows(mine, embeddings, labels, axis_name)
+  return _global_rows(mine, embeddings, labels, axis_name, ref)
 
 
 # ----------------------------------------------------------------------------
@@ -527,10 +544,15 @@ class MinerEntry:
     arguments but ``axis_name``)."""
     params = inspect.signature(self.fn).parameters.values()
     return {p.name: p.default for p in params
-            if p.kind is p.KEYWORD_ONLY and p.name != "axis_name"}
+            if p.kind is p.KEYWORD_ONLY and p.name not in ("axis_name", "ref")}
+
+  @property
+  def takes_ref(self) -> bool:
+    """Whether the miner mines against reference embeddings (``ref``)."""
+    return "ref" in inspect.signature(self.fn).parameters
 
   def bind(self, **hyper) -> Callable[..., Tuple[Array, Array]]:
-    """``masks(embeddings, labels, *, key=None, axis_name=None) ->
+    """``masks(embeddings, labels, *, key=None, axis_name=None, ref=None) ->
     (pos_mask, neg_mask)`` with ``hyper`` bound; a weight miner's masks are
     its pairs drawn at least once (both masks ``w > 0``: the loss
     intersects them with its label masks).
@@ -543,13 +565,18 @@ class MinerEntry:
       raise ValueError(f"miner {self.name!r} has no hyperparameter(s) "
                        f"{unknown}; it takes {sorted(self.defaults)}.")
 
-    def masks(embeddings, labels, *, key=None, axis_name=None):
+    def masks(embeddings, labels, *, key=None, axis_name=None, ref=None):
       args = ()
       if self.needs_key:
         if key is None:
           raise ValueError(f"miner {self.name!r} samples: pass a PRNG key.")
         args = (jax.random.fold_in(key, _MINER_STREAM),)
-      out = self.fn(embeddings, labels, *args, axis_name=axis_name, **hyper)
+      if ref is not None and not self.takes_ref:
+        raise ValueError(f"miner {self.name!r} mines the batch only; it "
+                         "takes no reference embeddings (`ref`).")
+      refs = {} if ref is None else {"ref": ref}
+      out = self.fn(embeddings, labels, *args, axis_name=axis_name, **hyper,
+                    **refs)
       return (out > 0, out > 0) if self.returns_weights else out
     return masks
 

@@ -436,10 +436,11 @@ def _check_hierarchical(config, info) -> None:
   """The hierarchical sampler needs declared super-classes, and ``P`` a
   multiple of ``S`` (what each super-class holds is checked when the
   sampler is built from the train split)."""
-  if not info.train_superclasses:
+  if not info.train_superclasses and not info.super_labels:
     _fail("batch.sampler", f"'hierarchical' draws each batch's classes from "
           f"super-classes, which {info.name!r} does not declare "
-          f"(DatasetSpec.train_superclasses); use 'pk'.")
+          f"(DatasetSpec.train_superclasses or records' super_label); use "
+          f"'pk'.")
   p, s = config.batch.classes_per_batch, config.batch.super_classes_per_batch
   for field, v in (("super_classes_per_batch", s),
                    ("batches_per_super_tuple",

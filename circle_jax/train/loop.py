@@ -294,7 +294,8 @@ def _build(config, workdir, reporter, force_resume) -> Job:
   job.train_step = step_lib.make_train_step(
       step_lib.make_loss_fn(job.entry, hyper,
                             config_facts.more_losses(config),
-                            config.miner.to_dict()),
+                            config.miner.to_dict(),
+                            config_facts.more_loss_miners(config)),
       placement=job.placement,
       base_key=step_key, embed_chunk_size=config.batch.embed_chunk_size,
       sharded=sharded)

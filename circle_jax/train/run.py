@@ -90,20 +90,26 @@ def load_sources(config, info, reporter=None):
 def make_sampler(config, train_source):
   """The train batches' sampler: P x K classes (``pk``), ``random``, P
   images x K views (``views``), or P x K classes from S super-classes
-  (``hierarchical``; the dataset's :attr:`DatasetSpec.train_superclasses`,
+  (``hierarchical``; the records' super-labels where the dataset has them,
+  :attr:`DatasetSpec.super_labels`, else its
+  :attr:`DatasetSpec.train_superclasses`,
   :func:`circle_jax.config_facts.train_label_superclasses`)."""
   if config.batch.sampler == "hierarchical":
     labels = data_lib.split_labels(train_source)
-    supers = config_facts.train_label_superclasses(
-        config, data_lib.get_dataset_info(config.dataset.name))
-    if labels.max() + 1 != supers.size:  # a partial copy of the dataset
-      raise config_checks.ConfigError(
-          f"config.batch.sampler: the train split has {labels.max() + 1} "
-          f"classes, not the {supers.size} of its declared super-classes; "
-          "use 'pk'.")
+    info = data_lib.get_dataset_info(config.dataset.name)
+    if info.super_labels:  # the records' own (SOP's super_class_id)
+      of_record = data_lib.split_super_labels(train_source)
+    else:
+      supers = config_facts.train_label_superclasses(config, info)
+      if labels.max() + 1 != supers.size:  # a partial copy of the dataset
+        raise config_checks.ConfigError(
+            f"config.batch.sampler: the train split has {labels.max() + 1} "
+            f"classes, not the {supers.size} of its declared super-classes;"
+            " use 'pk'.")
+      of_record = supers[labels]
     try:
       return data_lib.HierarchicalSampler(
-          np.stack([labels, supers[labels]], 1),
+          np.stack([labels, of_record], 1),
           batch_size=config_facts.global_batch_size(config),
           samples_per_class=config.batch.images_per_class,
           batches_per_super_tuple=config.batch.batches_per_super_tuple,

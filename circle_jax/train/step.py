@@ -118,10 +118,7 @@ class LossFn:
     args = () if entry.param_name is None else (
         loss_params[entry.param_name],)
     extra = {}
-    if self.mined:
-      if ref is not None:
-        raise ValueError("A miner mines the batch, not the cross-batch "
-                         "memory: set xbm.size=0 or miner.name=''.")
+    if self.mined:  # with `ref`, the miner mines anchors x references
       extra = {"miner_key": key}
     if entry.supports_axis_name or axis_name is None:
       return args, {**entry.routed(key=key, axis_name=axis_name, ref=ref),
@@ -139,7 +136,8 @@ class LossFn:
 
 
 def make_loss_fn(entry, hyper: Optional[dict] = None, more=(),
-                 miner: Optional[dict] = None) -> LossFn:
+                 miner: Optional[dict] = None,
+                 more_miners: Optional[dict] = None) -> LossFn:
   """Binds a ``circle_jax.losses`` registry entry and its hyperparameters for
   the step, once (unknown names and bad geometry fields fail here).
 
@@ -154,6 +152,9 @@ def make_loss_fn(entry, hyper: Optional[dict] = None, more=(),
       and hyperparameters, ``None`` for the miner's default): the miner's
       masks of the (global) batch become the pair loss's ``pos_mask`` /
       ``neg_mask``; a sampling miner reads a stream of the step's key.
+    more_miners: ``{key: miner}``, the miners of the terms of ``more``
+      (``config_facts.more_loss_miners``), each as ``miner`` for its term
+      alone (PML's ``MultipleLosses(miners=...)``).
 
   Returns:
     A :class:`LossFn`, called as ``loss_fn(embeddings, labels, loss_params,
@@ -174,7 +175,11 @@ def make_loss_fn(entry, hyper: Optional[dict] = None, more=(),
     fn = functools.partial(_mined, fn, mine)
   if not entry.supports_axis_name:
     fn = functools.partial(_device_mean, fn)
-  more = tuple((k, weight, make_loss_fn(e, h))
+  more_miners = dict(more_miners or {})
+  unknown = sorted(set(more_miners) - {k for k, *_ in more})
+  if unknown:
+    raise ValueError(f"`more_miners` names {unknown}, not terms of `more`.")
+  more = tuple((k, weight, make_loss_fn(e, h, miner=more_miners.get(k)))
                for k, e, weight, h in more)
   return LossFn(entry, fn, regularizers, centers, more,
                 mined=mine is not None)
@@ -195,9 +200,11 @@ def _bind_miner(entry, miner: Optional[dict]):
 
 def _mined(loss, mine, embeddings, labels, *args, miner_key=None,
            axis_name=None, **kwargs):
-  """``loss`` with the miner's masks of the (global) batch."""
+  """``loss`` with the miner's masks of the (global) batch, or of the
+  anchors against the references ``ref`` (the cross-batch memory) when the
+  loss gets them."""
   pos_mask, neg_mask = mine(embeddings, labels, key=miner_key,
-                            axis_name=axis_name)
+                            axis_name=axis_name, ref=kwargs.get("ref"))
   if axis_name is not None:
     kwargs["axis_name"] = axis_name
   return loss(embeddings, labels, *args, pos_mask=pos_mask,

@@ -6,7 +6,7 @@ from circle_jax import data
 from circle_jax.data import builders
 
 NAMES = ("cub200", "cars196", "sop", "inshop", "omniglot", "omniglot_small",
-         "digits")
+         "digits", "inaturalist2018")
 
 
 def test_every_name_has_a_builder_and_consistent_sizes():
@@ -29,16 +29,17 @@ def test_class_counts_split_sizes_and_ks_of_the_official_splits():
   info = {n: data.get_dataset_info(n) for n in NAMES}
   assert [(info[n].num_train_classes, info[n].num_test_classes) for n in NAMES
           ] == [(100, 100), (98, 98), (11318, 11316), (3997, 3985), (964, 659),
-                (136, 106), (5, 5)]
+                (136, 106), (5, 5), (5690, 2452)]
   assert [dict(info[n].num_images) for n in NAMES] == [
       {"train": 5864, "test": 5924}, {"train": 8054, "test": 8131},
       {"train": 59551, "test": 60502},
       {"train": 25882, "query": 14218, "gallery": 12612},
       {"train": 19280, "test": 13180}, {"train": 2720, "test": 2120},
-      {"train": 901, "test": 896}]
+      {"train": 901, "test": 896}, {"train": 325846, "test": 136093}]
   assert info["inshop"].eval_splits == ("query", "gallery")
   assert info["sop"].ks == (1, 10, 100, 1000)
   assert info["inshop"].ks == (1, 10, 20, 30, 40)
+  assert info["inaturalist2018"].ks == (1, 4, 16, 32)
   assert info["omniglot"].channels == 1 and info["cub200"].channels == 3
   assert info["cub200"].eval_preprocess_name == "bninception"
   assert not info["digits"].needs_files

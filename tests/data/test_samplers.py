@@ -164,3 +164,55 @@ def test_bad_arguments():
     s.local_indices(0, 2, 2)
   with pytest.raises(ValueError, match="step"):
     s.indices(-1)
+
+
+def test_fixed_set_of_triplets_equals_pmls_triplets_and_batches_them():
+  """The triplets equal PML 2.9's after ``numpy.random.seed(seed)`` (a
+  class of one record gives a triplet with anchor == positive, as PML's);
+  the batches are whole triplets, each once per epoch, from (seed, step)."""
+  pytest.importorskip("pytorch_metric_learning")
+  from pytorch_metric_learning import samplers as pml_samplers
+  np.random.seed(3)
+  theirs = pml_samplers.FixedSetOfTriplets(LABELS, 20).fixed_set_of_triplets
+  ours = data.FixedSetOfTriplets(LABELS, num_triplets=20, batch_size=6,
+                                 seed=3)
+  np.testing.assert_array_equal(ours.triplets, theirs)
+  a, p, n = ours.triplets.T
+  assert (LABELS[a] == LABELS[p]).all() and (LABELS[a] != LABELS[n]).all()
+  epoch = np.concatenate([ours.indices(s) for s in range(10)]).reshape(-1, 3)
+  assert sorted(map(tuple, epoch)) == sorted(map(tuple, ours.triplets))
+  np.testing.assert_array_equal(ours.indices(4), data.FixedSetOfTriplets(
+      LABELS, num_triplets=20, batch_size=6, seed=3).indices(4))
+  with pytest.raises(ValueError, match="multiple of 3"):
+    data.FixedSetOfTriplets(LABELS, num_triplets=20, batch_size=8)
+  with pytest.raises(ValueError, match="needs two labels"):
+    data.FixedSetOfTriplets(np.zeros(4, int), num_triplets=2, batch_size=3)
+
+
+def test_tuples_to_weights_equal_pmls_and_draw_by_weight():
+  """PML's ``convert_to_weights`` of a pair miner's tuples equals
+  ``weights_from_pairs`` of the same pairs as masks; the sampler draws by
+  them, deterministically per (seed, step)."""
+  pytest.importorskip("pytorch_metric_learning")
+  import torch
+  from pytorch_metric_learning import miners
+  from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
+  x = torch.tensor(np.random.default_rng(2).normal(size=(12, 4)))
+  y = torch.tensor(LABELS[:12])
+  tuples = miners.PairMarginMiner(pos_margin=0.6, neg_margin=0.4)(x, y)
+  want = lmu.convert_to_weights(tuples, y, dtype=torch.float64).numpy()
+  a1, p, a2, n = (t.numpy() for t in tuples)
+  pos, neg = np.zeros((12, 12), bool), np.zeros((12, 12), bool)
+  pos[a1, p], neg[a2, n] = True, True
+  got = data.samplers.weights_from_pairs(pos, neg)
+  np.testing.assert_allclose(got, want)
+  assert len(set(got)) > 1  # the test can see a wrong count
+  np.testing.assert_array_equal(data.samplers.weights_from_pairs(
+      np.zeros((3, 3), bool), np.zeros((3, 3), bool)), np.ones(3))
+  sampler = data.TuplesToWeightsSampler(got, batch_size=64, seed=1)
+  drawn = sampler.indices(5)
+  assert set(drawn) <= set(np.flatnonzero(got)) and drawn.shape == (64,)
+  np.testing.assert_array_equal(drawn, data.TuplesToWeightsSampler(
+      got, batch_size=64, seed=1).indices(5))
+  with pytest.raises(ValueError, match="not all 0"):
+    data.TuplesToWeightsSampler(np.zeros(3), batch_size=2)

@@ -191,3 +191,31 @@ def test_clustering_bad_inputs(kwargs, error, match):
   args.update(kwargs)
   with pytest.raises(error, match=match):
     clustering_metrics(**args)
+
+
+def test_a_custom_kmeans_func_equals_pmls_accuracy_calculator():
+  """``kmeans_func`` (PML's AccuracyCalculator option) clusters instead of
+  our k-means: NMI and AMI equal PML 2.9's with the same function."""
+  pytest.importorskip("pytorch_metric_learning")
+  import torch
+  from pytorch_metric_learning.utils.accuracy_calculator import (
+      AccuracyCalculator)
+  x = np.random.default_rng(0).normal(size=(40, 3))
+  y = np.repeat(np.arange(4), 10)
+  seen = []
+
+  def by_octant(emb, k):  # a deterministic "k-means": the sign pattern
+    seen.append(k)
+    emb = np.asarray(emb)
+    return ((emb[:, 0] > 0) * 2 + (emb[:, 1] > 0)) % k
+
+  pml = AccuracyCalculator(
+      include=("NMI", "AMI"),
+      kmeans_func=lambda e, k: torch.tensor(by_octant(e.numpy(), k)))
+  want = pml.get_accuracy(torch.tensor(x), torch.tensor(y))
+  got = clustering_metrics(x, y, kmeans_func=by_octant)
+  assert seen == [4, 4]
+  np.testing.assert_allclose(got["nmi"], want["NMI"], rtol=1e-9)
+  np.testing.assert_allclose(got["ami"], want["AMI"], rtol=1e-9)
+  with pytest.raises(ValueError, match="needs `key`"):
+    clustering_metrics(x, y)

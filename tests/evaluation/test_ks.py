@@ -19,8 +19,9 @@ def test_default_ks():
   assert default_ks("cars196") == (1, 2, 4, 8)
   for name in ("omniglot", "omniglot_small", "digits"):
     assert default_ks(name) == (1, 2, 4, 8)
+  assert default_ks("inaturalist2018") == (1, 4, 16, 32)
   assert set(DEFAULT_KS) == {"cub200", "cars196", "sop", "inshop", "omniglot",
-                             "omniglot_small", "digits"}
+                             "omniglot_small", "digits", "inaturalist2018"}
   with pytest.raises(ValueError, match="known datasets"):
     default_ks("imagenet")
   with pytest.raises(KeyError):

@@ -531,3 +531,43 @@ def test_mesh_and_devices_are_exclusive():
     retrieval_metrics(_X, _Y, mesh=mesh, devices=jax.devices())
   with pytest.raises(ValueError, match="twice"):
     retrieval_metrics(_X, _Y, devices=jax.devices()[:1] * 2)
+
+
+def test_same_parent_metrics_equal_pmls_with_same_parent_label_tester():
+  """Three label levels (class, parent, grandparent): ours equals PML 2.9's
+  WithSameParentLabelTester (on L2-normalised embeddings, where its L2 k-NN
+  ranks as cosine does) per level and on average; bad labels fail."""
+  pytest.importorskip("pytorch_metric_learning")
+  import torch
+  from pytorch_metric_learning.testers import WithSameParentLabelTester
+  from pytorch_metric_learning.utils.accuracy_calculator import (
+      AccuracyCalculator)
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(32, 4))
+  x /= np.linalg.norm(x, axis=1, keepdims=True)
+  # Groups of one size per level: two device programs in all.
+  child = rng.permutation(np.arange(32) % 8)
+  labels = np.stack([child, child // 2, child // 4], 1)
+  tester = WithSameParentLabelTester(
+      accuracy_calculator=AccuracyCalculator(
+          include=("precision_at_1", "r_precision",
+                   "mean_average_precision_at_r"), k="max_bin_count"),
+      label_hierarchy_level="all")
+  want = {}
+  tester.do_knn_and_accuracies(
+      want, {"val": (torch.tensor(x, dtype=torch.float32),
+                     torch.tensor(labels))}, "val", ["val"])
+  got = retrieval.same_parent_metrics(x, labels, ks=(1,))
+  names = {"precision@1": "precision_at_1", "r_precision": "r_precision",
+           "map@r": "mean_average_precision_at_r"}
+  for ours, theirs in names.items():
+    for level in ("level0", "level1"):
+      np.testing.assert_allclose(got[f"{ours}_{level}"],
+                                 want[f"{theirs}_{level}"], rtol=1e-6)
+    np.testing.assert_allclose(got[f"{ours}_average"],
+                               want[f"AVERAGE_{theirs}"], rtol=1e-6)
+  assert got["precision@1_level0"] != got["precision@1_level1"]
+  with pytest.raises(ValueError, match="H >= 2"):
+    retrieval.same_parent_metrics(x, child)
+  with pytest.raises(ValueError, match="levels"):
+    retrieval.same_parent_metrics(x, labels, levels=(2,))

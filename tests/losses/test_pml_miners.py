@@ -268,3 +268,46 @@ def test_registry_and_bad_inputs():
     with pytest.raises(ValueError, match=match) as info:
       fn()
     assert "\n" not in str(info.value), match
+
+
+def test_miners_with_reference_embeddings_equal_pmls_ref_emb():
+  """Miners of both modules mine anchors x references (``ref``) as PML's
+  miners do with ``ref_emb``; a pair loss on those masks and the same
+  ``ref`` equals PML's on the mined tuples (value and gradients)."""
+  x = pml_checks.batch(11)
+  mem = pml_checks.batch(12)[:12]
+  mem_y = np.arange(12) % 6
+  ref = losses.Candidates(mem, mem_y)
+  cases = [
+      (losses.pair_margin_miner, pml_miners.PairMarginMiner(), {}),
+      (pm.triplet_margin_miner, pml_miners.TripletMarginMiner(margin=0.3),
+       dict(margin=0.3)),
+      (pm.hdc_miner, pml_miners.HDCMiner(filter_percentage=0.5),
+       dict(filter_percentage=0.5)),
+  ]
+  got = jax.jit(lambda x, ref: [fn(x, Y, ref=ref, **kw)
+                                for fn, _, kw in cases])(x, ref)
+  for (fn, theirs, _), masks in zip(cases, got):
+    with torch.no_grad():
+      out = theirs(torch.tensor(x), torch.tensor(Y), torch.tensor(mem),
+                   torch.tensor(mem_y))
+    idx = [v.numpy() for v in out]
+    a1, p, a2, n = idx if len(idx) == 4 else (idx[0], idx[1], idx[0], idx[2])
+    want = np.zeros((16, 12), bool), np.zeros((16, 12), bool)
+    want[0][a1, p], want[1][a2, n] = True, True
+    assert want[0].any() and want[1].any()
+    _same(masks, want, fn.__name__)
+  # The loss on the masks and the references equals PML's on the tuples.
+  pos, neg = got[0]
+  vg = jax.jit(jax.value_and_grad(lambda x, r: losses.contrastive_loss(
+      x, Y, ref=losses.Candidates(r, mem_y), pos_mask=pos, neg_mask=neg),
+                                  argnums=(0, 1)))
+  value, grads = vg(jax.numpy.asarray(x, "float32"),
+                    jax.numpy.asarray(mem, "float32"))
+  tuples = tuple(torch.tensor(np.nonzero(m)[i]) for m in (pos, neg)
+                 for i in (0, 1))
+  pml_checks.close((value, grads), pml_checks.pml_vg(
+      pml_losses.ContrastiveLoss(pos_margin=0.0, neg_margin=0.5), x, Y,
+      mem, mem_y, indices_tuple=tuples))
+  with pytest.raises(ValueError, match="takes no reference"):
+    losses.get_miner("angular").bind()(x, Y, ref=ref)

@@ -71,6 +71,22 @@ def test_hierarchical_sampler_draws_from_the_alphabets():
     run_lib.make_sampler(c, records[:200])
 
 
+def test_hierarchical_sampler_reads_sops_super_labels():
+  """SOP's records carry their super-class (``super_label``): the sampler
+  reads them (issue 40 item 9); the config check lets SOP through."""
+  records = [{"label": c, "super_label": 1 + c % 3}
+             for c in np.repeat(np.arange(12), 2)]
+  c = helpers.override(helpers.digits_config(), **{
+      "dataset.name": "sop", "batch.sampler": "hierarchical",
+      "batch.classes_per_batch": 4, "batch.images_per_class": 2})
+  s = run_lib.make_sampler(c, records)
+  batch = np.asarray([records[i]["super_label"] for i in s.indices(3)])
+  np.testing.assert_array_equal(batch.reshape(2, 4), np.broadcast_to(
+      s.super_tuple(3)[:, None], (2, 4)))
+  assert data_lib.get_dataset_info("sop").super_labels
+  assert not data_lib.get_dataset_info("cub200").super_labels
+
+
 def test_build_model_reads_the_model_section():
   c = helpers.digits_config(**{"model.embedding_dim": 6,
                                "model.dtype": "bfloat16"})

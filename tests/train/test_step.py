@@ -209,3 +209,79 @@ def test_the_objective_adds_more_losses_and_regularizers():
   np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
   assert step_lib.make_loss_fn(losses.get_loss("circle")).additions(
       x, y, {}, key=None, axis_name=None) is None
+
+
+def test_each_loss_sees_its_own_miner_in_the_train_step(monkeypatch):
+  """``config.miner`` reaches the main loss (here HDC, a miner of
+  losses/pml_miners.py) and a term of ``config.more_losses`` gets its own
+  (batch-hard, of losses/miners.py; issue 40 item 7): in a real train step
+  the masks each loss receives are its miner's of the embeddings it sees."""
+  from circle_jax import config as config_lib, config_facts, losses
+  from circle_jax.losses import engine
+  seen = {}
+  original = engine.embedding_loss
+
+  def spy(rule, embeddings, labels, **options):
+    if options.get("pos_mask") is not None:
+      jax.debug.callback(
+          lambda *a, name=type(rule).__name__: seen.setdefault(
+              name, [np.asarray(x) for x in a]),
+          embeddings, labels, options["pos_mask"], options["neg_mask"])
+    return original(rule, embeddings, labels, **options)
+
+  config = config_lib.base_config()
+  config.loss = config_lib.loss_config("circle")
+  config.miner.name, config.miner.filter_percentage = "hdc", 0.3
+  config.more_losses.con = config_lib.more_loss(
+      "contrastive", 0.5, miner={"name": "batch_hard"})
+  config.more_losses.plain = config_lib.more_loss("contrastive", 0.1)
+  loss_fn = step_lib.make_loss_fn(
+      losses.get_loss("circle"), {}, config_facts.more_losses(config),
+      config.miner.to_dict(), config_facts.more_loss_miners(config))
+  monkeypatch.setattr(engine, "embedding_loss", spy)
+  state = _initial_state(losses.get_loss("circle"),
+                         helpers.TinyNet(use_bn=False), optax.sgd(0.1))
+  step = jax.jit(functools.partial(step_lib.train_step, loss_fn=loss_fn,
+                                   base_key=jax.random.PRNGKey(0)))
+  _, metrics = step(state, helpers.fake_batch(jax.random.PRNGKey(0)))
+  jax.effects_barrier()
+  assert bool(metrics["finite"])
+  assert set(seen) == {"Circle", "Contrastive"}  # "plain" mines nothing
+  for rule, miner in (("Circle", functools.partial(
+      losses.hdc_miner, filter_percentage=0.3)),
+                      ("Contrastive", losses.batch_hard_miner)):
+    x, y, pos, neg = seen[rule]
+    want = miner(jnp.asarray(x), jnp.asarray(y))
+    np.testing.assert_array_equal(pos, want[0])
+    np.testing.assert_array_equal(neg, want[1])
+    assert 0 < pos.sum() < (y[:, None] == y[None]).sum() - len(y)
+  with pytest.raises(ValueError, match="not terms of"):
+    step_lib.make_loss_fn(losses.get_loss("circle"),
+                          more_miners={"nope": {"name": "hdc"}})
+
+
+def test_the_miner_mines_against_the_cross_batch_memory():
+  """With references (the cross-batch memory's ``ref``) the step's miner
+  mines anchors x references and the loss gets those masks (PML's miners
+  with ``ref_emb``); a miner of the batch only says so in one line."""
+  from circle_jax import losses
+  x = jax.random.normal(jax.random.PRNGKey(0), (8, 4))
+  y = jnp.arange(8) % 4
+  ref = losses.Candidates(jax.random.normal(jax.random.PRNGKey(1), (6, 4)),
+                          jnp.arange(6) % 3)
+  fn = step_lib.make_loss_fn(losses.get_loss("contrastive"), {},
+                             miner={"name": "pair_margin",
+                                    "pos_margin": 1.0})
+  got, unmined, want = jax.jit(lambda x, ref: (
+      fn(x, y, {}, key=None, axis_name=None, ref=ref),
+      losses.contrastive_loss(x, y, ref=ref),
+      losses.contrastive_loss(x, y, ref=ref, **dict(zip(
+          ("pos_mask", "neg_mask"),
+          losses.pair_margin_miner(x, y, ref=ref, pos_margin=1.0))))))(
+              x, ref)
+  np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
+  assert float(got) != float(unmined)
+  angular = step_lib.make_loss_fn(losses.get_loss("contrastive"), {},
+                                  miner={"name": "angular"})
+  with pytest.raises(ValueError, match="takes no reference"):
+    angular(x, y, {}, key=None, axis_name=None, ref=ref)

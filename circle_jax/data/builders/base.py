@@ -116,12 +116,15 @@ class PlannedImage:
     member: its path inside that tree.
     path: the path written to the record (the official relative path).
     class_key: sortable original class id (int, or tuple for Omniglot).
+    super_label: the official id of its super-class (a builder with
+      ``SUPER_LABELS``, e.g. SOP's ``super_class_id``), else None.
   """
 
   source: str
   member: str
   path: str
   class_key: object
+  super_label: Optional[int] = None
 
 
 def finalize_split(images: Sequence[PlannedImage], class_keys=None):
@@ -204,6 +207,10 @@ class EncodedImageBuilder(tfds.core.GeneratorBasedBuilder,
   HOMEPAGE = ""
   CITATION = ""
   DESCRIPTION = ""
+  # Whether the records carry a "super_label" (int64, the super-class id of
+  # the official lists) and the split metadata "class_super_labels" (that
+  # of each class, in label order; read by split_super_labels).
+  SUPER_LABELS = False
 
   def __init__(self, *, allow_download: bool = True,
                requested_manual_dir=None, **kwargs):
@@ -222,14 +229,18 @@ class EncodedImageBuilder(tfds.core.GeneratorBasedBuilder,
     return epath.Path(inspect.getfile(cls))
 
   def _info(self):
+    features = {
+        "image": tfds.features.Tensor(shape=(), dtype=np.object_),
+        "label": tfds.features.Tensor(shape=(), dtype=np.int64),
+        "path": tfds.features.Text(),
+    }
+    if self.SUPER_LABELS:
+      features["super_label"] = tfds.features.Tensor(shape=(),
+                                                     dtype=np.int64)
     return tfds.core.DatasetInfo(
         builder=self,
         description=self.DESCRIPTION,
-        features=tfds.features.FeaturesDict({
-            "image": tfds.features.Tensor(shape=(), dtype=np.object_),
-            "label": tfds.features.Tensor(shape=(), dtype=np.int64),
-            "path": tfds.features.Text(),
-        }),
+        features=tfds.features.FeaturesDict(features),
         supervised_keys=("image", "label"),
         homepage=self.HOMEPAGE or None,
         citation=self.CITATION or None,
@@ -309,6 +320,9 @@ class EncodedImageBuilder(tfds.core.GeneratorBasedBuilder,
           "class_names": [_class_name(k) for k in class_keys],
           "complete": expected is None or expected == len(images),
       }
+      if self.SUPER_LABELS:
+        meta[split]["class_super_labels"] = _class_super_labels(
+            images, labels, len(class_keys), split)
       if expected is not None and expected != len(images):
         logging.warning(
             "%s/%s: %d images, the complete official dataset has %d.",
@@ -330,17 +344,59 @@ class EncodedImageBuilder(tfds.core.GeneratorBasedBuilder,
         for i in members[member]:
           where = f"'{images[i].path}' ({tree.description})"
           check_image(data, where)
-          yield _key(i, total), {
+          record = {
               "image": data,
               "label": int(labels[i]),
               "path": images[i].path,
           }
+          if self.SUPER_LABELS:
+            record["super_label"] = int(images[i].super_label)
+          yield _key(i, total), record
+
+
+def _class_super_labels(images, labels, num_classes: int, split: str):
+  """The super-label of each class (label order); one line naming a class
+  whose images disagree."""
+  of = [None] * num_classes
+  for im, label in zip(images, labels):
+    if of[label] is None:
+      of[label] = int(im.super_label)
+    elif of[label] != im.super_label:
+      raise ValueError(
+          f"split '{split}': class {im.class_key} has images of super-classes"
+          f" {of[label]} and {im.super_label}; the lists are inconsistent.")
+  return of
 
 
 def _class_name(key) -> str:
   if isinstance(key, tuple):
     return "/".join(str(k) for k in key)
   return str(key)
+
+
+def split_super_labels(source) -> np.ndarray:
+  """The int64 super-label of every record of a split of a builder with
+  ``SUPER_LABELS`` (SOP's ``super_class_id``), from the split metadata
+  without reading the images (records are sorted by label), else from the
+  records' ``super_label``; with :func:`split_labels`, the ``[N, 2]`` labels
+  of :class:`circle_jax.data.samplers.HierarchicalSampler`.
+
+  Raises:
+    ValueError: the records carry no super-label.
+  """
+  info = getattr(source, "dataset_info", None)
+  meta = getattr(info, "metadata", None) if info is not None else None
+  split = str(getattr(source, "split", None))
+  if meta and "splits" in meta and "class_super_labels" in meta[
+      "splits"].get(split, {}):
+    of_class = np.asarray(meta["splits"][split]["class_super_labels"],
+                          np.int64)
+    return of_class[split_labels(source)]
+  if len(source) and "super_label" not in source[0]:
+    raise ValueError("The records have no 'super_label': the dataset declares"
+                     " no super-classes (SOP does).")
+  return np.array([int(source[i]["super_label"]) for i in range(len(source))],
+                  np.int64)
 
 
 def split_labels(source) -> np.ndarray:

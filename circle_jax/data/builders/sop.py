@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tensorflow_datasets as tfds
+
 from circle_jax.data.builders import base
 
 _FOLDER = "Stanford_Online_Products"
@@ -15,10 +17,17 @@ class Sop(base.EncodedImageBuilder, skip_registration=True):
   Manual directory: ``Stanford_Online_Products.zip`` or its extracted
   ``Stanford_Online_Products/`` folder. ``Ebay_train.txt`` (11,318 classes,
   59,551 images) and ``Ebay_test.txt`` (11,316 classes, 60,502 images) list
-  ``image_id class_id super_class_id path`` after a header line.
+  ``image_id class_id super_class_id path`` after a header line. The
+  records keep ``super_class_id`` (1..12: bicycle, cabinet, ...) as
+  ``super_label``, for :class:`circle_jax.data.samplers.HierarchicalSampler`
+  (:func:`circle_jax.data.split_super_labels`).
   """
 
   name = "sop"
+  VERSION = tfds.core.Version("1.1.0")
+  RELEASE_NOTES = {"1.0.0": "Initial release.",
+                   "1.1.0": "Records keep super_class_id as super_label."}
+  SUPER_LABELS = True
   HOMEPAGE = "https://cvgl.stanford.edu/projects/lifted_struct/"
   DESCRIPTION = "Stanford Online Products, official class-disjoint split."
   CITATION = ("@inproceedings{songCVPR16, title={Deep Metric Learning via "
@@ -64,5 +73,6 @@ def _read_list(tree, rel):
       raise ValueError(f"{rel} line {n}: expected 4 fields, got {line!r}.")
     path = parts[3]
     out.append(base.PlannedImage(source="sop", member=f"{_FOLDER}/{path}",
-                                 path=path, class_key=int(parts[1])))
+                                 path=path, class_key=int(parts[1]),
+                                 super_label=int(parts[2])))
   return out

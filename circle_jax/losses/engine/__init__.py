@@ -110,6 +110,8 @@ from circle_jax.losses.engine.tiles import PairSide, pair_masks
 from circle_jax.losses.engine.dispatch import pair_terms, term_kind
 from circle_jax.losses.engine.reductions import (
     REDUCTIONS,
+    MultipleReducers,
+    PerAnchorReducer,
     Reduction,
     as_reduction,
     reduce_terms,

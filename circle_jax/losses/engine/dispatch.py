@@ -214,7 +214,8 @@ def _pair_reduction(rule, rows, cols, shape, pos_mask, neg_mask, reduction,
     return jnp.where(pos, v_p, 0.0) + jnp.where(neg, v_n, 0.0)
   reduce = functools.partial(reductions.reduce_terms, reduction=reduction,
                              labels=rows.labels, axis_name=axis_name)
-  return reductions.to_float32_scalar(reduce(v_p, pos) + reduce(v_n, neg))
+  return reductions.to_float32_scalar(reduce(v_p, pos, name="pos_loss")
+                                      + reduce(v_n, neg, name="neg_loss"))
 
 
 def _engine(rule, rows, cols, *, shape, axis_name, on_ring, block_size,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Optional
+from typing import Mapping, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -117,9 +117,11 @@ class Reduction:
 
 
 def as_reduction(reduction) -> Optional[Reduction]:
-  """``None`` (the loss's own reduction), a :class:`Reduction`, or one
-  from its name."""
-  if reduction is None or isinstance(reduction, Reduction):
+  """``None`` (the loss's own reduction), a :class:`Reduction` (or a
+  :class:`PerAnchorReducer`, :class:`MultipleReducers`), or one from its
+  name."""
+  if reduction is None or isinstance(
+      reduction, (Reduction, PerAnchorReducer, MultipleReducers)):
     return reduction
   if isinstance(reduction, str):
     return Reduction(kind=reduction)
@@ -135,7 +137,7 @@ def refuse_reduction(reduction, loss: str, reason: str) -> None:
 
 
 def reduce_terms(terms: Array, elements: Array, reduction: Reduction, *,
-                 labels: Array, axis_name=None) -> Array:
+                 labels: Array, axis_name=None, name: str = "loss") -> Array:
   """``reduction`` of the terms of the (global) batch's elements.
 
   The one reducer of every loss's ``reduction`` option: each of its kinds
@@ -149,11 +151,16 @@ def reduce_terms(terms: Array, elements: Array, reduction: Reduction, *,
     reduction: a :class:`Reduction`.
     labels: ``[M]`` the anchors' labels (``"class_weighted"``).
     axis_name: optional mapped axis: the global batch.
+    name: PML's name of this set of terms (``"loss"``; a pair loss's
+      ``"pos_loss"``, ``"neg_loss"``): the key of :class:`MultipleReducers`.
 
   Returns:
     a float32 scalar, or with ``"none"`` the terms (0 outside the
     elements).
   """
+  if not isinstance(reduction, Reduction):
+    return _reduce_composite(terms, elements, reduction, labels=labels,
+                             axis_name=axis_name, name=name)
   terms = jnp.where(elements, terms, 0.0)
   kind = reduction.kind
   if kind == "none":
@@ -179,3 +186,95 @@ def reduce_terms(terms: Array, elements: Array, reduction: Reduction, *,
     nonzero = divisor != 0  # PML: a zero divisor gives a zero loss
     return jnp.where(nonzero, total / jnp.where(nonzero, divisor, 1.0), 0.0)
   return ratio_of_sums(terms, count, axis_name)
+
+
+# ----------------------------------------------------------------------------
+# pytorch-metric-learning's composite reducers: PerAnchorReducer and
+# MultipleReducers, on the same terms (reduce_terms dispatches to them).
+# ----------------------------------------------------------------------------
+
+
+def _check_inner(reducer, composite: str) -> Reduction:
+  if not isinstance(reducer, Reduction) or reducer.kind == "none":
+    raise ValueError(f"{composite} takes Reductions other than 'none' "
+                     f"(the terms must become a number); got {reducer!r}.")
+  return reducer
+
+
+@dataclasses.dataclass(frozen=True)
+class PerAnchorReducer:
+  """PML's ``PerAnchorReducer``: a pair loss's terms averaged per anchor,
+  then ``reducer`` of those per-anchor terms (every anchor an element).
+
+  An anchor's term is the mean of its row's elements (its pairs of the
+  set), 0 for an anchor without one, as PML's default ``aggregation_func``;
+  anchor terms (a rule's per-anchor losses) go to ``reducer`` unchanged;
+  triplet terms are refused, as PML does.
+
+  Attributes:
+    reducer: the :class:`Reduction` of the per-anchor terms (PML's
+      ``reducer``, default ``MeanReducer``: ``Reduction("mean")``).
+  """
+
+  reducer: Reduction = Reduction()
+
+  kind = "per_anchor"
+
+  def __post_init__(self):
+    _check_inner(self.reducer, "PerAnchorReducer")
+
+
+@dataclasses.dataclass(frozen=True)
+class MultipleReducers:
+  """PML's ``MultipleReducers``: each named set of a loss's terms (PML's
+  sub-loss names: ``"pos_loss"`` and ``"neg_loss"`` of a pair loss,
+  ``"loss"`` of the others) reduced by its own :class:`Reduction` (by
+  ``default_reducer`` when not named), and the results added.
+
+  Attributes:
+    reducers: ``{name: Reduction}`` (kept as sorted ``(name, Reduction)``
+      pairs, so the reducer is hashable and can be a static option).
+    default_reducer: the :class:`Reduction` of the other sets (PML's
+      default ``MeanReducer``).
+  """
+
+  reducers: Tuple[Tuple[str, Reduction], ...] = ()
+  default_reducer: Reduction = Reduction()
+
+  kind = "multiple"
+
+  def __post_init__(self):
+    pairs = self.reducers
+    pairs = tuple(sorted((pairs.items() if isinstance(pairs, Mapping)
+                          else pairs)))
+    for name, reducer in pairs + (("default_reducer", self.default_reducer),):
+      if not isinstance(name, str):
+        raise ValueError(f"MultipleReducers' keys are sub-loss names "
+                         f"('pos_loss', 'neg_loss', 'loss'); got {name!r}.")
+      _check_inner(reducer, "MultipleReducers")
+    object.__setattr__(self, "reducers", pairs)
+
+  def reducer_of(self, name: str) -> Reduction:
+    """The :class:`Reduction` of the set of terms ``name``."""
+    return dict(self.reducers).get(name, self.default_reducer)
+
+
+def _reduce_composite(terms, elements, reduction, *, labels, axis_name,
+                      name):
+  """:func:`reduce_terms` with a :class:`PerAnchorReducer` or
+  :class:`MultipleReducers`."""
+  if isinstance(reduction, MultipleReducers):
+    return reduce_terms(terms, elements, reduction.reducer_of(name),
+                        labels=labels, axis_name=axis_name)
+  if not isinstance(reduction, PerAnchorReducer):
+    raise ValueError(f"Not a reduction: {reduction!r}; see "
+                     "circle_jax.losses.engine.reductions.")
+  if terms.ndim > 2:
+    raise ValueError("PerAnchorReducer takes anchor or pair terms, not "
+                     "triplets (as PML's); use a Reduction.")
+  if terms.ndim == 2:  # pairs: each anchor's mean over its row's elements
+    count = jnp.sum(elements, axis=1)
+    total = jnp.sum(jnp.where(elements, terms, 0.0), axis=1)
+    terms = jnp.where(count > 0, total / jnp.maximum(count, 1), 0.0)
+  return reduce_terms(terms, jnp.ones(terms.shape, bool), reduction.reducer,
+                      labels=labels, axis_name=axis_name)

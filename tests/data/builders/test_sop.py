@@ -56,3 +56,28 @@ def test_bad_header(tmp_path):
   fixtures.write_tree(lists, tmp_path)
   with pytest.raises(ValueError, match="Ebay_train.txt.*header"):
     builders.Sop(data_dir=str(tmp_path / "d")).plan_splits(tmp_path)
+
+
+def test_super_classes_are_kept_for_the_hierarchical_sampler(tmp_path):
+  """Each record keeps its ``super_class_id`` (issue 40 item 9), the split
+  metadata that of each class, so HierarchicalSampler runs on SOP."""
+  lists, rels = fixtures.sop_lists([2] * 14, [1])
+  images = {f"Stanford_Online_Products/{r}": fixtures.encode("JPEG", i)
+            for i, r in enumerate(rels)}
+  fixtures.write_tree({**lists, **images}, tmp_path / "m")
+  train = data.load_split("sop", "train", data_dir=tmp_path / "d",
+                          manual_dir=tmp_path / "m")
+  labels = data.split_labels(train)
+  supers = data.split_super_labels(train)
+  # The fixture's class id c (label c - 1) is in super-class (c - 1) % 12 + 1.
+  np.testing.assert_array_equal(supers, labels % 12 + 1)
+  assert [int(train[i]["super_label"]) for i in range(len(train))] == list(
+      supers)
+  sampler = data.HierarchicalSampler(
+      np.stack([labels, supers], 1), batch_size=4, samples_per_class=2,
+      super_classes_per_batch=2)
+  batch = sampler.indices(0)
+  assert len(set(supers[batch])) == 2
+  assert set(supers[batch]) == set(sampler.super_tuple(0))
+  with pytest.raises(ValueError, match="no 'super_label'"):
+    data.split_super_labels([{"label": 0}])

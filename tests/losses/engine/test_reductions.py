@@ -181,3 +181,52 @@ def test_reductions_on_eight_devices_equal_one_device():
   y = jnp.asarray(_Y)
   engine_checks.close(engine_checks.sharded_vg(fn, x, y),
                       _eager_vg(fn, x, y))
+
+
+def test_per_anchor_and_multiple_reducers_equal_pml():
+  """PML's PerAnchorReducer and MultipleReducers on contrastive's pair
+  terms (and PerAnchorReducer on Circle's anchor terms): value and
+  gradient, one program; triplets and a 'none' inside are refused."""
+  pytest.importorskip("pytorch_metric_learning")
+  from pytorch_metric_learning import losses as pl, reducers as pr
+  from circle_jax import losses
+  from tests.losses import pml_checks
+  x = pml_checks.batch(7)
+  contrastive = functools.partial(pl.ContrastiveLoss, pos_margin=0.0,
+                                  neg_margin=0.5)
+  cases = [
+      (losses.contrastive_loss, engine.PerAnchorReducer(),
+       contrastive(reducer=pr.PerAnchorReducer())),
+      (losses.contrastive_loss, engine.PerAnchorReducer(
+          engine.Reduction("threshold", low=0.05)),
+       contrastive(reducer=pr.PerAnchorReducer(
+           pr.ThresholdReducer(low=0.05)))),
+      (losses.contrastive_loss, engine.MultipleReducers(
+          {"pos_loss": engine.Reduction("sum")},
+          default_reducer=engine.Reduction("avg_non_zero")),
+       contrastive(reducer=pr.MultipleReducers(
+           {"pos_loss": pr.SumReducer()},
+           default_reducer=pr.AvgNonZeroReducer()))),
+      (functools.partial(losses.circle_loss, gamma=2.0),
+       engine.PerAnchorReducer(engine.Reduction(
+           "class_weighted", weights=_W)),
+       None),
+  ]
+  run = jax.jit(lambda x: [jax.value_and_grad(
+      lambda x, fn=fn, r=r: fn(x, jnp.asarray(_Y), reduction=r))(x)
+                           for fn, r, _ in cases])
+  got = run(jnp.asarray(x, jnp.float32))
+  for g, (_, _, theirs) in zip(got[:3], cases):
+    pml_checks.close(g, pml_checks.pml_vg(theirs, x, _Y))
+  # Anchor terms go to the inner reducer unchanged.
+  plain = losses.circle_loss(
+      jnp.asarray(x, jnp.float32), jnp.asarray(_Y), gamma=2.0,
+      reduction=engine.Reduction("class_weighted", weights=_W))
+  np.testing.assert_allclose(float(got[3][0]), float(plain), rtol=1e-6)
+  with pytest.raises(ValueError, match="not triplets"):
+    losses.triplet_margin_loss(jnp.asarray(x), jnp.asarray(_Y),
+                               reduction=engine.PerAnchorReducer())
+  with pytest.raises(ValueError, match="other than 'none'"):
+    engine.MultipleReducers({"pos_loss": engine.Reduction("none")})
+  with pytest.raises(ValueError, match="sub-loss names"):
+    engine.MultipleReducers({0: engine.Reduction()})
