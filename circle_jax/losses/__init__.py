@@ -175,3 +175,7 @@ from circle_jax.losses.pml_miners import (
     triplet_margin_miner,
     uniform_histogram_miner,
 )
+from circle_jax.losses.potential_field import (
+    PotentialField,
+    potential_field_loss,
+)

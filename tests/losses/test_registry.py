@@ -84,6 +84,10 @@ _PARAM.update({"large_margin_softmax": "class_weights",
 _SPEC["subspace_arcface"] = {"margin": 0.25, "scale": 32.0,
                              "num_features": 512, "straight_through": True}
 _PARAM["subspace_arcface"] = "class_weights"
+# Issue 41: Potential Field DML (defaults ours: no public code).
+_SPEC["potential_field"] = {"alpha": 1.0, "delta": 0.5, "lambda_rep": 1.0,
+                            "lambda_proxy": 1.0}
+_PARAM["potential_field"] = "proxies"
 
 C, D = 4, 8
 Y = np.repeat(np.arange(C), 4)  # P x K = 4 x 4

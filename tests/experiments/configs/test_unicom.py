@@ -67,14 +67,8 @@ def test_unknown_dataset():
 
 
 def test_two_training_steps_of_the_recipe(tiny_datasets, tmp_path):  # noqa: F811
-  c = _shrink(unicom.get_config("sop"), *tiny_datasets["sop"],
-              backbone="config")
-  c.model.kwargs.depth = 1
-  c.model.kwargs.width = 32
-  c.model.kwargs.num_heads = 2
-  c.model.kwargs.image_size = 64
-  c.model.dtype = "float32"
-  c.model.embedding_dim = 12
+  c = recipe_checks.tiny_vit(_shrink(
+      unicom.get_config("sop"), *tiny_datasets["sop"], backbone="config"), 12)
   c.loss.num_features = 8  # 8 of 12 dimensions per step
   c.optim.lr_warmup_steps = 1
   result = loop.train_and_evaluate(c, str(tmp_path / "run"))
