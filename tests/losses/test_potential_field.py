@@ -22,20 +22,26 @@ def _fn(x, labels, **kw):
                                      **kw)
 
 
-def _loops(x, y, p, alpha=1.0, delta=0.5, lambda_rep=1.0, lambda_proxy=1.0):
-  """The loss as loops over the ordered pairs and (sample, proxy) pairs,
-  float64."""
-  def unit(v):
-    return np.asarray(v, np.float64) / np.linalg.norm(v)
+def _cosine_distance(a, b):
+  a = np.asarray(a, np.float64) / np.linalg.norm(a)
+  b = np.asarray(b, np.float64) / np.linalg.norm(b)
+  return np.linalg.norm(a - b)
 
+
+def _loops(x, y, p, alpha=1.0, delta=0.5, lambda_rep=1.0, lambda_proxy=1.0,
+           ref=None, ref_y=None, dist=_cosine_distance):
+  """The loss as loops over the ordered pairs (with the references ``ref``
+  as the columns if given) and the (sample, proxy) pairs, float64."""
   def energy(pairs):
     att = [-(d + delta) ** -alpha for d, same in pairs if same]
     rep = [(d + delta) ** -alpha for d, same in pairs if not same]
     return ((sum(att) / len(att) if att else 0.0)
             + lambda_rep * (sum(rep) / len(rep) if rep else 0.0))
-  batch = [(np.linalg.norm(unit(x[i]) - unit(x[j])), y[i] == y[j])
-           for i in range(len(x)) for j in range(len(x)) if i != j]
-  proxy = [(np.linalg.norm(unit(x[i]) - unit(p[c])), y[i] == c)
+  cols, col_y = (x, y) if ref is None else (ref, ref_y)
+  batch = [(dist(x[i], cols[j]), y[i] == col_y[j])
+           for i in range(len(x)) for j in range(len(cols))
+           if ref is not None or i != j]
+  proxy = [(dist(x[i], p[c]), y[i] == c)
            for i in range(len(x)) for c in range(len(p))]
   return energy(batch) + lambda_proxy * energy(proxy)
 
@@ -83,6 +89,34 @@ def test_blockwise_and_the_8_device_ring_equal_dense():
                       want)
   engine_checks.close(engine_checks.sharded_vg(
       _fn, x, y, collective="ring", block_size=3, **_HYPER), want)
+
+
+def test_references_and_the_poincare_ball():
+  # A memory as the pair part's columns (the proxy part keeps the batch).
+  rng = np.random.default_rng(9)
+  mem = rng.normal(size=(6, _D))
+  mem_y = np.array([0, 1, 2, 3, 4, 0], np.int32)
+  got = jax.jit(lambda x, m: _fn(x, _Y, ref=losses.Candidates(m, mem_y),
+                                 **_HYPER))(_X.astype(np.float32),
+                                            mem.astype(np.float32))
+  np.testing.assert_allclose(
+      float(got), _loops(_X, _Y, _P, ref=mem, ref_y=mem_y, **_HYPER),
+      rtol=2e-5)
+  # The ball (c 0.1, r 2.3): its distances (the geometry's) in the formula.
+  ball = losses.engine.resolve_geometry("poincare")
+
+  points = np.concatenate([_X, _P])
+  z = ball.embed(jnp.asarray(points, jnp.float32))
+  table = np.asarray(ball.to_distance(ball.tile(z, z)), np.float64)
+  row = {v.tobytes(): i for i, v in enumerate(points)}
+
+  def ball_distance(a, b):
+    return table[row[a.tobytes()], row[b.tobytes()]]
+  got = jax.jit(lambda x: _fn(x, _Y, geometry="poincare", **_HYPER))(
+      _X.astype(np.float32))
+  np.testing.assert_allclose(
+      float(got), _loops(_X, _Y, _P, dist=ball_distance, **_HYPER),
+      rtol=1e-4)
 
 
 def test_empty_sets_give_zero_loss_and_zero_gradient():
