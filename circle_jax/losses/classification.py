@@ -415,6 +415,7 @@ def subspace_arcface_loss(
     raise ValueError(f"`features` must be a 1-D integer array of feature "
                      f"indices; got {features.dtype} {features.shape}.")
   ranges.check_range(scale, "scale", ranges.POSITIVE_RANGE)
+  checks.check_class_vectors(class_weights, dim, "class_weights")
   x = jnp.take(embeddings, features, axis=1)
   w = jnp.take(class_weights, features, axis=1)
   x, labels, w, block = class_shard.class_block(

@@ -362,6 +362,8 @@ def test_subspace_arcface_bad_inputs():
     losses.subspace_arcface_loss(_XS, _YS, _WS, features=np.ones(3))
   with pytest.raises(ValueError, match="scale"):
     losses.subspace_arcface_loss(_XS, _YS, _WS, num_features=_D2, scale=0.0)
+  with pytest.raises(ValueError, match="dimension"):  # before the selection
+    losses.subspace_arcface_loss(_XS, _YS, _WS[:, :6], features=np.arange(4))
 
 
 # Slow (PyTorch imported, eager ops): CI runs it.
