@@ -319,14 +319,16 @@ def subspace_indices(key: Array, dim: int, num_features: int) -> Array:
   return jax.random.permutation(key, dim)[:num_features]
 
 
-def subspace_arcface_loss(
-    embeddings: Array, labels: Array, class_weights: Array, *,
-    margin: float = SubspaceArcFace.margin,
-    scale: float = SubspaceArcFace.scale,
-    num_features: int = SubspaceArcFace.num_features,
-    straight_through: bool = SubspaceArcFace.straight_through,
-    features: Optional[Array] = None, axis_name: Optional[str] = None,
-    **layout) -> Array:
+def subspace_arcface_loss(embeddings: Array, labels: Array,
+                          class_weights: Array, *,
+                          margin: float = SubspaceArcFace.margin,
+                          scale: float = SubspaceArcFace.scale,
+                          num_features: int = SubspaceArcFace.num_features,
+                          straight_through: bool = (
+                              SubspaceArcFace.straight_through),
+                          features: Optional[Array] = None,
+                          axis_name: Optional[str] = None,
+                          **layout) -> Array:
   r"""Unicom's subspace ArcFace: ArcFace on a random ``k`` of the ``D``
   feature dimensions each step (An et al. 2023).
 
