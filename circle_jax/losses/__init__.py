@@ -95,6 +95,8 @@ from circle_jax.losses.classification import (
     subcenter_arcface_loss,
     subcenter_arcface_outliers,
     softmax_loss,
+    subspace_arcface_loss,
+    subspace_indices,
 )
 from circle_jax.losses.class_shard import (
     pad_rows,
@@ -172,4 +174,8 @@ from circle_jax.losses.pml_miners import (
     hdc_miner,
     triplet_margin_miner,
     uniform_histogram_miner,
+)
+from circle_jax.losses.potential_field import (
+    PotentialField,
+    potential_field_loss,
 )

@@ -293,6 +293,148 @@ def _subcenter_arcface(embeddings, labels, class_weights, hp, axis_name,
   return block.cross_entropy(logits, onehot)
 
 
+@dataclasses.dataclass(frozen=True)
+class SubspaceArcFace:
+  """Unicom's fine-tuning hyperparameters (the official retrieval scripts:
+  ``--margin_loss_s 32 --margin_loss_m2 0.25 --num_feat 512``)."""
+
+  margin: float = 0.25
+  scale: float = 32.0
+  num_features: int = 512
+  straight_through: bool = True
+
+
+def subspace_indices(key: Array, dim: int, num_features: int) -> Array:
+  """The ``[min(k, D)]`` feature dimensions one step of
+  :func:`subspace_arcface_loss` keeps: the first ``k`` of a uniformly random
+  permutation of ``range(D)`` (all ``D``, in order, when ``k >= D``).
+
+  Args:
+    key: the step's PRNG key (as passed to the loss).
+    dim: ``D``.
+    num_features: ``k``.
+  """
+  if num_features >= dim:
+    return jnp.arange(dim)
+  return jax.random.permutation(key, dim)[:num_features]
+
+
+def subspace_arcface_loss(embeddings: Array, labels: Array,
+                          class_weights: Array, *,
+                          margin: float = SubspaceArcFace.margin,
+                          scale: float = SubspaceArcFace.scale,
+                          num_features: int = SubspaceArcFace.num_features,
+                          straight_through: bool = (
+                              SubspaceArcFace.straight_through),
+                          features: Optional[Array] = None,
+                          axis_name: Optional[str] = None,
+                          **layout) -> Array:
+  r"""Unicom's subspace ArcFace: ArcFace on a random ``k`` of the ``D``
+  feature dimensions each step (An et al. 2023).
+
+  Each call keeps one random set ``S`` of ``k`` dimensions, the same for
+  every sample, every class vector and every device
+  (``subspace_indices(key, D, k)`` of the step's ``key``), and runs ArcFace on the
+  embeddings and class vectors restricted to ``S`` and *then* normalised:
+
+  .. math::
+
+    \cos\theta_{ic} = \frac{x_{i,S} \cdot W_{c,S}}
+                           {\|x_{i,S}\| \|W_{c,S}\|}, \qquad
+    L = \frac{1}{B} \sum_i -\log
+        \frac{e^{s \cos(\theta_{i y_i} + m)}}
+             {e^{s \cos(\theta_{i y_i} + m)}
+              + \sum_{c \ne y_i} e^{s \cos\theta_{ic}}} .
+
+  The dimensions outside ``S`` get zero gradient this step. ``k >= D`` keeps
+  every dimension (no key needed). Evaluation uses the whole embedding (the
+  official code evaluates on the first ``k`` dimensions of the normalised
+  embedding; a recipe's concern, not the loss's).
+
+  The official code (``unicom/partial_fc.py``, ``PartialFC_V2`` with
+  ``CombinedMarginLoss``), read for this function: ``S`` is drawn once per
+  forward pass (``argsort`` of ``torch.rand(D)``, first ``k``), applied to
+  the gathered embeddings and the (PartialFC-sampled) class rows alike,
+  before ``normalize``; the cosines are clamped to ``[-1, 1]``; the target
+  logit is ``cos(arccos(cos) + m)`` computed under ``torch.no_grad`` on the
+  logits in place, so its gradient is the plain cosine's (``s`` times the
+  softmax residual: a straight-through margin) and there is no extension
+  beyond ``theta + m > pi``. ``straight_through=True`` (default) is that
+  code: the same value and gradient. The paper gives ArcFace's value only;
+  ``straight_through=False`` is :func:`arcface_loss` on ``S`` (the true
+  gradient of ``cos(theta + m)`` and its monotonic extension
+  ``cos(theta) - m sin(m)`` beyond ``pi - m``). The code's ranks draw ``S``
+  from an unseeded, identical CUDA generator stream, so every rank keeps
+  the same ``S``; here one key, the same on every device. PartialFC's class
+  sampling (``sample_rate``) is :mod:`circle_jax.losses.class_shard`'s, with
+  the key ``fold_in(key, 1)``.
+
+  Args:
+    embeddings: ``[B, D]`` float32 or bfloat16 (normalised inside, after the
+      selection).
+    labels: ``[B]`` integer labels in ``[0, C)``.
+    class_weights: ``[C, D]`` (normalised inside, after the selection); with
+      ``shard_classes`` this device's ``[ceil(C / n), D]`` rows.
+    margin: ``m`` in radians (the code's ``m2``; SOP and In-Shop scripts:
+      0.25).
+    scale: ``s`` (scripts: 32).
+    num_features: ``k``, the dimensions kept per step (static; the code's
+      ``--num_feat``, 512 of 768).
+    straight_through: the official code's gradient (above).
+    features: optional ``[k]`` int array, the dimensions to keep instead of
+      drawing them (to replay a step; ``subspace_indices`` gives the drawn
+      ones).
+    axis_name, **layout: as :func:`cosface_loss`; ``key`` (the step's PRNG
+      key) is required when ``k < D`` and ``features`` is not given.
+
+  Returns:
+    float32 scalar: the mean over the (global) batch.
+
+  References:
+    An, Deng, Yang, Li, Feng, Guo, Yang, Liu, "Unicom: Universal and Compact
+    Representation Learning for Image Retrieval", ICLR 2023 (random feature
+    selection, Sec. 3); code: github.com/deepglint/unicom
+    (``unicom/partial_fc.py``, ``unicom/retrieval.py``,
+    ``unicom/scripts/sop_vit_b_16.sh``). Deng et al., ArcFace, CVPR 2019.
+  """
+  layout = dict(layout)
+  key = layout.get("key")
+  dim = jnp.shape(embeddings)[-1]
+  if (isinstance(num_features, bool) or not isinstance(num_features, int)
+      or num_features < 1):
+    raise ValueError(f"`num_features` (the subspace's k) must be a positive "
+                     f"Python int; got {num_features!r}.")
+  if features is None:
+    if num_features < dim and key is None:
+      raise ValueError(
+          f"num_features={num_features} < D={dim} draws a random subspace: "
+          "pass the step's PRNG `key` (or the dimensions as `features`).")
+    if key is not None:  # PartialFC's classes: a key of their own
+      layout["key"] = jax.random.fold_in(key, 1)
+    features = subspace_indices(key, dim, num_features)
+  features = jnp.asarray(features)
+  if features.ndim != 1 or not jnp.issubdtype(features.dtype, jnp.integer):
+    raise ValueError(f"`features` must be a 1-D integer array of feature "
+                     f"indices; got {features.dtype} {features.shape}.")
+  ranges.check_range(scale, "scale", ranges.POSITIVE_RANGE)
+  checks.check_class_vectors(class_weights, dim, "class_weights")
+  x = jnp.take(embeddings, features, axis=1)
+  w = jnp.take(class_weights, features, axis=1)
+  x, labels, w, block = class_shard.class_block(
+      x, labels, w, axis_name=axis_name, layout=class_shard.Layout(**layout))
+  cos = ops.cosine_similarity(x, w)
+  onehot = block.onehot(labels)
+  if straight_through:
+    cos = jnp.clip(cos, -1.0, 1.0)
+    shifted = jnp.cos(jnp.arccos(jax.lax.stop_gradient(cos)) + margin)
+    logits = scale * jnp.where(
+        onehot, cos + jax.lax.stop_gradient(shifted - cos), cos)
+  else:
+    logits = _arcface_logits(cos, onehot, margin=margin, scale=scale,
+                             easy_margin=False)
+  return block.cross_entropy(logits, onehot)
+
+
 def subcenter_arcface_outliers(
     embeddings: Array, labels: Array, class_weights: Array, *,
     centers_per_class: int = SubCenterArcFace.centers_per_class,
@@ -374,4 +516,8 @@ REGISTRY = (
     entries.classifier("softmax", softmax_loss,
         init=entries.glorot_uniform, param_init="glorot (xavier) uniform",
         paper="softmax cross-entropy on a linear classifier"),
+    entries.classifier("subspace_arcface", subspace_arcface_loss,
+        needs_key=True, param_init="normal, std 0.01 (PartialFC)",
+        paper="An, Deng, et al., \"Unicom: Universal and Compact "
+              "Representation Learning for Image Retrieval\", ICLR 2023"),
 )

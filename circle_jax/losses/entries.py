@@ -363,12 +363,12 @@ def _with_reduction(hyper: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def classifier(name, fn, *, paper, init=normal(0.01),
-                param_init="normal, std 0.01"):
+                param_init="normal, std 0.01", needs_key=False):
   """The entry of a classifier loss: learnable ``class_weights``, the mean
-  over the samples."""
+  over the samples; ``needs_key``: it samples every step."""
   return entry(name, fn, "classifier", param_name="class_weights",
                 init=init, param_init=param_init, paper=paper,
-                reduction="mean over samples")
+                reduction="mean over samples", needs_key=needs_key)
 
 
 def entry(name, fn, kind, *, paper, reduction, param_name=None,

@@ -80,6 +80,14 @@ _GEOMETRY["vicreg"] = None  # no pairs compared: no geometry
 _PARAM.update({"large_margin_softmax": "class_weights",
                "sphereface": "class_weights", "p2s_grad": "class_weights",
                "manifold": "proxies"})
+# Issue 41: Unicom's subspace ArcFace (the official retrieval scripts').
+_SPEC["subspace_arcface"] = {"margin": 0.25, "scale": 32.0,
+                             "num_features": 512, "straight_through": True}
+_PARAM["subspace_arcface"] = "class_weights"
+# Issue 41: Potential Field DML (defaults ours: no public code).
+_SPEC["potential_field"] = {"alpha": 1.0, "delta": 0.5, "lambda_rep": 1.0,
+                            "lambda_proxy": 1.0}
+_PARAM["potential_field"] = "proxies"
 
 C, D = 4, 8
 Y = np.repeat(np.arange(C), 4)  # P x K = 4 x 4
@@ -93,7 +101,8 @@ def test_names_kinds_params_and_paper_defaults():
     assert entry.kind in ("pair", "proxy", "classifier")
     assert entry.param_name == _PARAM.get(name), name
     assert entry.kind == "pair" or entry.param_name is not None
-    assert entry.needs_key == (name in ("margin", "triplet"))
+    assert entry.needs_key == (
+        name in ("margin", "triplet", "subspace_arcface"))
     assert entry.paper and entry.reduction
     for key, value in _SPEC[name].items():
       assert entry.defaults[key] == value, (name, key)

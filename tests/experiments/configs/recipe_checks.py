@@ -13,3 +13,15 @@ def assert_loss_recipe(section, expected: dict) -> None:
   defaults = dict(config_lib.loss_config(expected["name"]))
   rest = {k: v for k, v in got.items() if k not in expected}
   assert rest == {k: defaults.get(k, "<not a field>") for k in rest}
+
+
+def tiny_vit(c, embedding_dim: int):
+  """A shrunk recipe's ViT made tiny for a two-step CPU run (one block of
+  width 32 at 64 pixels, float32), with ``embedding_dim``."""
+  c.model.kwargs.depth = 1
+  c.model.kwargs.width = 32
+  c.model.kwargs.num_heads = 2
+  c.model.kwargs.image_size = 64
+  c.model.dtype = "float32"
+  c.model.embedding_dim = embedding_dim
+  return c

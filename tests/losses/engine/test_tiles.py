@@ -152,6 +152,8 @@ def test_one_hot_rows_equal_class_ids_for_every_pair_loss():
     for n in names:
       e = losses.LOSSES[n]
       beta = jnp.float32(1.2) if e.param_name else None  # margin's scalar
+      if e.param_name == "proxies":  # potential_field's [C, D] (issue 41)
+        beta = jnp.ones((4, 4)).at[0, 0].set(2.0)
       kw = {"key": None} if e.needs_key else {}
       out[n] = [e.apply(x, labels, beta, **kw) for labels in (y, one_hot)]
     return out
