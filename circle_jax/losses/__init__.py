@@ -173,3 +173,7 @@ from circle_jax.losses.pml_miners import (
     triplet_margin_miner,
     uniform_histogram_miner,
 )
+from circle_jax.losses.hier import (
+    hier_loss,
+    hier_triplet_loss,
+)
