@@ -253,13 +253,15 @@ def _sample_triplets(key, pos: Array, neg: Array, rows: Array, t: int,
   return jax.vmap(one)(pos, neg, rows)
 
 
-def _level_loss(key, dist_pts, pos, neg, rows, *, t, delta, tau, use_noise):
+def _level_loss(key, dist_pts, pos, neg, rows, *, t, delta, tau, use_noise,
+                own=True):
   """The triplet loss of the anchors ``rows`` (indices into ``pos``'s
-  columns and ``dist_pts``' rows), ``(sum, count)`` of the weighted terms."""
+  columns and ``dist_pts``' rows) that this device ``own`` s, ``(sum,
+  count)`` of the weighted terms."""
   a = pos.shape[0]
   m = dist_pts.shape[1]
   j, k, g = _sample_triplets(key, pos, neg, rows, t, m)
-  valid = (jnp.sum(pos, -1) >= 2) & (jnp.sum(neg, -1) >= 1)
+  valid = (jnp.sum(pos, -1) >= 2) & (jnp.sum(neg, -1) >= 1) & own
   anchors = jnp.repeat(rows, t)
   w = jnp.repeat(valid, t).astype(jnp.float32)
   g = jnp.transpose(g, (1, 0, 2, 3)).reshape(2, a * t, m)
@@ -361,19 +363,22 @@ def hier_loss(embeddings: Array, labels: Array, proxies: Array, *,
   cnt = jax.lax.stop_gradient(ops.maybe_global_sum(cnt, axis_name))
   data = s / jnp.maximum(cnt, 1.0)
 
-  # The proxies: every proxy an anchor, the same on every device.
+  # The proxies: every proxy an anchor; with ``axis_name`` each device
+  # counts every n-th (the sums combined as the samples').
   d_p = ball.distance(p, p)
   mutual_p = mutual_neighbours(jnp.exp(-d_p), topk)
   neg_p = ~mutual_p
   if not self_negative:
     neg_p = neg_p & ~jnp.eye(num_proxies, dtype=bool)
-  s_p, cnt_p = _level_loss(key_p, d_p, mutual_p, neg_p,
-                           jnp.arange(num_proxies), t=triplets_per_anchor,
-                           delta=delta, tau=tau, use_noise=key is not None)
-  prox = s_p / jnp.maximum(cnt_p, 1.0)
-  if axis_name is not None:  # the same on every device: one share each
-    prox = ops.global_sum(prox / jax.lax.psum(1, axis_name), axis_name)
-  return data + prox
+  every = jnp.arange(num_proxies)
+  own = True if axis_name is None else (
+      every % jax.lax.psum(1, axis_name) == jax.lax.axis_index(axis_name))
+  s_p, cnt_p = _level_loss(key_p, d_p, mutual_p, neg_p, every,
+                           t=triplets_per_anchor, delta=delta, tau=tau,
+                           use_noise=key is not None, own=own)
+  s_p = ops.maybe_global_sum(s_p, axis_name)
+  cnt_p = jax.lax.stop_gradient(ops.maybe_global_sum(cnt_p, axis_name))
+  return data + s_p / jnp.maximum(cnt_p, 1.0)
 
 
 def init_hier_proxies(key, num_classes, embedding_dim, *, num_proxies,
