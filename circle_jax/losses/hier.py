@@ -395,8 +395,8 @@ REGISTRY = (
         "hier", hier_loss, "proxy", param_name="proxies",
         init=init_hier_proxies, needs_key=True, raw_features=True,
         param_init="`num_proxies` x D, N(0, 1) / sqrt(D) * r * 0.9",
-        paper="Kim, Jeong, Kwak, HIER: Metric Learning Beyond Class Labels "
-              "via Hierarchical Regularization, CVPR 2023",
+        paper='Kim, Jeong & Kwak, "HIER: Metric Learning Beyond Class '
+              'Labels via Hierarchical Regularization", CVPR 2023',
         reduction="mean over the samples' triplets + mean over the "
                   "proxies' triplets"),
 )
