@@ -82,6 +82,7 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Optional
@@ -98,10 +99,23 @@ from circle_jax.losses.engine import reductions
 
 Array = jax.Array
 
-# The official scripts' settings (scripts/*/hier_*.sh, hier/losses.py).
-NUM_PROXIES = 512
-TOPK = 20
-TRIPLETS_PER_ANCHOR = 50
+
+
+@dataclasses.dataclass(frozen=True)
+class Hier:
+  """HIER's hyperparameters at the official scripts' settings
+  (``scripts/*/hier_*.sh``, ``hier/losses.py``): the margin ``delta``, the
+  LCA temperature ``tau``, the neighbourhood ``topk``, the triplets drawn
+  per anchor, the ball's ``c`` and clipping radius ``r``, the proxy count."""
+
+  delta: float = 0.1
+  tau: float = 0.1
+  topk: int = 20
+  triplets_per_anchor: int = 50
+  c: float = hyperbolic.DEFAULT_C
+  r: float = hyperbolic.DEFAULT_R
+  num_proxies: int = 512
+
 _RANGES = {"delta": ranges.HyperRange(0.0, 1e3),
            "tau": ranges.HyperRange(0.0, 1e3, False)}
 
@@ -162,8 +176,9 @@ def lca_onehot(max_dist: Array, *, tau: float,
 
 def hier_triplet_loss(dist: Array, anchors: Array, positives: Array,
                       negatives: Array, *, gumbel: Optional[Array] = None,
-                      weights: Optional[Array] = None, delta: float = 0.1,
-                      tau: float = 0.1) -> Array:
+                      weights: Optional[Array] = None,
+                      delta: float = Hier.delta,
+                      tau: float = Hier.tau) -> Array:
   r"""HIER's triplet loss on given triplets (the code's ``compute_gHHC``).
 
   ``L = sum_t w_t [rho_ij != rho_ijk] l_t / sum_t w_t`` with ``l_t`` the
@@ -273,11 +288,11 @@ def _level_loss(key, dist_pts, pos, neg, rows, *, t, delta, tau, use_noise,
 
 
 def hier_loss(embeddings: Array, labels: Array, proxies: Array, *,
-              key: Optional[Array] = None, delta: float = 0.1,
-              tau: float = 0.1, topk: int = TOPK,
-              triplets_per_anchor: int = TRIPLETS_PER_ANCHOR,
-              c: float = hyperbolic.DEFAULT_C, r: float = hyperbolic.DEFAULT_R,
-              num_proxies: int = NUM_PROXIES, embed_inputs: bool = True,
+              key: Optional[Array] = None, delta: float = Hier.delta,
+              tau: float = Hier.tau, topk: int = Hier.topk,
+              triplets_per_anchor: int = Hier.triplets_per_anchor,
+              c: float = Hier.c, r: float = Hier.r,
+              num_proxies: int = Hier.num_proxies, embed_inputs: bool = True,
               riemannian: bool = True, self_negative: bool = False,
               pos_mask: Optional[Array] = None,
               neg_mask: Optional[Array] = None, axis_name=None) -> Array:
