@@ -112,7 +112,12 @@ def more_loss_miners(config) -> dict:
 def head_normalizes(config) -> bool:
   """Whether the embedding head L2-normalises: as the loss's geometry says
   (``Geometry.head_normalizes``; the Poincaré ball's exponential map takes
-  the raw features); yes for a loss without the geometry option."""
+  the raw features); yes for a loss without the geometry option; no where
+  a loss of the config maps the raw features itself (``LossEntry.
+  raw_features``: HIER in ``config.more_losses``)."""
+  if any(e.raw_features for _, e, _, _ in more_losses(config)) or (
+      losses_lib.get_loss(config.loss.name).raw_features):
+    return False
   name = config.loss.get("geometry", None)
   if name is None:
     return True

@@ -179,3 +179,7 @@ from circle_jax.losses.potential_field import (
     PotentialField,
     potential_field_loss,
 )
+from circle_jax.losses.hier import (
+    hier_loss,
+    hier_triplet_loss,
+)

@@ -213,6 +213,9 @@ class LossEntry:
     layout_options: the fields of :class:`class_shard.Layout` that ``fn``
       takes (its ``**layout``), in the dataclass's order; what the config's
       loss section offers of them is read from here.
+    raw_features: whether ``fn`` maps the head's features itself (HIER's
+      exponential map onto the ball): with it among a config's losses the
+      head does not L2-normalise (the cosine losses normalise themselves).
   """
 
   name: str
@@ -234,6 +237,7 @@ class LossEntry:
   samples_classes: bool = False
   layout_options: tuple = ()
   geometry: Optional[str] = None
+  raw_features: bool = False
 
   def geometry_defaults(self) -> Dict[str, Any]:
     """The config fields of the geometry option with their defaults
@@ -373,11 +377,12 @@ def classifier(name, fn, *, paper, init=normal(0.01),
 
 def entry(name, fn, kind, *, paper, reduction, param_name=None,
           init=no_params, param_init="", needs_key=False,
-          rule=None, tiled=True, geometry=None) -> LossEntry:
+          rule=None, tiled=True, geometry=None,
+          raw_features=False) -> LossEntry:
   """A registry entry; ``rule``: the rule class whose ``ranges`` apply;
   ``tiled``: whether a pair loss runs on the tiled engines (``block_size``,
   ``collective``); ``geometry``: the default geometry's name when it is not
-  the rule's (or cosine)."""
+  the rule's (or cosine); ``raw_features``: as :class:`LossEntry`."""
   if kind not in KINDS:
     raise ValueError(f"kind must be one of {KINDS}; got {kind!r}.")
   defaults = _signature_defaults(fn)
@@ -407,7 +412,8 @@ def entry(name, fn, kind, *, paper, reduction, param_name=None,
       shards_classes="shard_classes" in names,
       samples_classes="sample_rate" in names,
       layout_options=tuple(f.name for f in dataclasses.fields(
-          class_shard.Layout) if f.name in names))
+          class_shard.Layout) if f.name in names),
+      raw_features=raw_features)
 
 
 def _geometry_name(geometry) -> str:

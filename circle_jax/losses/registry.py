@@ -61,6 +61,7 @@ from circle_jax.losses import instance
 from circle_jax.losses import histogram
 from circle_jax.losses import dynamic_soft_margin
 from circle_jax.losses import potential_field
+from circle_jax.losses import hier
 
 LossEntry = entries.LossEntry
 GEOMETRY_FIELDS = entries.GEOMETRY_FIELDS
@@ -79,6 +80,7 @@ _MODULES += (nca, angular, generalized_lifted_structure,
 _MODULES += (large_margin, p2s_grad, vicreg, tcm, pnp, manifold)
 _MODULES += (instance, histogram, dynamic_soft_margin)
 _MODULES += (potential_field,)  # issue 41
+_MODULES += (hier,)
 
 LOSSES: Mapping[str, LossEntry] = types.MappingProxyType(
     {e.name: e for module in _MODULES for e in module.REGISTRY})

@@ -88,6 +88,12 @@ _PARAM["subspace_arcface"] = "class_weights"
 _SPEC["potential_field"] = {"alpha": 1.0, "delta": 0.5, "lambda_rep": 1.0,
                             "lambda_proxy": 1.0}
 _PARAM["potential_field"] = "proxies"
+# Issue #41: HIER (helper h41hier), at the official scripts' settings.
+_SPEC["hier"] = {"delta": 0.1, "tau": 0.1, "topk": 20,
+                 "triplets_per_anchor": 50, "c": 0.1, "r": 2.3,
+                 "num_proxies": 512, "embed_inputs": True,
+                 "riemannian": True, "self_negative": False}
+_PARAM["hier"] = "proxies"
 
 C, D = 4, 8
 Y = np.repeat(np.arange(C), 4)  # P x K = 4 x 4
@@ -102,7 +108,7 @@ def test_names_kinds_params_and_paper_defaults():
     assert entry.param_name == _PARAM.get(name), name
     assert entry.kind == "pair" or entry.param_name is not None
     assert entry.needs_key == (
-        name in ("margin", "triplet", "subspace_arcface"))
+        name in ("margin", "triplet", "subspace_arcface", "hier"))
     assert entry.paper and entry.reduction
     for key, value in _SPEC[name].items():
       assert entry.defaults[key] == value, (name, key)
@@ -131,7 +137,9 @@ def round_trip():
   differentiated w.r.t. the embeddings and its parameters: one program."""
   names = sorted(losses.LOSSES)
   init_key, loss_key = jax.random.split(jax.random.PRNGKey(1))
-  hyper = {"soft_triple": {"centers_per_class": 2}}
+  hyper = {"soft_triple": {"centers_per_class": 2},
+           # neighbourhoods smaller than the batch (else no negatives)
+           "hier": {"topk": 4, "num_proxies": 16, "triplets_per_anchor": 4}}
   params = {
       n: losses.LOSSES[n].init_params(init_key, C, D, **hyper.get(n, {}))
       for n in names}

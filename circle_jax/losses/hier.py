@@ -1,0 +1,417 @@
+r"""HIER: hierarchical proxies on the Poincaré ball as a regulariser
+(Kim, Jeong, Kwak, CVPR 2023).
+
+HIER adds to any metric loss ``M`` learnable *hierarchical proxies*
+``rho_1..rho_M`` (``M = 512``) on the Poincaré ball of curvature ``-c``
+(``c = 0.1``, features clipped at norm ``r = 2.3``), trained to be the
+ancestors of groups of samples and of other proxies. For a triplet
+``(i, j, k)`` whose pair ``(i, j)`` is more related than ``(i, k)``, the
+lowest common ancestor (LCA) of a set is the proxy nearest to its farthest
+member,
+
+.. math::
+
+  \rho_{ij} = \arg\min_\rho \max(d(x_i, \rho), d(x_j, \rho)),\quad
+  \rho_{ijk} = \arg\min_\rho \max(d(x_i, \rho), d(x_j, \rho), d(x_k, \rho)),
+
+with ``d`` the Poincaré distance (:class:`circle_jax.losses.hyperbolic.
+Poincare`), and the triplet's loss pulls ``i`` and ``j`` to their own LCA
+more than to the triplet's, and ``k`` to the triplet's,
+
+.. math::
+
+  \ell_{ijk} = [d(x_i,\rho_{ij}) - d(x_i,\rho_{ijk}) + \delta]_+
+             + [d(x_j,\rho_{ij}) - d(x_j,\rho_{ijk}) + \delta]_+
+             + [d(x_k,\rho_{ijk}) - d(x_k,\rho_{ij}) + \delta]_+,
+
+counted only where the two LCAs differ (``rho_ij != rho_ijk``), margin
+``delta = 0.1``. The ``argmin`` is a hard Gumbel-softmax, straight-through:
+the one-hot of ``argmax(-m / tau + g)`` in value (``m`` the max-distances
+to every proxy, ``g`` Gumbel noise from the PRNG ``key``; ``tau = 0.1``)
+with the gradient of ``softmax(-m / tau + g)``, so the distances to the
+chosen proxy and the choice itself both receive gradient.
+
+Triplets: ``j`` is a *mutual* top-``k`` neighbour of the anchor ``i``
+(``k = 20``) under the similarity ``exp(-d(x_i, x_j)) + [y_i = y_j]`` (so
+the same class ranks first, then the nearest samples), and ``k`` is any
+sample that is not; each anchor with at least two mutual neighbours and one
+non-neighbour draws ``T = 50`` positives and ``T`` negatives uniformly with
+replacement. The same loss runs on the proxies themselves (anchors,
+positives and negatives among the proxies, LCAs among the proxies, mutual
+neighbours by ``exp(-d)`` alone): :func:`hier_loss` is the mean over the
+samples' triplets plus the mean over the proxies' triplets. Added to
+Proxy-Anchor with weight 0.5 (``config.more_losses``, the paper's
+``lambda``).
+
+The official code (github.com/tjddus9597/HIER-CVPR23, ``hier/losses.py``
+``HIERLoss``) and ours:
+
+* the embeddings reach the loss on the ball: the code's model ends in
+  ``ToPoincare`` (clip at ``r``, exponential map at 0, projection); here
+  :func:`hier_loss` maps the head's raw features itself (``embed_inputs``),
+  as :meth:`circle_jax.losses.hyperbolic.Poincare.embed`, and the
+  registry entry asks the trainer for unnormalised features
+  (``LossEntry.raw_features``); the metric loss beside it (Proxy-Anchor)
+  takes the cosine, which the map leaves unchanged;
+* the proxies are stored in the tangent space and mapped the same way; the
+  code's initialisation is ours: ``N(0, 1) / sqrt(D) * r * 0.9``
+  (:func:`init_hier_proxies`);
+* the code's ``RiemannianGradient`` scales the gradient of each point on
+  the ball by ``(1 - c|z|^2)^2 / 4``; we apply it to the proxies
+  (``riemannian``), not to the embeddings: the code applies it in the
+  model, to the metric loss's gradient as well, so leaving it out of both
+  keeps their relative weight;
+* the Gumbel-softmax: the code calls ``F.gumbel_softmax(-m / tau, hard=True)``
+  (its own temperature 1), the same as ours; torch's noise stream cannot be
+  reproduced, so checks compare with given noise (``gumbel``) or none;
+* the distance: hyptorch's ``dist_matrix`` has ``1e-5`` in a denominator
+  and clamps ``artanh``'s argument at ``1 - 1e-5``; ours is the arcosh
+  form of :mod:`circle_jax.losses.hyperbolic` (equal up to those guards);
+* negatives: the code's candidates ``sim < 1`` include the anchor itself
+  (its diagonal is set to -1); the paper's triplets are three samples, so
+  we leave the anchor out (``self_negative=True`` restores the code's);
+* an anchor without two mutual neighbours is skipped, as in the code; an
+  empty batch of valid anchors gives 0 (the code raises).
+
+References:
+  Kim, Jeong, Kwak, "HIER: Metric Learning Beyond Class Labels via
+  Hierarchical Regularization", CVPR 2023 (arXiv:2212.14258; code:
+  github.com/tjddus9597/HIER-CVPR23). Jang, Gu, Poole, "Categorical
+  Reparameterization with Gumbel-Softmax", ICLR 2017.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from circle_jax import ops
+from circle_jax.losses import checks
+from circle_jax.losses import entries
+from circle_jax.losses import hyperbolic
+from circle_jax.losses import ranges
+from circle_jax.losses.engine import reductions
+
+Array = jax.Array
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Hier:
+  """HIER's hyperparameters at the official scripts' settings
+  (``scripts/*/hier_*.sh``, ``hier/losses.py``): the margin ``delta``, the
+  LCA temperature ``tau``, the neighbourhood ``topk``, the triplets drawn
+  per anchor, the ball's ``c`` and clipping radius ``r``, the proxy count."""
+
+  delta: float = 0.1
+  tau: float = 0.1
+  topk: int = 20
+  triplets_per_anchor: int = 50
+  c: float = hyperbolic.DEFAULT_C
+  r: float = hyperbolic.DEFAULT_R
+  num_proxies: int = 512
+
+_RANGES = {"delta": ranges.HyperRange(0.0, 1e3),
+           "tau": ranges.HyperRange(0.0, 1e3, False)}
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _riemannian(z, c):
+  return z
+
+
+def _riemannian_fwd(z, c):
+  return z, z
+
+
+def _riemannian_bwd(c, z, ct):
+  scale = jnp.square(1.0 - c * jnp.sum(z * z, -1, keepdims=True)) / 4.0
+  return (ct * scale,)
+
+
+_riemannian.defvjp(_riemannian_fwd, _riemannian_bwd)
+
+
+def riemannian_gradient(z: Array, *, c: float) -> Array:
+  """``z`` in value; its cotangent scaled by ``(1 - c|z|^2)^2 / 4``, the
+  inverse metric of the ball at ``z`` (hyptorch's ``RiemannianGradient``).
+
+  Args:
+    z: ``[N, D]`` points on the ball of curvature ``-c``.
+    c: the curvature magnitude.
+
+  Returns:
+    ``z``, ``[N, D]``.
+  """
+  return _riemannian(z, float(c))
+
+
+def lca_onehot(max_dist: Array, *, tau: float,
+               gumbel: Optional[Array] = None) -> Array:
+  """The hard Gumbel-softmax choice of the lowest common ancestor.
+
+  Args:
+    max_dist: ``[T, M]``, each set's largest distance to each proxy.
+    tau: the temperature of the logits ``-max_dist / tau``.
+    gumbel: optional ``[T, M]`` Gumbel noise (``None``: none, the plain
+      ``argmin``).
+
+  Returns:
+    ``[T, M]``: the one-hot of ``argmax(-max_dist / tau + gumbel)`` in
+    value, with the gradient of the softmax of the same logits.
+  """
+  logits = -max_dist / tau
+  if gumbel is not None:
+    logits = logits + gumbel
+  soft = jax.nn.softmax(logits, axis=-1)
+  hard = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1],
+                        dtype=soft.dtype)
+  return hard + soft - jax.lax.stop_gradient(soft)
+
+
+def hier_triplet_loss(dist: Array, anchors: Array, positives: Array,
+                      negatives: Array, *, gumbel: Optional[Array] = None,
+                      weights: Optional[Array] = None,
+                      delta: float = Hier.delta,
+                      tau: float = Hier.tau) -> Array:
+  r"""HIER's triplet loss on given triplets (the code's ``compute_gHHC``).
+
+  ``L = sum_t w_t [rho_ij != rho_ijk] l_t / sum_t w_t`` with ``l_t`` the
+  triplet's three hinges (module docstring); 0 (zero gradient) without a
+  weighted triplet.
+
+  Args:
+    dist: ``[N, M]`` distances of the points (samples or proxies) to the
+      proxies.
+    anchors: ``[T]`` integer rows of ``dist``: ``i``.
+    positives: ``[T]``: ``j``, related to ``i``.
+    negatives: ``[T]``: ``k``.
+    gumbel: optional ``[2, T, M]`` Gumbel noise of the two LCA choices
+      (``rho_ij``, ``rho_ijk``); ``None``: the plain ``argmin``.
+    weights: optional ``[T]`` non-negative weights (0 drops a triplet);
+      ``None``: all 1.
+    delta: the margin.
+    tau: the Gumbel-softmax temperature.
+
+  Returns:
+    float32 scalar, the weighted mean over the triplets.
+  """
+  dist = checks.check_matrix(dist, "dist", "[points, proxies] distances")
+  t = jnp.shape(anchors)[0]
+  for name, idx in (("anchors", anchors), ("positives", positives),
+                    ("negatives", negatives)):
+    checks.check_shape(idx, (t,), f"`{name}` must have shape ({t},)")
+  if gumbel is not None:
+    checks.check_shape(gumbel, (2, t, dist.shape[1]),
+                       f"`gumbel` must have shape (2, {t}, {dist.shape[1]})")
+  d_i, d_j, d_k = dist[anchors], dist[positives], dist[negatives]
+  m_ij = jnp.maximum(d_i, d_j)
+  m_ijk = jnp.maximum(d_k, m_ij)
+  g_ij, g_ijk = (None, None) if gumbel is None else (gumbel[0], gumbel[1])
+  p_ij = lca_onehot(m_ij, tau=tau, gumbel=g_ij)
+  p_ijk = lca_onehot(m_ijk, tau=tau, gumbel=g_ijk)
+
+  def at(d, p):
+    return jnp.sum(d * p, axis=-1)
+
+  relu = jax.nn.relu
+  per = (relu(at(d_i, p_ij) - at(d_i, p_ijk) + delta)
+         + relu(at(d_j, p_ij) - at(d_j, p_ijk) + delta)
+         + relu(at(d_k, p_ijk) - at(d_k, p_ij) + delta))
+  differ = jnp.argmax(p_ij, -1) != jnp.argmax(p_ijk, -1)
+  w = (jnp.ones((t,), jnp.float32) if weights is None
+       else jnp.asarray(weights, jnp.float32))
+  w = jax.lax.stop_gradient(w)
+  total = jnp.sum(jnp.where(differ & (w > 0), w * per, 0.0))
+  return total / jnp.maximum(jnp.sum(w), 1e-12) * (jnp.sum(w) > 0)
+
+
+def mutual_neighbours(similarity: Array, topk: int) -> Array:
+  """``[N, N]`` bool: ``a`` and ``b`` are each in the other's ``topk`` most
+  similar (each row's top-``topk`` includes itself, as the code's
+  ``torch.topk``); the diagonal is False.
+
+  Args:
+    similarity: ``[N, N]`` (no gradient is taken).
+    topk: the neighbourhood size, at most ``N``.
+  """
+  n = similarity.shape[0]
+  _, idx = jax.lax.top_k(jax.lax.stop_gradient(similarity), min(topk, n))
+  nn = jnp.zeros((n, n), bool).at[jnp.arange(n)[:, None], idx].set(True)
+  return nn & nn.T & ~jnp.eye(n, dtype=bool)
+
+
+def _sample_triplets(key, pos: Array, neg: Array, rows: Array, t: int,
+                     num_proxies: int):
+  """Per anchor (global row ``rows[a]``): ``t`` positives and negatives
+  drawn uniformly with replacement from its masks, and ``[2, t, M]`` Gumbel
+  noise, from ``fold_in(key, row)`` (so independent of the device count);
+  ``key`` None: the first ``t`` members cyclically and no noise."""
+  def one(p, n, row):
+    if key is None:
+      def cyc(mask):
+        order = jnp.argsort(~mask, stable=True)
+        return order[jnp.arange(t) % jnp.maximum(jnp.sum(mask), 1)]
+      return cyc(p), cyc(n), jnp.zeros((2, t, num_proxies), jnp.float32)
+    k_p, k_n, k_g = jax.random.split(jax.random.fold_in(key, row), 3)
+
+    def draw(k, mask):
+      return jax.random.categorical(k, jnp.where(mask, 0.0, -jnp.inf),
+                                    shape=(t,))
+    return (draw(k_p, p), draw(k_n, n),
+            jax.random.gumbel(k_g, (2, t, num_proxies), jnp.float32))
+  return jax.vmap(one)(pos, neg, rows)
+
+
+def _level_loss(key, dist_pts, pos, neg, rows, *, t, delta, tau, use_noise,
+                own=True):
+  """The triplet loss of the anchors ``rows`` (indices into ``pos``'s
+  columns and ``dist_pts``' rows) that this device ``own`` s, ``(sum,
+  count)`` of the weighted terms."""
+  a = pos.shape[0]
+  m = dist_pts.shape[1]
+  j, k, g = _sample_triplets(key, pos, neg, rows, t, m)
+  valid = (jnp.sum(pos, -1) >= 2) & (jnp.sum(neg, -1) >= 1) & own
+  anchors = jnp.repeat(rows, t)
+  w = jnp.repeat(valid, t).astype(jnp.float32)
+  g = jnp.transpose(g, (1, 0, 2, 3)).reshape(2, a * t, m)
+  mean = hier_triplet_loss(dist_pts, anchors, j.reshape(-1), k.reshape(-1),
+                           gumbel=g if use_noise else None, weights=w,
+                           delta=delta, tau=tau)
+  count = jnp.sum(w)
+  return mean * count, count
+
+
+def hier_loss(embeddings: Array, labels: Array, proxies: Array, *,
+              key: Optional[Array] = None, delta: float = Hier.delta,
+              tau: float = Hier.tau, topk: int = Hier.topk,
+              triplets_per_anchor: int = Hier.triplets_per_anchor,
+              c: float = Hier.c, r: float = Hier.r,
+              num_proxies: int = Hier.num_proxies, embed_inputs: bool = True,
+              riemannian: bool = True, self_negative: bool = False,
+              pos_mask: Optional[Array] = None,
+              neg_mask: Optional[Array] = None, axis_name=None) -> Array:
+  r"""HIER's regulariser (module docstring): the samples' triplet loss plus
+  the proxies' triplet loss.
+
+  Args:
+    embeddings: ``[B, D]`` float32 or bfloat16: the head's raw features
+      (``embed_inputs``) or points on the ball.
+    labels: ``[B]`` integer labels (same class ranks first among the
+      neighbours).
+    proxies: ``[M, D]`` hierarchical proxies (tangent vectors at 0, mapped
+      onto the ball as the features).
+    key: PRNG key of the triplet sampling and the Gumbel noise; ``None``:
+      no noise and the first ``triplets_per_anchor`` members of each set
+      (deterministic; for tests).
+    delta: the margin ``delta``.
+    tau: the temperature of the LCA choice.
+    topk: the neighbourhood of the mutual neighbours (clipped to the batch
+      and to ``M``).
+    triplets_per_anchor: ``T``, positives and negatives drawn per anchor.
+    c: the curvature magnitude of the ball.
+    r: the clipping radius of the features and proxies.
+    num_proxies: ``M``, checked against ``proxies`` (the initialiser's
+      row count).
+    embed_inputs: map ``embeddings`` onto the ball (clip, exponential map);
+      ``False``: they are already on it.
+    riemannian: scale the proxies' gradient by the ball's inverse metric.
+    self_negative: the code's negatives, which include the anchor itself.
+    pos_mask: optional ``[B, B_global]`` bool, replacing the mutual
+      neighbours as the positives of each (local) anchor.
+    neg_mask: optional ``[B, B_global]`` bool, replacing the
+      non-neighbours as the negatives.
+    axis_name: optional mapped axis: the samples' triplets run over the
+      global batch (each device its own anchors, the value and gradients
+      those of the global batch; the draws are the same for any device
+      count).
+
+  Returns:
+    float32 scalar: mean over the samples' weighted triplets plus mean over
+    the proxies' (each 0 where no anchor has its sets).
+  """
+  embeddings = checks.check_embeddings(embeddings)
+  b, dim = embeddings.shape
+  labels = checks.check_labels(labels, b)
+  proxies = checks.check_class_vectors(proxies, dim)
+  if proxies.shape[0] != num_proxies:
+    raise ValueError(f"`proxies` must have `num_proxies` = {num_proxies} "
+                     f"rows; got {proxies.shape[0]}.")
+  for name in ("topk", "triplets_per_anchor"):
+    value = {"topk": topk, "triplets_per_anchor": triplets_per_anchor}[name]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ValueError(f"`{name}` must be a positive int; got {value!r}.")
+  ranges.check_ranges({"delta": delta, "tau": tau}, _RANGES, "hier_loss")
+  ball = hyperbolic.Poincare(c=c, r=r)
+  z = embeddings.astype(jnp.float32)
+  z = ball.embed(z) if embed_inputs else z
+  p = ball.embed(proxies.astype(jnp.float32))
+  if riemannian:
+    p = riemannian_gradient(p, c=c)
+  z_all = ops.gather_global(z, axis_name)
+  y_all = ops.gather_global(labels, axis_name)
+  n = z_all.shape[0]
+  offset = reductions.local_row_offset(b, axis_name)
+  rows = jnp.arange(b) + offset
+  key_x, key_p = (None, None) if key is None else jax.random.split(key)
+  eye = jnp.arange(n)[None, :] == rows[:, None]
+
+  # The samples: mutual neighbours of the global batch, local anchors.
+  sim = jnp.exp(-ball.distance(z_all, z_all)) + (
+      y_all[:, None] == y_all[None, :])
+  mutual = jax.lax.dynamic_slice_in_dim(mutual_neighbours(sim, topk),
+                                        offset, b)
+  pos = mutual if pos_mask is None else checks.check_mask(
+      pos_mask, (b, n), "pos_mask") & ~eye
+  neg = ~mutual if neg_mask is None else checks.check_mask(
+      neg_mask, (b, n), "neg_mask")
+  neg = neg if self_negative else neg & ~eye
+  d_x = ball.distance(z_all, p)
+  s, cnt = _level_loss(key_x, d_x, pos, neg, rows, t=triplets_per_anchor,
+                       delta=delta, tau=tau, use_noise=key is not None)
+  s = ops.maybe_global_sum(s, axis_name)
+  cnt = jax.lax.stop_gradient(ops.maybe_global_sum(cnt, axis_name))
+  data = s / jnp.maximum(cnt, 1.0)
+
+  # The proxies: every proxy an anchor; with ``axis_name`` each device
+  # counts every n-th (the sums combined as the samples').
+  d_p = ball.distance(p, p)
+  mutual_p = mutual_neighbours(jnp.exp(-d_p), topk)
+  neg_p = ~mutual_p
+  if not self_negative:
+    neg_p = neg_p & ~jnp.eye(num_proxies, dtype=bool)
+  every = jnp.arange(num_proxies)
+  own = True if axis_name is None else (
+      every % jax.lax.psum(1, axis_name) == jax.lax.axis_index(axis_name))
+  s_p, cnt_p = _level_loss(key_p, d_p, mutual_p, neg_p, every,
+                           t=triplets_per_anchor, delta=delta, tau=tau,
+                           use_noise=key is not None, own=own)
+  s_p = ops.maybe_global_sum(s_p, axis_name)
+  cnt_p = jax.lax.stop_gradient(ops.maybe_global_sum(cnt_p, axis_name))
+  return data + s_p / jnp.maximum(cnt_p, 1.0)
+
+
+def init_hier_proxies(key, num_classes, embedding_dim, *, num_proxies,
+                      r, **hyper):
+  """The code's ``N(0, 1) / sqrt(D) * r * 0.9`` of ``[M, D]`` proxies
+  (``num_classes`` unused: the proxies are not classes)."""
+  del num_classes, hyper
+  return (jax.random.normal(key, (num_proxies, embedding_dim), jnp.float32)
+          / math.sqrt(embedding_dim) * r * 0.9)
+
+
+REGISTRY = (
+    entries.entry(
+        "hier", hier_loss, "proxy", param_name="proxies",
+        init=init_hier_proxies, needs_key=True, raw_features=True,
+        param_init="`num_proxies` x D, N(0, 1) / sqrt(D) * r * 0.9",
+        paper='Kim, Jeong & Kwak, "HIER: Metric Learning Beyond Class '
+              'Labels via Hierarchical Regularization", CVPR 2023',
+        reduction="mean over the samples' triplets + mean over the "
+                  "proxies' triplets"),
+)
