@@ -46,6 +46,7 @@ from circle_jax.losses import proxy_anchor
 from circle_jax.losses import proxy_baselines
 from circle_jax.losses import ranges
 from circle_jax.losses import ranked_list
+from circle_jax.losses import recall_at_k
 from circle_jax.losses import smooth_ap
 from circle_jax.losses import snr_contrastive
 from circle_jax.losses import supcon
@@ -77,6 +78,7 @@ _MODULES += (nca, angular, generalized_lifted_structure,
              intra_pair_variance, snr_contrastive, tuplet_margin)
 _MODULES += (large_margin, p2s_grad, vicreg, tcm, pnp, manifold)
 _MODULES += (instance, histogram, dynamic_soft_margin)
+_MODULES += (recall_at_k,)
 
 LOSSES: Mapping[str, LossEntry] = types.MappingProxyType(
     {e.name: e for module in _MODULES for e in module.REGISTRY})
