@@ -68,6 +68,7 @@ from circle_jax.losses.fastap import (
 from circle_jax.losses.recall_at_k import (
     recall_at_k_loss,
     simix,
+    simix_pairs,
 )
 from circle_jax.losses.hyperbolic import (
     Poincare,

@@ -191,26 +191,50 @@ def rs_at_k_per_anchor(ranks: Array, pos: Array, k: Sequence[int],
   return jnp.mean(recall, axis=1)
 
 
+def simix_pairs(labels: Array, *,
+                samples_per_class: int = RecallAtK.samples_per_class):
+  """The same-class pairs that SiMix mixes, with static shapes.
+
+  After a stable sort by label each sample pairs with the next
+  ``m - 1 = samples_per_class - 1``, so every same-class pair is found when
+  no class has more than ``m`` samples in the batch (the sampler's ``m``;
+  with more, the farther pairs are skipped). The valid pairs come first in
+  ``V = B (m - 1) // 2`` slots: exactly the pairs of a batch of ``m``
+  samples per class.
+
+  Args:
+    labels: ``[B]`` integer labels.
+    samples_per_class: ``m`` >= 2.
+
+  Returns:
+    ``(a [V], b [V], valid [V])``: the pairs' indices and validity.
+  """
+  m = samples_per_class
+  n = labels.shape[0]
+  order = jnp.argsort(labels, stable=True)
+  i = jnp.repeat(jnp.arange(n), m - 1)
+  j = i + jnp.tile(jnp.arange(1, m), n)
+  a, b = order[i], order[jnp.minimum(j, n - 1)]
+  ok = (j < n) & (labels[a] == labels[b])
+  keep = jnp.argsort(~ok, stable=True)[:n * (m - 1) // 2]
+  return a[keep], b[keep], ok[keep]
+
+
 def simix(key: Array, embeddings: Array, labels: Array, *,
           samples_per_class: int = RecallAtK.samples_per_class):
   """SiMix's batch (Patel et al., CVPR 2022): the batch and its virtual
   samples (module docstring).
 
-  Every pair of same-class samples ``(a, b)`` gives ``alpha z_a + (1 -
-  alpha) z_b``, ``alpha ~ U(0, 1)`` from ``key``, ``z`` the L2-normalised
-  embeddings (not re-normalised after mixing). The pairs are found with
-  static shapes: after a stable sort by label, each sample pairs with the
-  next ``samples_per_class - 1``; so every same-class pair is mixed when no
-  class has more than ``samples_per_class`` samples in the batch (the
-  sampler's ``m``; with more, the farther pairs are skipped). There are
-  ``V = B (m - 1) // 2`` virtual slots: exactly the pairs of a batch of
-  ``m`` samples per class; the unused slots are marked invalid.
+  Every pair ``(a, b)`` of :func:`simix_pairs` gives ``alpha z_a + (1 -
+  alpha) z_b``, ``alpha ~ U(0, 1)`` (``jax.random.uniform(key, (V, 1))``, one
+  per slot), ``z`` the L2-normalised embeddings (not re-normalised after
+  mixing), with the pair's label.
 
   Args:
     key: PRNG key of the ``alpha`` draws.
     embeddings: ``[B, D]`` float32 or bfloat16.
     labels: ``[B]`` integer labels.
-    samples_per_class: ``m`` >= 2.
+    samples_per_class: ``m`` >= 2 (:func:`simix_pairs`).
 
   Returns:
     ``(z [B + V, D] float32, labels [B + V], valid [B + V] bool)``: the
@@ -220,21 +244,11 @@ def simix(key: Array, embeddings: Array, labels: Array, *,
   x = checks.check_embeddings(embeddings)
   labels = checks.check_labels(labels, x.shape[0])
   z = engine.COSINE.embed(x.astype(F32))
-  b = x.shape[0]
-  order = jnp.argsort(labels, stable=True)
-  i = jnp.repeat(jnp.arange(b), samples_per_class - 1)
-  j = i + jnp.tile(jnp.arange(1, samples_per_class), b)
-  j_in = jnp.minimum(j, b - 1)
-  a_idx, b_idx = order[i], order[j_in]
-  ok = (j < b) & (labels[a_idx] == labels[b_idx])
-  slots = b * (samples_per_class - 1) // 2
-  keep = jnp.argsort(~ok, stable=True)[:slots]
-  a_idx, b_idx, ok = a_idx[keep], b_idx[keep], ok[keep]
-  alpha = jax.random.uniform(key, (slots, 1), F32)
-  virtual = alpha * z[a_idx] + (1.0 - alpha) * z[b_idx]
-  return (jnp.concatenate([z, virtual]),
-          jnp.concatenate([labels, labels[a_idx]]),
-          jnp.concatenate([jnp.ones((b,), bool), ok]))
+  a, b, ok = simix_pairs(labels, samples_per_class=samples_per_class)
+  alpha = jax.random.uniform(key, (a.shape[0], 1), F32)
+  virtual = alpha * z[a] + (1.0 - alpha) * z[b]
+  return (jnp.concatenate([z, virtual]), jnp.concatenate([labels, labels[a]]),
+          jnp.concatenate([jnp.ones(labels.shape, bool), ok]))
 
 
 def _simix_options(key, embeddings, labels, samples_per_class, options):
