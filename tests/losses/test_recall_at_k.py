@@ -156,15 +156,21 @@ def test_simix_is_the_official_mixup_and_loss():
   y = np.repeat(np.arange(3), 4)[perm]
   x = batch(seed=8)
   key = jax.random.PRNGKey(3)
-  a, b, ok = losses.simix_pairs(jnp.asarray(y), samples_per_class=4)
-  assert np.all(np.asarray(ok)) and len(a) == 18
-  alphas = np.asarray(jax.random.uniform(key, (18, 1))).astype(np.float64)
+  (value, grad), (a, b, ok), alphas = jax.jit(lambda x, y: (
+      jax.value_and_grad(lambda x: losses.recall_at_k_loss(
+          x, y, simix=True, key=key, samples_per_class=4,
+          rank_counts_query=True, block_size=7))(x),
+      losses.simix_pairs(y, samples_per_class=4),
+      jax.random.uniform(key, (18, 1))))(jnp.asarray(x), y)
+  a, b, ok = map(np.asarray, (a, b, ok))
+  assert np.all(ok) and len(a) == 18
+  alphas = np.asarray(alphas).astype(np.float64)
   found = {c: [] for c in range(3)}
   weights = {c: [] for c in range(3)}
   # The official layout wants class c's samples at rows 4c .. 4c + 3.
   rows = np.concatenate([np.flatnonzero(y == c) for c in range(3)])
   where = np.argsort(rows)
-  for ai, bi, al in zip(np.asarray(a), np.asarray(b), alphas[:, 0]):
+  for ai, bi, al in zip(a, b, alphas[:, 0]):
     assert y[ai] == y[bi] and ai != bi
     found[y[ai]].append((where[ai], where[bi]))
     weights[y[ai]].append(al)
@@ -174,10 +180,6 @@ def test_simix_is_the_official_mixup_and_loss():
   mixed = official_pos_mixup(z, 3, found, weights)
   want = official_loss(mixed, 3, K, 0.01, bs=12)
   want.backward()
-  value, grad = jax.jit(jax.value_and_grad(
-      lambda x: losses.recall_at_k_loss(
-          x, jnp.asarray(y), simix=True, key=key, samples_per_class=4,
-          rank_counts_query=True, block_size=7)))(jnp.asarray(x))
   np.testing.assert_allclose(float(value), want.item(), rtol=2e-5)
   g = xt.grad.numpy()
   np.testing.assert_allclose(np.asarray(grad), g, rtol=2e-3,
@@ -186,31 +188,29 @@ def test_simix_is_the_official_mixup_and_loss():
 
 def test_simix_pairs_with_uneven_classes_and_its_batch():
   # Classes of 3, 1, 2 and 4 (m = 4): 3 + 0 + 1 + 6 = 10 pairs in 12 slots.
-  y = jnp.asarray([5, 1, 5, 7, 9, 9, 5, 9, 9, 7], jnp.int32)
-  a, b, ok = losses.simix_pairs(y, samples_per_class=4)
-  assert len(a) == 15 and int(ok.sum()) == 10
-  pairs = {frozenset((int(i), int(j))) for i, j, o in zip(a, b, ok) if o}
+  y = np.array([5, 1, 5, 7, 9, 9, 5, 9, 9, 7], np.int32)
+  x = jnp.asarray(batch(n=10))
+  z, labels, valid, a, b, ok = map(np.asarray, jax.jit(lambda x, y: (
+      losses.simix(jax.random.PRNGKey(0), x, y)
+      + losses.simix_pairs(y, samples_per_class=4)))(x, y))
+  assert len(a) == 15 and ok.sum() == 10
+  pairs = {frozenset((i, j)) for i, j, o in zip(a, b, ok) if o}
   want = {frozenset((i, j)) for i in range(10) for j in range(i + 1, 10)
           if y[i] == y[j]}
   assert pairs == want
-  x = jnp.asarray(batch(n=10))
-  z, labels, valid = losses.simix(jax.random.PRNGKey(0), x, y)
-  assert z.shape == (25, D) and np.all(np.asarray(labels[10:])[
-      np.asarray(ok)] == np.asarray(y)[np.asarray(a)][np.asarray(ok)])
-  norms = np.linalg.norm(np.asarray(z), axis=1)
+  assert z.shape == (25, D) and np.all(labels[10:][ok] == y[a][ok])
+  norms = np.linalg.norm(z, axis=1)
   np.testing.assert_allclose(norms[:10], 1.0, rtol=1e-6)
-  assert np.all(norms[10:][np.asarray(ok)] <= 1.0 + 1e-6)  # not re-normalised
-  assert np.asarray(valid).tolist() == [True] * 10 + np.asarray(ok).tolist()
+  assert np.all(norms[10:][ok] <= 1.0 + 1e-6)  # not re-normalised
+  assert valid.tolist() == [True] * 10 + ok.tolist()
 
 
 def test_check_grads_of_both_forms():
   x, labels = jnp.asarray(batch(seed=3)), jnp.asarray(LABELS)
-  f = jax.jit(lambda x: losses.recall_at_k_loss(x, labels, tau1=0.5,
-                                                tau2=0.7, block_size=4))
-  check_grads(f, (x,), order=1, modes=("rev",), eps=1e-3, atol=2e-3,
-              rtol=2e-3)
-  f = jax.jit(lambda t: losses.recall_at_k_loss(x, labels, tau1=t))
-  check_grads(f, (jnp.float32(0.3),), order=1, modes=("rev",), eps=1e-3,
+  # The embeddings' and tau1's gradients (tau1 through the custom_vjp).
+  f = jax.jit(lambda x, t: losses.recall_at_k_loss(x, labels, tau1=t,
+                                                   tau2=0.7, block_size=4))
+  check_grads(f, (x, jnp.float32(0.5)), order=1, modes=("rev",), eps=1e-3,
               atol=2e-3, rtol=2e-3)
 
 
@@ -221,19 +221,19 @@ def test_eight_devices_equal_the_global_batch_and_the_ring_is_refused():
   x = jnp.asarray(batch(seed=6, n=n))
   pm = jnp.asarray(np.random.default_rng(8).random((n, n)) < 0.8)
   loss = functools.partial(losses.recall_at_k_loss, tau1=0.1, block_size=3)
-  want = jax.jit(jax.value_and_grad(
-      lambda x: loss(x, labels, pos_mask=pm)))(x)
 
   def local(x, labels, pm, **kw):
     return jax.value_and_grad(lambda x: loss(
-        x, labels, axis_name="d", pos_mask=pm, **kw))(x)
+        x, labels, pos_mask=pm, **kw))(x)
 
   specs = dict(mesh=mesh(), in_specs=(P("d"),) * 3, out_specs=(P(), P("d")))
-  got = jax.jit(jax.shard_map(local, **specs))(x, labels, pm)
+  want, got = jax.jit(lambda *a: (local(*a), jax.shard_map(
+      functools.partial(local, axis_name="d"), **specs)(*a)))(x, labels, pm)
   np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=2e-5)
   np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]),
                              rtol=1e-4, atol=1e-6)
-  ring = jax.shard_map(functools.partial(local, collective="ring"), **specs)
+  ring = jax.shard_map(functools.partial(local, axis_name="d",
+                                         collective="ring"), **specs)
   with pytest.raises(ValueError, match="RS@k loss has no device-ring form"):
     jax.eval_shape(ring, x, labels, pm)
 
@@ -280,6 +280,7 @@ def test_the_registry_and_the_config_take_simix_with_the_step_key():
   assert c.simix is True and c.tau1 == 0.01 and c.tau2 == 1.0
   x, labels = jnp.asarray(batch()), jnp.asarray(LABELS)
   key = jax.random.PRNGKey(1)
-  got = entry.apply(x, labels, key=key, simix=True, block_size=4)
-  want = losses.recall_at_k_loss(x, labels, simix=True, key=key)
+  got, want = jax.jit(lambda x: (
+      entry.apply(x, labels, key=key, simix=True, block_size=4),
+      losses.recall_at_k_loss(x, labels, simix=True, key=key)))(x)
   np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
