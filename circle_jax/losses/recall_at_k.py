@@ -254,8 +254,11 @@ def simix(key: Array, embeddings: Array, labels: Array, *,
 def _simix_options(key, embeddings, labels, samples_per_class, options):
   """The mixed batch and the options of its loss: dot products of the
   normalised and virtual samples, invalid slots masked out."""
-  refused = sorted(o for o in ("pos_mask", "neg_mask", "ref", "geometry")
+  refused = sorted(o for o in ("pos_mask", "neg_mask", "ref")
                    if options.get(o) is not None)
+  if engine.resolve_geometry(options.get("geometry")) not in (
+      None, engine.COSINE):
+    refused.append("geometry")
   if refused:
     raise ValueError(f"SiMix (simix=True) mixes the batch's cosine "
                      f"embeddings: drop {refused} or set simix=False.")
