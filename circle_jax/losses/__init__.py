@@ -65,6 +65,11 @@ from circle_jax.losses.smooth_ap import (
 from circle_jax.losses.fastap import (
     fastap_loss,
 )
+from circle_jax.losses.recall_at_k import (
+    recall_at_k_loss,
+    simix,
+    simix_pairs,
+)
 from circle_jax.losses.hyperbolic import (
     Poincare,
 )

@@ -109,6 +109,67 @@ def row_blocks(x: Array, block: int) -> Array:
   return x.reshape((-1, block) + x.shape[1:])
 
 
+def sigmoid_tile(s_rows: Array, s_cols: Array, tau) -> Array:
+  """``sigma((s_k - s_j) / tau)`` of a block: ``[R, N]`` x ``[R, K]`` ->
+  ``[R, N, K]`` (``j`` the ranked candidate, ``k`` the compared one)."""
+  return jax.nn.sigmoid((s_cols[:, None, :] - s_rows[:, :, None]) / tau)
+
+
+def scan_tiles(body, init, s: Array, masks: tuple, tau, k_block: int):
+  """``lax.scan`` of ``body(carry, s_k, *mask_tiles, sigma_k)`` over the
+  column tiles of one block of anchors ``s`` ``[R, N]`` and its ``[R, N]``
+  ``masks`` (``sigma_k``: :func:`sigmoid_tile` of ``s`` and the tile)."""
+  tiles = tuple(column_tiles(v, k_block) for v in (s,) + tuple(masks))
+
+  def step(carry, tile):
+    return body(carry, *tile, sigmoid_tile(s, tile[0], tau))
+
+  return jax.lax.scan(step, init, tiles)
+
+
+def block_ranks(s: Array, masks: tuple, tau, k_block: int) -> tuple:
+  """The smoothed ranks of one block of anchors within each mask: for each
+  ``[R, N]`` mask ``S``, ``1/2 + sum_{k in S} sigma((s_k - s_j) / tau)``
+  ``[R, N]`` (for ``j`` in ``S``: ``1 + sum_{k in S, k != j}``, since
+  ``sigma(0) = 1/2``)."""
+  def body(carry, s_k, *rest):
+    del s_k
+    *mask_tiles, sig = rest
+    return tuple(
+        c + jnp.sum(jnp.where(m[:, None, :], sig, 0.0), axis=-1)
+        for c, m in zip(carry, mask_tiles)), None
+
+  init = tuple(jnp.full_like(s, 0.5) for _ in masks)  # the k = j term
+  ranks, _ = scan_tiles(body, init, s, masks, tau, k_block)
+  return ranks
+
+
+def block_rank_grad(s: Array, masks: tuple, weights: tuple, tau,
+                    k_block: int):
+  """The gradient of ``sum_m sum_j weights_m[j] rank_m[j]`` (``rank_m`` of
+  :func:`block_ranks`) for one block: ``(d/ds [R, N], d/dtau [R])``.
+
+  With ``t_jk = sum_m weights_m[j] [k in S_m] sigma'_jk / tau`` (``sigma'``
+  the sigmoid's derivative at ``(s_k - s_j) / tau``): ``d/ds_c = sum_j
+  t_jc - sum_k t_ck`` (``c`` as the compared candidate, then as the ranked
+  one) and ``d/dtau = -sum_jk t_jk (s_k - s_j) / tau``."""
+  def body(carry, s_k, *rest):
+    ds_j, dtau = carry
+    *mask_tiles, sig = rest
+    w = sum(jnp.where(m[:, None, :], v[:, :, None], 0.0)
+            for m, v in zip(mask_tiles, weights))
+    t = w * sig * (1.0 - sig) / tau
+    diff = s_k[:, None, :] - s[:, :, None]
+    dtau = dtau - jnp.sum(t * diff, axis=(1, 2)) / tau
+    return (ds_j - jnp.sum(t, axis=2), dtau), jnp.sum(t, axis=1)
+
+  init = (jnp.zeros_like(s), jnp.zeros_like(s[:, 0]))
+  (ds_j, dtau), ds_k = scan_tiles(body, init, s, masks, tau, k_block)
+  m = s.shape[0]
+  ds_k = jnp.moveaxis(ds_k, 0, 1).reshape(m, -1)[:, :s.shape[1]]
+  return ds_j + ds_k, dtau
+
+
 def mean_loss(per_anchor: Array, valid: Array, axis_name=None) -> Array:
   """The mean of ``per_anchor`` over the (global) anchors with a positive."""
   return reductions.to_float32_scalar(

@@ -46,6 +46,7 @@ from circle_jax.losses import proxy_anchor
 from circle_jax.losses import proxy_baselines
 from circle_jax.losses import ranges
 from circle_jax.losses import ranked_list
+from circle_jax.losses import recall_at_k
 from circle_jax.losses import smooth_ap
 from circle_jax.losses import snr_contrastive
 from circle_jax.losses import supcon
@@ -81,6 +82,7 @@ _MODULES += (large_margin, p2s_grad, vicreg, tcm, pnp, manifold)
 _MODULES += (instance, histogram, dynamic_soft_margin)
 _MODULES += (potential_field,)  # issue 41
 _MODULES += (hier,)
+_MODULES += (recall_at_k,)
 
 LOSSES: Mapping[str, LossEntry] = types.MappingProxyType(
     {e.name: e for module in _MODULES for e in module.REGISTRY})

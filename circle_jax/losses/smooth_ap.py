@@ -105,40 +105,8 @@ class SmoothAP:
     ranges.check_ranges({"tau": self.tau}, self.ranges, "Smooth-AP")
 
 
-def _sigmoid_tile(s_rows, s_cols, tau):
-  """``sigma((s_k - s_j) / tau)`` of a block: ``[R, N]`` x ``[R, K]`` ->
-  ``[R, N, K]`` (``j`` the ranked positive, ``k`` the compared candidate)."""
-  return jax.nn.sigmoid((s_cols[:, None, :] - s_rows[:, :, None]) / tau)
-
-
-def _scan_tiles(body, init, s, pos, cand, tau, k_block):
-  """``lax.scan`` of ``body(carry, s_k, pos_k, cand_k, sigma_k)`` over the
-  column tiles of one block of anchors (``sigma_k``: :func:`_sigmoid_tile`)."""
-  tiles = tuple(ranking.column_tiles(v, k_block) for v in (s, pos, cand))
-
-  def step(carry, tile):
-    s_k, pos_k, cand_k = tile
-    return body(carry, s_k, pos_k, cand_k, _sigmoid_tile(s, s_k, tau))
-
-  return jax.lax.scan(step, init, tiles)
-
-
-def _block_ranks(s, pos, cand, tau, k_block):
-  """The smoothed ranks ``(n, d)`` ``[R, N]`` of one block of anchors."""
-  def body(carry, s_k, pos_k, cand_k, sig):
-    del s_k
-    num, den = carry
-    num = num + jnp.sum(jnp.where(pos_k[:, None, :], sig, 0.0), axis=-1)
-    den = den + jnp.sum(jnp.where(cand_k[:, None, :], sig, 0.0), axis=-1)
-    return (num, den), None
-
-  half = jnp.full_like(s, 0.5)  # the k = j term, sigma(0)
-  (num, den), _ = _scan_tiles(body, (half, half), s, pos, cand, tau, k_block)
-  return num, den
-
-
 def _block_ap(s, pos, cand, tau, k_block):
-  num, den = _block_ranks(s, pos, cand, tau, k_block)
+  num, den = ranking.block_ranks(s, (pos, cand), tau, k_block)
   count = jnp.sum(pos, axis=1).astype(F32)
   ratio = jnp.where(pos, num / den, 0.0)
   return jnp.sum(ratio, axis=1) / jnp.maximum(count, 1.0), (num, den)
@@ -151,20 +119,7 @@ def _block_grad(s, pos, cand, tau, num, den, g, k_block):
   scale = (g / count)[:, None]
   a = jnp.where(pos, scale / den, 0.0)
   b = jnp.where(pos, -scale * num / (den * den), 0.0)
-  def body(carry, s_k, pos_k, cand_k, sig):
-    ds_j, dtau = carry
-    w = (jnp.where(pos_k[:, None, :], a[:, :, None], 0.0)
-         + jnp.where(cand_k[:, None, :], b[:, :, None], 0.0))
-    t = w * sig * (1.0 - sig) / tau
-    diff = s_k[:, None, :] - s[:, :, None]
-    dtau = dtau - jnp.sum(t * diff, axis=(1, 2)) / tau
-    return (ds_j - jnp.sum(t, axis=2), dtau), jnp.sum(t, axis=1)
-
-  init = (jnp.zeros_like(s), jnp.zeros_like(s[:, 0]))
-  (ds_j, dtau), ds_k = _scan_tiles(body, init, s, pos, cand, tau, k_block)
-  m = s.shape[0]
-  ds_k = jnp.moveaxis(ds_k, 0, 1).reshape(m, -1)[:, :s.shape[1]]
-  return ds_j + ds_k, dtau
+  return ranking.block_rank_grad(s, (pos, cand), (a, b), tau, k_block)
 
 
 def _blocks(s, pos, cand, r_block):

@@ -77,6 +77,11 @@ _SPEC["histogram"] = {"n_bins": None, "delta": None}
 _SPEC["dynamic_soft_margin"] = {"min_val": -2.0, "num_bins": 10,
                                 "momentum": 0.01}
 _GEOMETRY["vicreg"] = None  # no pairs compared: no geometry
+# Issue #41's RS@k (helper h41rsk), at the paper's defaults.
+_SPEC["recall_at_k"] = {"k": (1, 2, 4, 8, 16), "tau1": 0.01, "tau2": 1.0,
+                        "rank_counts_query": False, "simix": False,
+                        "samples_per_class": 4}
+_NEEDS_KEY = ("margin", "triplet", "recall_at_k", "subspace_arcface", "hier")
 _PARAM.update({"large_margin_softmax": "class_weights",
                "sphereface": "class_weights", "p2s_grad": "class_weights",
                "manifold": "proxies"})
@@ -107,8 +112,7 @@ def test_names_kinds_params_and_paper_defaults():
     assert entry.kind in ("pair", "proxy", "classifier")
     assert entry.param_name == _PARAM.get(name), name
     assert entry.kind == "pair" or entry.param_name is not None
-    assert entry.needs_key == (
-        name in ("margin", "triplet", "subspace_arcface", "hier"))
+    assert entry.needs_key == (name in _NEEDS_KEY)
     assert entry.paper and entry.reduction
     for key, value in _SPEC[name].items():
       assert entry.defaults[key] == value, (name, key)
