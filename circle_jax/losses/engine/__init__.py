@@ -112,6 +112,7 @@ from circle_jax.losses.engine.reductions import (
     REDUCTIONS,
     Reduction,
     as_reduction,
+    reduce_pair_sets,
     reduce_terms,
     refuse_reduction,
 )

@@ -179,3 +179,26 @@ def reduce_terms(terms: Array, elements: Array, reduction: Reduction, *,
     nonzero = divisor != 0  # PML: a zero divisor gives a zero loss
     return jnp.where(nonzero, total / jnp.where(nonzero, divisor, 1.0), 0.0)
   return ratio_of_sums(terms, count, axis_name)
+
+
+def reduce_pair_sets(sets, reduction: Reduction, *, labels: Array,
+                     axis_name=None) -> Array:
+  """``reduction`` of a loss's pair terms in sets (its positive pairs, its
+  negative pairs): each set reduced on its own by :func:`reduce_terms` and
+  the results added (PML's ``MultipleReducers``).
+
+  Args:
+    sets: ``((terms, elements), ...)``, ``[M, N]`` each: a set's pair terms
+      in the rows of their anchors and which pairs are its elements
+      (disjoint across the sets).
+    reduction, labels, axis_name: as :func:`reduce_terms`.
+
+  Returns:
+    a float32 scalar, or with ``"none"`` the ``[M, N]`` terms of every set
+    (0 outside the elements).
+  """
+  if reduction.kind == "none":
+    return sum(jnp.where(e, t, 0.0) for t, e in sets)
+  return to_float32_scalar(sum(
+      reduce_terms(t, e, reduction, labels=labels, axis_name=axis_name)
+      for t, e in sets))
