@@ -81,6 +81,7 @@ class LiftedStructure(engine.PositivePairMean):
 
   scale = 0.5
   column_stage = True
+  pair_terms = True
 
   def first_stage(self):
     return LiftedNegatives(margin=self.margin, on_distance=self.on_distance,
