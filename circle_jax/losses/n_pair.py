@@ -44,6 +44,7 @@ class NPair(engine.PositivePairMean):
   penalty is :func:`n_pair_loss`'s)."""
 
   geometry = engine.DOT
+  pair_terms = True
 
   def first_stage(self):
     return NPairNegatives(geometry=self.geometry)
