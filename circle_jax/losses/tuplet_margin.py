@@ -29,7 +29,6 @@ from circle_jax import ops
 from circle_jax.losses import engine
 from circle_jax.losses import entries
 from circle_jax.losses import ranges
-from circle_jax.losses.engine import reductions
 
 Array = jax.Array
 
@@ -80,11 +79,12 @@ class TupletMargin(engine.PositivePairMean):
     return (jnp.where(some, jax.nn.softplus(jnp.where(some, u, 0.0)), 0.0),
             jnp.zeros_like(u))
 
-  def reduce(self, terms, valid, axis_name):
+  pair_terms = True
+
+  def side_weights(self):
     # The mean over the pairs; ``scale`` here is the cosines' scale, not
     # PositivePairMean's factor of the mean.
-    del valid
-    return reductions.ratio_of_sums(*terms, axis_name)
+    return 1.0, 0.0
 
 
 def tuplet_margin_loss(embeddings: Array, labels: Array, *,
