@@ -18,7 +18,9 @@ of sums, so it runs on every engine.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
+from circle_jax import ops
 from circle_jax.losses import entries
 from circle_jax.losses.engine import reductions
 from circle_jax.losses import engine
@@ -39,6 +41,16 @@ class NTXent(supcon.SupCon):
   def reduce(self, terms, valid, axis_name):
     del valid
     return reductions.ratio_of_sums(*terms, axis_name)
+
+  pair_terms = True
+
+  def pair_values(self, x, sel_p, sel_n):
+    # A positive pair's term: its row's LSE over every candidate (``sel_n``,
+    # the positives and negatives) minus its own logit.
+    del sel_p
+    lse = ops.masked_logsumexp(x / self.tau, sel_n, axis=-1)
+    lse = jnp.where(jnp.isfinite(lse), lse, 0.0)
+    return lse[:, None] - x / self.tau, jnp.zeros_like(x)
 
 
 def nt_xent_loss(embeddings: Array, labels: Array, *, tau: float = NTXent.tau,
