@@ -44,6 +44,8 @@ class ThresholdConsistentMargin(engine.PairSetMeans):
       "margin_plus": ranges.SIMILARITY_MARGIN_RANGE,
       "margin_minus": ranges.SIMILARITY_MARGIN_RANGE})
 
+  pair_terms = True
+
   def prepare(self, s):
     return s
 
