@@ -183,8 +183,12 @@ def pnp_loss(embeddings: Array, labels: Array, *, b: float = PNP.b,
   r = negative_ranks(t, s, neg, hp.anneal, block.block)
   per_anchor = (jnp.sum(jnp.where(ranked, hp.f(r), 0.0), axis=1)
                 / jnp.sum(ranked, axis=1))
-  loss = reductions.sum_over_batch(per_anchor, options.get("axis_name"))
-  return 1.0 - loss if hp.variant == "Dq" else loss
+  if hp.variant == "Dq":
+    per_anchor = 1.0 - per_anchor
+  if block.reduction is not None:  # every anchor is an element
+    return ranking.anchor_loss(per_anchor, jnp.ones(per_anchor.shape, bool),
+                               block, options.get("axis_name"))
+  return reductions.sum_over_batch(per_anchor, options.get("axis_name"))
 
 
 REGISTRY = (
