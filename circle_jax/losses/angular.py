@@ -156,5 +156,6 @@ REGISTRY = (
         tiled=False,
         paper="Wang et al., \"Deep Metric Learning with Angular Loss\", "
               "ICCV 2017",
-        reduction="mean over ordered positive pairs"),
+        reduction="mean over ordered positive pairs",
+        reduction_note="PML's `pos_pair` elements; the dense engine"),
 )

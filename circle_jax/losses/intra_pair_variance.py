@@ -202,5 +202,7 @@ REGISTRY = (
         rule=IntraPairVariance,
         paper="Yu and Tao, \"Deep Metric Learning with Tuplet Margin "
               "Loss\", ICCV 2019 (intra-pair variance)",
-        reduction="mean over positive pairs + mean over negative pairs"),
+        reduction="mean over positive pairs + mean over negative pairs",
+        reduction_note="PML's `pos_pair` and `neg_pair` elements, each set "
+                       "on its own; the dense engine"),
 )

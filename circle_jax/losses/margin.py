@@ -224,5 +224,8 @@ REGISTRY = (
         paper="Wu et al., \"Sampling Matters in Deep Embedding "
               "Learning\", ICCV 2017",
         reduction="sum over (sampled) pairs / #pairs with non-zero "
-                  "loss"),
+                  "loss",
+        reduction_note="pairs weighted by their draws, each set on its "
+                       "own; PML's element differs: the triplet, its nu "
+                       "term a separate sub-loss; the dense engine"),
 )

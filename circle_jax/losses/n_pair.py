@@ -104,6 +104,14 @@ def n_pair_loss(embeddings: Array, labels: Array, *, l2_reg: float = 0.02,
   over the anchors only (the references are regularised as anchors of their
   own batch).
 
+  A ``reduction`` (docs/reductions.md) reduces the tuplet term's pair terms
+  ``softplus(t_a - s_ap)`` of the positive pairs instead (0 for an anchor
+  without a negative), on the dense engine, and adds the penalty as above;
+  ``"none"`` gives the pair terms as ``[B, N]`` at (anchor, positive)
+  without the penalty (a per-sample term: add ``l2_reg * |x|^2`` yourself).
+  PML's ``NPairsLoss`` has other elements: one positive per anchor and
+  class, a cross-entropy over the other classes' positives.
+
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16 (raw, not normalised).
     labels: ``[B]`` integer labels.
@@ -131,5 +139,8 @@ REGISTRY = (
         paper="Sohn, \"Improved Deep Metric Learning with Multi-class "
               "N-pair Loss Objective\", NeurIPS 2016",
         reduction="mean over positive pairs + l2_reg * mean squared "
-                  "norm"),
+                  "norm",
+        reduction_note="PML's element differs: one positive per anchor and "
+                       "class; the L2 penalty keeps its mean (`none` "
+                       "leaves it out); the dense engine"),
 )

@@ -82,6 +82,10 @@ def nt_xent_loss(embeddings: Array, labels: Array, *, tau: float = NTXent.tau,
   temperature=0.07)`` in ``pytorch_metric_learning/losses/ntxent_loss.py``,
   checked in version 2.9.0).
 
+  A ``reduction`` (docs/reductions.md) reduces the pair terms ``l_ip``
+  instead (PML's ``pos_pair`` elements), on the dense engine; ``"none"``
+  gives them as ``[B, N]`` at (anchor, positive), 0 elsewhere.
+
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16.
     labels: ``[B]`` integer labels: the views of one sample share a label.
@@ -107,5 +111,7 @@ REGISTRY = (
         paper="Chen et al., \"A Simple Framework for Contrastive "
               "Learning of Visual Representations\", ICML 2020; van den "
               "Oord et al., arXiv 2018 (InfoNCE); labels give the views",
-        reduction="mean over positive pairs"),
+        reduction="mean over positive pairs",
+        reduction_note="PML's `pos_pair` elements (its denominator holds "
+                       "the pair's own positive only); the dense engine"),
 )

@@ -150,6 +150,11 @@ def pnp_loss(embeddings: Array, labels: Array, *, b: float = PNP.b,
   itself as a positive). An anchor without negatives has ``R = 0``: zero
   loss and zero gradient in every variant.
 
+  A ``reduction`` (docs/reductions.md) reduces every anchor's term (its mean
+  over ``P'_i``; ``"Dq"``: 1 minus it) instead, dense and blockwise;
+  ``"none"`` gives them as ``[B]``. PML's loss is already reduced: its
+  reducers do nothing to it.
+
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16.
     labels: ``[B]`` integer labels.
@@ -197,5 +202,7 @@ REGISTRY = (
               "Precision: Only Penalizing Negative Instances before "
               "Positive Ones is Enough\", AAAI 2022",
         reduction="mean over anchors of the mean over their positives "
-                  "(the anchor among them)"),
+                  "(the anchor among them)",
+        reduction_note="every anchor; PML's loss is already reduced, its "
+                       "reducers do nothing; dense and blockwise"),
 )

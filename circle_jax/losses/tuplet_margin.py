@@ -117,6 +117,10 @@ def tuplet_margin_loss(embeddings: Array, labels: Array, *,
   (:func:`circle_jax.losses.intra_pair_variance_loss`) with a weight; so
   does PML's user, by combining the two losses.
 
+  A ``reduction`` (docs/reductions.md) reduces these pair terms instead
+  (PML's ``pos_pair`` elements), on the dense engine; ``"none"`` gives them
+  as ``[B, N]`` at (anchor, positive), 0 elsewhere.
+
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16.
     labels: ``[B]`` integer labels.
@@ -144,5 +148,6 @@ REGISTRY = (
         rule=TupletMargin,
         paper="Yu and Tao, \"Deep Metric Learning with Tuplet Margin "
               "Loss\", ICCV 2019",
-        reduction="mean over ordered positive pairs"),
+        reduction="mean over ordered positive pairs",
+        reduction_note="PML's `pos_pair` elements; the dense engine"),
 )
