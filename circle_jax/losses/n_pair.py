@@ -128,6 +128,8 @@ def n_pair_loss(embeddings: Array, labels: Array, *, l2_reg: float = 0.02,
   """
   ranges.check_range(l2_reg, "l2_reg", ranges.NONNEGATIVE_RANGE)
   tuplet = engine.embedding_loss(NPair(), embeddings, labels, **options)
+  if tuplet.ndim:  # reduction="none": the pair terms (docstring)
+    return tuplet
   x = checks.check_embeddings(embeddings)
   penalty = reductions.sum_over_batch(jnp.sum(x * x, axis=1),
                                    options.get("axis_name"))

@@ -44,3 +44,7 @@ def test_reductions_of_the_tuplet_term_equal_the_loops():
   want = (reference.reduce_ref(reference.n_pair_terms_ref(x, y), y, "sum")
           + 0.5 * np.mean(np.sum(x * x, 1)))
   np.testing.assert_allclose(float(got), want, rtol=2e-5)
+  np.testing.assert_allclose(  # "none": the pair terms, no penalty
+      np.asarray(losses.n_pair_loss(xf, y, l2_reg=0.5, reduction="none")),
+      reference.reduce_ref(reference.n_pair_terms_ref(x, y), y, "none"),
+      rtol=2e-5, atol=2e-5)
