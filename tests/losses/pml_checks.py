@@ -218,11 +218,13 @@ def reductions_equal_pml(ours, make_pml, x, labels, rtol=2e-5,
           grad_atol=grad_atol)
 
 
-def reductions_equal_reference(ours, sets, x, labels, rtol=2e-5):
+def reductions_equal_reference(ours, sets, x, labels, rtol=2e-5,
+                               sets_of=None):
   """``ours(x, labels, reduction=r)`` equals :func:`reference.reduce_ref`
   of the float64 terms ``sets`` for every kind (``"none"`` the terms), in
-  one compiled program (values; the gradients flow through the same code
-  as the kinds tested against PML)."""
+  one compiled program. With ``sets_of`` (``x -> sets``, the reference's
+  terms of any batch) the ``"class_weighted"`` gradient is also compared
+  with the reference's central differences."""
   import jax
   from circle_jax.losses import engine
   from tests.losses import reference
@@ -235,13 +237,19 @@ def reductions_equal_reference(ours, sets, x, labels, rtol=2e-5):
            "class_weighted": dict(weights=kw["weights"]),
            "divisor": dict(divisor=3.0)}
   y = jnp.asarray(labels)
+  weighted = engine.Reduction("class_weighted", weights=kw["weights"])
   run = jax.jit(lambda x: [ours(x, y, reduction="none")] + [
       ours(x, y, reduction=engine.Reduction(k, **a))
-      for k, a in kinds.items()])
+      for k, a in kinds.items()] + [jax.grad(
+          lambda x: ours(x, y, reduction=weighted))(x) if sets_of else 0])
   got = run(jnp.asarray(x, jnp.float32))
   np.testing.assert_allclose(np.asarray(got[0]), ref_terms, rtol=rtol,
                              atol=rtol)
-  for value, kind in zip(got[1:], kinds):
+  for value, kind in zip(got[1:-1], kinds):
     np.testing.assert_allclose(
         float(value), reference.reduce_ref(sets, labels, kind, **kw),
         rtol=rtol, atol=1e-6, err_msg=kind)
+  if sets_of:
+    want = engine_checks.grad_ref(lambda x: reference.reduce_ref(
+        sets_of(x), labels, "class_weighted", weights=kw["weights"]), x)
+    np.testing.assert_allclose(np.asarray(got[-1]), want, atol=1e-4)

@@ -27,4 +27,5 @@ def test_reductions_of_its_pair_terms_equal_the_loops():
   pml_checks.reductions_equal_reference(
       lambda x, y, **kw: losses.margin_loss(
           x, y, np.asarray(beta, np.float32), margin=0.3, nu=0.1, **kw),
-      reference.margin_terms_ref(x, y, beta, 0.3, 0.1), x, y)
+      reference.margin_terms_ref(x, y, beta, 0.3, 0.1), x, y,
+      sets_of=lambda x: reference.margin_terms_ref(x, y, beta, 0.3, 0.1))

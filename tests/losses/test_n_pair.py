@@ -38,7 +38,8 @@ def test_reductions_of_the_tuplet_term_equal_the_loops():
   x, y = pml_checks.batch(5, n=12, d=4) / 2, np.array([0, 1, 2, 3] * 3)
   pml_checks.reductions_equal_reference(
       lambda x, y, **kw: losses.n_pair_loss(x, y, l2_reg=0.0, **kw),
-      reference.n_pair_terms_ref(x, y), x, y)
+      reference.n_pair_terms_ref(x, y), x, y,
+      sets_of=lambda x: reference.n_pair_terms_ref(x, y))
   import jax
   got, terms = jax.jit(lambda x: [
       losses.n_pair_loss(x, y, l2_reg=0.5, reduction=r)

@@ -44,4 +44,5 @@ def test_reductions_equal_the_loops_on_its_positive_pairs():
   pml_checks.reductions_equal_reference(
       lambda x, y, **kw: losses.pairwise_ce_loss(x, y, geometry="cosine",
                                                  **kw),
-      reference.nt_xent_terms_ref(x, y, 0.2), x, y)
+      reference.nt_xent_terms_ref(x, y, 0.2), x, y,
+      sets_of=lambda x: reference.nt_xent_terms_ref(x, y, 0.2))

@@ -175,4 +175,5 @@ def test_reductions_equal_the_loops_on_its_pairs():
                margin_minus=0.1)
   pml_checks.reductions_equal_reference(
       lambda x, y, **kw: _FN(x, y, **hyper, **kw),
-      reference.tcm_terms_ref(x, y, **hyper), x, y)
+      reference.tcm_terms_ref(x, y, **hyper), x, y,
+      sets_of=lambda x: reference.tcm_terms_ref(x, y, **hyper))
