@@ -222,7 +222,8 @@ def reduction_table() -> str:
   for name, entry in losses.LOSSES.items():
     if entry.reduction_fields():
       terms, note = _reduction_terms(entry)
-      rows.append([f"`{name}`", terms, entry.reduction, note])
+      rows.append([f"`{name}`", terms, entry.reduction,
+                   entry.reduction_note or note])
   return _table(["loss", "a term is", "own reduction (`reduction` unset)",
                  "with `reduction`, compared with PML"], rows)
 

@@ -96,7 +96,9 @@ def angular_loss(
   Reduction: mean over the ordered positive pairs (a pair whose anchor has
   no negative adds 0 and counts), as pytorch-metric-learning's
   ``AngularLoss`` with its default ``MeanReducer``; 0 with zero gradient
-  without a positive pair.
+  without a positive pair. A ``reduction`` (docs/reductions.md) reduces the
+  pair terms instead, PML's elements (``pos_pair``); ``"none"`` gives them
+  as ``[B, N]``, a positive pair's term at (anchor, positive), 0 elsewhere.
 
   Differences from pytorch-metric-learning 2.9 (``AngularLoss(alpha)``,
   same name, unit and default). PML bug: it normalises the anchors and
@@ -134,11 +136,16 @@ def angular_loss(
       None, engine.COSINE):
     raise ValueError("The angular loss is defined on unit vectors: use the "
                      "cosine geometry (the default).")
-  _, cols, s, pos, neg = engine.dense_block(
+  reduction = engine.as_reduction(options.pop("reduction", None))
+  rows, cols, s, pos, neg = engine.dense_block(
       embeddings, labels, loss="angular loss", reason=_NOT_A_RULE,
       **options)
   s_cols = jnp.matmul(cols.z, cols.z.T, precision=_HIGHEST)
   terms = _angular_terms(s, s_cols, pos, neg, alpha)
+  if reduction is not None:
+    return engine.reduce_pair_sets(((terms, pos),), reduction,
+                                   labels=rows.labels,
+                                   axis_name=options.get("axis_name"))
   count = jnp.sum(pos.astype(jnp.float32))
   return reductions.to_float32_scalar(reductions.ratio_of_sums(
       jnp.sum(terms), count, options.get("axis_name")))
@@ -149,5 +156,6 @@ REGISTRY = (
         tiled=False,
         paper="Wang et al., \"Deep Metric Learning with Angular Loss\", "
               "ICCV 2017",
-        reduction="mean over ordered positive pairs"),
+        reduction="mean over ordered positive pairs",
+        reduction_note="PML's `pos_pair` elements; the dense engine"),
 )

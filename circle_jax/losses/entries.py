@@ -192,6 +192,9 @@ class LossEntry:
     needs_key: whether ``fn`` samples (takes a PRNG ``key``).
     paper: the reference.
     reduction: how the per-sample / per-pair terms are reduced.
+    reduction_note: for a loss with the ``reduction`` option, its terms
+      compared with PML's elements and the engines it runs on
+      (docs/reductions.md; empty: read from the terms' rank).
     param_init: how ``init_params`` initialises, in words.
     execution_options: keyword options of ``fn`` that change how the loss is
       computed but not its value (``block_size``, ``collective``), accepted
@@ -238,6 +241,7 @@ class LossEntry:
   layout_options: tuple = ()
   geometry: Optional[str] = None
   raw_features: bool = False
+  reduction_note: str = ""
 
   def geometry_defaults(self) -> Dict[str, Any]:
     """The config fields of the geometry option with their defaults
@@ -378,11 +382,12 @@ def classifier(name, fn, *, paper, init=normal(0.01),
 def entry(name, fn, kind, *, paper, reduction, param_name=None,
           init=no_params, param_init="", needs_key=False,
           rule=None, tiled=True, geometry=None,
-          raw_features=False) -> LossEntry:
+          raw_features=False, reduction_note="") -> LossEntry:
   """A registry entry; ``rule``: the rule class whose ``ranges`` apply;
   ``tiled``: whether a pair loss runs on the tiled engines (``block_size``,
   ``collective``); ``geometry``: the default geometry's name when it is not
-  the rule's (or cosine); ``raw_features``: as :class:`LossEntry`."""
+  the rule's (or cosine); ``raw_features``, ``reduction_note``: as
+  :class:`LossEntry`."""
   if kind not in KINDS:
     raise ValueError(f"kind must be one of {KINDS}; got {kind!r}.")
   defaults = _signature_defaults(fn)
@@ -413,7 +418,7 @@ def entry(name, fn, kind, *, paper, reduction, param_name=None,
       samples_classes="sample_rate" in names,
       layout_options=tuple(f.name for f in dataclasses.fields(
           class_shard.Layout) if f.name in names),
-      raw_features=raw_features)
+      raw_features=raw_features, reduction_note=reduction_note)
 
 
 def _geometry_name(geometry) -> str:

@@ -148,6 +148,11 @@ def fastap_loss(embeddings: Array, labels: Array, *, L: int = FastAP.L,
   ``axis_name``); an anchor without positives contributes 0 with zero
   gradient. Time ``O(B^2 (D + L))``; memory ``O(B^2 + block B L)``.
 
+  A ``reduction`` (docs/reductions.md) reduces the anchor terms ``1 -
+  FastAP_i`` of the anchors with a positive instead (PML's ``element``
+  terms), dense and blockwise; ``"none"`` gives them as ``[B]``, 0 for the
+  others.
+
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16 (computed in float32).
     labels: ``[B]`` integer labels.
@@ -185,5 +190,7 @@ REGISTRY = (
     entries.entry("fastap", fastap_loss, "pair", rule=FastAP,
         paper="Cakir, He, Xia, Kulis, Sclaroff, \"Deep Metric Learning "
               "to Rank\", CVPR 2019",
-        reduction="mean over anchors with >= 1 positive"),
+        reduction="mean over anchors with >= 1 positive",
+        reduction_note="anchors with >= 1 positive, PML's `element` terms; "
+                       "dense and blockwise"),
 )

@@ -127,6 +127,21 @@ def _set_term(side, eps, embeddings, labels, options):
   return value + slope * mean_hinge * (mu - held)
 
 
+def _reduced(embeddings, labels, pos_eps, neg_eps, reduction, options):
+  """``reduction`` of the pair terms on the dense block, ``mu_P`` and
+  ``mu_N`` global means differentiated by autodiff."""
+  axis_name = options.get("axis_name")
+  rows, _, s, pos, neg = engine.dense_block(
+      embeddings, labels, loss="intra-pair variance loss with `reduction`",
+      reason="its pair terms need the whole block", **options)
+  mu_p, mu_n = (reductions.ratio_of_sums(jnp.where(m, s, 0.0), m, axis_name)
+                for m in (pos, neg))
+  terms_p = jnp.square(jax.nn.relu((1.0 - pos_eps) * mu_p - s))
+  terms_n = jnp.square(jax.nn.relu(s - (1.0 + neg_eps) * mu_n))
+  return engine.reduce_pair_sets(((terms_p, pos), (terms_n, neg)), reduction,
+                                 labels=rows.labels, axis_name=axis_name)
+
+
 def intra_pair_variance_loss(embeddings: Array, labels: Array, *,
                              pos_eps: float = IntraPairVariance.pos_eps,
                              neg_eps: float = IntraPairVariance.neg_eps,
@@ -148,7 +163,11 @@ def intra_pair_variance_loss(embeddings: Array, labels: Array, *,
   Reduction: the mean over the positive pairs plus the mean over the
   negative pairs, as pytorch-metric-learning's
   ``IntraPairVarianceLoss`` with its default ``MeanReducer``; an empty set
-  adds 0 with zero gradient.
+  adds 0 with zero gradient. A ``reduction`` (docs/reductions.md) reduces
+  the pair terms ``[.]_+^2`` instead, each set on its own and the two added,
+  on PML's elements (``pos_pair``, ``neg_pair``); it needs the dense engine
+  (the means ``mu`` are differentiated through the whole block);
+  ``"none"`` gives ``[B, N]``, each pair's term at (anchor, candidate).
 
   Differences from pytorch-metric-learning 2.9
   (``IntraPairVarianceLoss(pos_eps, neg_eps)``, same names and defaults):
@@ -171,9 +190,9 @@ def intra_pair_variance_loss(embeddings: Array, labels: Array, *,
     (its intra-pair variance loss).
   """
   IntraPairVariance(pos_eps=pos_eps, neg_eps=neg_eps)  # checks the ranges
-  engine.refuse_reduction(engine.as_reduction(options.get("reduction")),
-                         "intra-pair variance loss",
-                         "a pair's term reads the whole batch's mean")
+  reduction = engine.as_reduction(options.pop("reduction", None))
+  if reduction is not None:
+    return _reduced(embeddings, labels, pos_eps, neg_eps, reduction, options)
   return (_set_term("pos", pos_eps, embeddings, labels, options)
           + _set_term("neg", neg_eps, embeddings, labels, options))
 
@@ -183,5 +202,7 @@ REGISTRY = (
         rule=IntraPairVariance,
         paper="Yu and Tao, \"Deep Metric Learning with Tuplet Margin "
               "Loss\", ICCV 2019 (intra-pair variance)",
-        reduction="mean over positive pairs + mean over negative pairs"),
+        reduction="mean over positive pairs + mean over negative pairs",
+        reduction_note="PML's `pos_pair` and `neg_pair` elements, each set "
+                       "on its own; the dense engine"),
 )

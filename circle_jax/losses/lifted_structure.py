@@ -81,6 +81,7 @@ class LiftedStructure(engine.PositivePairMean):
 
   scale = 0.5
   column_stage = True
+  pair_terms = True
 
   def first_stage(self):
     return LiftedNegatives(margin=self.margin, on_distance=self.on_distance,
@@ -142,6 +143,11 @@ def lifted_structure_loss(embeddings: Array, labels: Array, *,
   takes the negatives of the anchor's pairs). So passing the batch as its
   own references is *not* the loss above, which also adds the ``N_j`` term.
 
+  A ``reduction`` (docs/reductions.md) reduces the pair terms ``[J_ij]_+^2 /
+  2`` of the ordered positive pairs instead (PML's ``pos_pair`` elements),
+  on the dense engine; ``"none"`` gives them as ``[B, N]`` at (anchor,
+  positive), 0 elsewhere.
+
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16.
     labels: ``[B]`` integer labels.
@@ -173,5 +179,7 @@ REGISTRY = (
     entries.entry("lifted_structure", lifted_structure_loss, "pair",
         paper="Oh Song et al., \"Deep Metric Learning via Lifted "
               "Structured Feature Embedding\", CVPR 2016 (smooth form)",
-        reduction="sum over ordered positive pairs of [J]_+^2 / (2 #pairs)"),
+        reduction="sum over ordered positive pairs of [J]_+^2 / (2 #pairs)",
+        reduction_note="PML's `pos_pair` elements (a term [J]_+^2 / 2); "
+                       "the dense engine"),
 )

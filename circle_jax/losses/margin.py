@@ -57,6 +57,19 @@ def _margin_core(dist, pos_w, neg_w, beta_rows, *, margin, nu, axis_name):
   return reductions.ratio_of_sums(total, count, axis_name)
 
 
+def _margin_reduced(dist, pos_w, neg_w, beta_rows, *, margin, nu, reduction,
+                    labels, axis_name):
+  """``reduction`` of the pair terms: ``w_ap ([d_ap - beta_a + m]_+ + nu
+  beta_a)`` of the positive pairs and ``w_an [beta_a - d_an + m]_+`` of the
+  negative pairs (the pairs with a weight), each set on its own."""
+  b = beta_rows[:, None]
+  terms_p = pos_w * (jax.nn.relu(dist - b + margin) + nu * b)
+  terms_n = neg_w * jax.nn.relu(b - dist + margin)
+  return engine.reduce_pair_sets(((terms_p, pos_w > 0), (terms_n, neg_w > 0)),
+                                 reduction, labels=labels,
+                                 axis_name=axis_name)
+
+
 def _margin_weights(pos, neg, pair_weights):
   if pair_weights is None:
     return pos.astype(jnp.float32), neg.astype(jnp.float32)
@@ -128,6 +141,15 @@ def margin_loss(
   divided by the number of pairs with non-zero loss (counted with
   multiplicity; 1 when there is none, so an empty batch gives 0).
 
+  A ``reduction`` (docs/reductions.md) reduces pair terms instead, each set
+  on its own and the two added: a positive pair's ``w_{ap}([d_{ap} -
+  \beta_a + m]_+ + \nu \beta_a)`` and a negative pair's ``w_{an}[\beta_a
+  - d_{an} + m]_+``, over the pairs with a weight (a sampled pair once,
+  its term times its draw count); ``"none"`` gives them as ``[B, N]`` at
+  (anchor, candidate). PML's elements differ: its ``MarginLoss`` has one
+  term per triplet (``d_ap`` and ``d_an`` hinges together) and its ``nu``
+  term is a separate sub-loss.
+
   Sampling: with ``key``, each positive pair ``(a, p)`` draws one negative of
   ``a`` by distance-weighted sampling (:func:`distance_weighted_miner`;
   ``w_{an}`` is the draw count, ``w_{ap} = 1``), as in the official code.
@@ -168,6 +190,7 @@ def margin_loss(
         "sampled), not both.")
   ranges.check_range(margin, "margin", ranges.NONNEGATIVE_RANGE)
   axis_name = options.get("axis_name")
+  reduction = engine.as_reduction(options.pop("reduction", None))
   rows, _, dist, pos, neg = engine.dense_block(
       embeddings, labels, loss="margin loss", reason=_NOT_A_RULE,
       distance=True, **options)
@@ -184,8 +207,13 @@ def margin_loss(
         cutoff=cutoff, nonzero_loss_cutoff=nonzero_loss_cutoff,
         num_rows=num_rows)
   pos_w, neg_w = _margin_weights(pos, neg, pair_weights)
-  return _margin_core(dist, pos_w, neg_w, _beta_rows(beta, rows.labels),
-                      margin=margin, nu=nu, axis_name=axis_name)
+  beta_rows = _beta_rows(beta, rows.labels)
+  if reduction is not None:
+    return _margin_reduced(dist, pos_w, neg_w, beta_rows, margin=margin,
+                           nu=nu, reduction=reduction, labels=rows.labels,
+                           axis_name=axis_name)
+  return _margin_core(dist, pos_w, neg_w, beta_rows, margin=margin, nu=nu,
+                      axis_name=axis_name)
 
 
 REGISTRY = (
@@ -196,5 +224,8 @@ REGISTRY = (
         paper="Wu et al., \"Sampling Matters in Deep Embedding "
               "Learning\", ICCV 2017",
         reduction="sum over (sampled) pairs / #pairs with non-zero "
-                  "loss"),
+                  "loss",
+        reduction_note="pairs weighted by their draws, each set on its "
+                       "own; PML's element differs: the triplet, its nu "
+                       "term a separate sub-loss; the dense engine"),
 )

@@ -44,6 +44,7 @@ class NPair(engine.PositivePairMean):
   penalty is :func:`n_pair_loss`'s)."""
 
   geometry = engine.DOT
+  pair_terms = True
 
   def first_stage(self):
     return NPairNegatives(geometry=self.geometry)
@@ -103,6 +104,14 @@ def n_pair_loss(embeddings: Array, labels: Array, *, l2_reg: float = 0.02,
   over the anchors only (the references are regularised as anchors of their
   own batch).
 
+  A ``reduction`` (docs/reductions.md) reduces the tuplet term's pair terms
+  ``softplus(t_a - s_ap)`` of the positive pairs instead (0 for an anchor
+  without a negative), on the dense engine, and adds the penalty as above;
+  ``"none"`` gives the pair terms as ``[B, N]`` at (anchor, positive)
+  without the penalty (a per-sample term: add ``l2_reg * |x|^2`` yourself).
+  PML's ``NPairsLoss`` has other elements: one positive per anchor and
+  class, a cross-entropy over the other classes' positives.
+
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16 (raw, not normalised).
     labels: ``[B]`` integer labels.
@@ -119,6 +128,8 @@ def n_pair_loss(embeddings: Array, labels: Array, *, l2_reg: float = 0.02,
   """
   ranges.check_range(l2_reg, "l2_reg", ranges.NONNEGATIVE_RANGE)
   tuplet = engine.embedding_loss(NPair(), embeddings, labels, **options)
+  if tuplet.ndim:  # reduction="none": the pair terms (docstring)
+    return tuplet
   x = checks.check_embeddings(embeddings)
   penalty = reductions.sum_over_batch(jnp.sum(x * x, axis=1),
                                    options.get("axis_name"))
@@ -130,5 +141,8 @@ REGISTRY = (
         paper="Sohn, \"Improved Deep Metric Learning with Multi-class "
               "N-pair Loss Objective\", NeurIPS 2016",
         reduction="mean over positive pairs + l2_reg * mean squared "
-                  "norm"),
+                  "norm",
+        reduction_note="PML's element differs: one positive per anchor and "
+                       "class; the L2 penalty keeps its mean (`none` "
+                       "leaves it out); the dense engine"),
 )

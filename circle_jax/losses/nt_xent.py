@@ -18,7 +18,9 @@ of sums, so it runs on every engine.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
+from circle_jax import ops
 from circle_jax.losses import entries
 from circle_jax.losses.engine import reductions
 from circle_jax.losses import engine
@@ -39,6 +41,16 @@ class NTXent(supcon.SupCon):
   def reduce(self, terms, valid, axis_name):
     del valid
     return reductions.ratio_of_sums(*terms, axis_name)
+
+  pair_terms = True
+
+  def pair_values(self, x, sel_p, sel_n):
+    # A positive pair's term: its row's LSE over every candidate (``sel_n``,
+    # the positives and negatives) minus its own logit.
+    del sel_p
+    lse = ops.masked_logsumexp(x / self.tau, sel_n, axis=-1)
+    lse = jnp.where(jnp.isfinite(lse), lse, 0.0)
+    return lse[:, None] - x / self.tau, jnp.zeros_like(x)
 
 
 def nt_xent_loss(embeddings: Array, labels: Array, *, tau: float = NTXent.tau,
@@ -70,6 +82,10 @@ def nt_xent_loss(embeddings: Array, labels: Array, *, tau: float = NTXent.tau,
   temperature=0.07)`` in ``pytorch_metric_learning/losses/ntxent_loss.py``,
   checked in version 2.9.0).
 
+  A ``reduction`` (docs/reductions.md) reduces the pair terms ``l_ip``
+  instead (PML's ``pos_pair`` elements), on the dense engine; ``"none"``
+  gives them as ``[B, N]`` at (anchor, positive), 0 elsewhere.
+
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16.
     labels: ``[B]`` integer labels: the views of one sample share a label.
@@ -95,5 +111,7 @@ REGISTRY = (
         paper="Chen et al., \"A Simple Framework for Contrastive "
               "Learning of Visual Representations\", ICML 2020; van den "
               "Oord et al., arXiv 2018 (InfoNCE); labels give the views",
-        reduction="mean over positive pairs"),
+        reduction="mean over positive pairs",
+        reduction_note="PML's `pos_pair` elements (its denominator holds "
+                       "the pair's own positive only); the dense engine"),
 )

@@ -60,6 +60,9 @@ def pairwise_ce_loss(embeddings: Array, labels: Array, *,
   any. The official code sums over the ordered pairs of sample slots
   (module docstring): twice our value with two images per class.
 
+  A ``reduction`` (docs/reductions.md) reduces the pair terms instead, as
+  :func:`circle_jax.losses.nt_xent_loss`'s.
+
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16 (Euclidean features; the
       geometry clips and maps them onto the ball).
@@ -87,5 +90,7 @@ REGISTRY = (
         rule=nt_xent.NTXent, geometry="poincare",
         paper="Ermolov et al., \"Hyperbolic Vision Transformers: "
               "Combining Improvements in Metric Learning\", CVPR 2022",
-        reduction="mean over positive pairs"),
+        reduction="mean over positive pairs",
+        reduction_note="NT-Xent's pair terms (PML has no such loss); the "
+                       "dense engine"),
 )

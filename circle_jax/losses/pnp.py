@@ -150,6 +150,11 @@ def pnp_loss(embeddings: Array, labels: Array, *, b: float = PNP.b,
   itself as a positive). An anchor without negatives has ``R = 0``: zero
   loss and zero gradient in every variant.
 
+  A ``reduction`` (docs/reductions.md) reduces every anchor's term (its mean
+  over ``P'_i``; ``"Dq"``: 1 minus it) instead, dense and blockwise;
+  ``"none"`` gives them as ``[B]``. PML's loss is already reduced: its
+  reducers do nothing to it.
+
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16.
     labels: ``[B]`` integer labels.
@@ -183,8 +188,12 @@ def pnp_loss(embeddings: Array, labels: Array, *, b: float = PNP.b,
   r = negative_ranks(t, s, neg, hp.anneal, block.block)
   per_anchor = (jnp.sum(jnp.where(ranked, hp.f(r), 0.0), axis=1)
                 / jnp.sum(ranked, axis=1))
-  loss = reductions.sum_over_batch(per_anchor, options.get("axis_name"))
-  return 1.0 - loss if hp.variant == "Dq" else loss
+  if hp.variant == "Dq":
+    per_anchor = 1.0 - per_anchor
+  if block.reduction is not None:  # every anchor is an element
+    return ranking.anchor_loss(per_anchor, jnp.ones(per_anchor.shape, bool),
+                               block, options.get("axis_name"))
+  return reductions.sum_over_batch(per_anchor, options.get("axis_name"))
 
 
 REGISTRY = (
@@ -193,5 +202,7 @@ REGISTRY = (
               "Precision: Only Penalizing Negative Instances before "
               "Positive Ones is Enough\", AAAI 2022",
         reduction="mean over anchors of the mean over their positives "
-                  "(the anchor among them)"),
+                  "(the anchor among them)",
+        reduction_note="every anchor; PML's loss is already reduced, its "
+                       "reducers do nothing; dense and blockwise"),
 )

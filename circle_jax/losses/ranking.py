@@ -39,12 +39,17 @@ class RankingBlock(NamedTuple):
     cand: ``[M, N]`` bool candidates ``Omega_i`` (positives and negatives;
       never the anchor itself, a masked-out pair or an invalid reference).
     block: the tile size (rows and columns), at most ``max(M, N)``.
+    labels: ``[M]`` the anchors' labels.
+    reduction: ``None`` (the loss's own) or the ``reduction`` option's
+      :class:`circle_jax.losses.engine.Reduction` (:func:`anchor_loss`).
   """
 
   s: Array
   pos: Array
   cand: Array
   block: int
+  labels: Optional[Array] = None
+  reduction: Optional[engine.Reduction] = None
 
 
 def ranking_block(embeddings, labels, *, loss: str, geometry=None,
@@ -63,13 +68,12 @@ def ranking_block(embeddings, labels, *, loss: str, geometry=None,
       (:func:`circle_jax.losses.engine.embedding_loss`); ``collective="ring"``
       with ``axis_name`` is refused.
     block_size: the tile size (``None``: :data:`DEFAULT_BLOCK`).
-    reduction: refused unless ``None`` (a ranking loss has its own).
+    reduction: the ``reduction`` option, kept in the block
+      (:func:`anchor_loss`).
 
   Returns:
     :class:`RankingBlock`.
   """
-  engine.refuse_reduction(engine.as_reduction(reduction), loss,
-                          "an anchor's term is its ranking of the batch")
   if (engine.check_collective(collective) == "ring"
       and axis_name is not None):
     raise ValueError(
@@ -78,11 +82,12 @@ def ranking_block(embeddings, labels, *, loss: str, geometry=None,
         "twice); use collective=\"all_gather\".")
   block = (DEFAULT_BLOCK if block_size is None
            else engine.check_block_size(block_size))
-  _, _, s, pos, neg = engine.pair_block(
+  rows, _, s, pos, neg = engine.pair_block(
       embeddings, labels, axis_name=axis_name, pos_mask=pos_mask,
       neg_mask=neg_mask, ref=ref,
       geometry=engine.resolve_geometry(geometry) or engine.COSINE)
-  return RankingBlock(s, pos, pos | neg, min(block, max(s.shape)))
+  return RankingBlock(s, pos, pos | neg, min(block, max(s.shape)),
+                      rows.labels, engine.as_reduction(reduction))
 
 
 def pad_to(x: Array, axis: int, multiple: int, value=0) -> Array:
@@ -176,7 +181,22 @@ def mean_loss(per_anchor: Array, valid: Array, axis_name=None) -> Array:
       reductions.mean_over_valid(per_anchor, valid, axis_name))
 
 
+def anchor_loss(per_anchor: Array, valid: Array, block,
+                axis_name=None) -> Array:
+  """The mean of ``per_anchor`` over the (global) ``valid`` anchors or,
+  with ``block.reduction`` (a :func:`ranking_block`'s), that reduction of
+  the terms of the valid anchors (the elements; ``"none"``: ``[M]``, 0 for
+  the others)."""
+  if block.reduction is None:
+    return mean_loss(per_anchor, valid, axis_name)
+  out = reductions.reduce_terms(per_anchor, valid, block.reduction,
+                                labels=block.labels, axis_name=axis_name)
+  return out if block.reduction.kind == "none" else (
+      reductions.to_float32_scalar(out))
+
+
 def ap_loss(ap: Array, block, axis_name=None) -> Array:
   """``1 - AP``, the mean over the (global) anchors of ``block`` (a
-  :func:`ranking_block`) with a positive of their per-anchor ``ap``."""
-  return mean_loss(1.0 - ap, jnp.any(block.pos, axis=1), axis_name)
+  :func:`ranking_block`) with a positive of their per-anchor ``ap`` (or
+  ``block.reduction`` of those terms, :func:`anchor_loss`)."""
+  return anchor_loss(1.0 - ap, jnp.any(block.pos, axis=1), block, axis_name)

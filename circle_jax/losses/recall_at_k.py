@@ -302,7 +302,11 @@ def recall_at_k_loss(embeddings: Array, labels: Array, *,
   Reduction: mean over the anchors with at least one positive (global over
   ``axis_name``; with SiMix, real and virtual); an anchor without positives
   contributes 0 with zero gradient. Time ``O(B^3)`` (sigmoids) +
-  ``O(B^2 D)``; memory ``O(B^2 |K| + block^2 B)``.
+  ``O(B^2 D)``; memory ``O(B^2 |K| + block^2 B)``. A ``reduction``
+  (docs/reductions.md) reduces the anchor terms ``1 - RS@k_i`` of the
+  anchors with a positive instead (PML has no RS@k), dense and blockwise;
+  ``"none"`` gives them as ``[B]`` (``[B + V]`` with SiMix's ``V`` virtual
+  anchors after the real ones), 0 for the others.
 
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16 (computed in float32).
@@ -327,7 +331,7 @@ def recall_at_k_loss(embeddings: Array, labels: Array, *,
       ``geometry`` (``None``: cosine) sets the similarity.
 
   Returns:
-    float32 scalar.
+    float32 scalar (with ``reduction="none"``, the anchor terms).
 
   References:
     Patel, Tolias, Matas, "Recall@k Surrogate Loss with Large Batches and
@@ -354,8 +358,8 @@ def recall_at_k_loss(embeddings: Array, labels: Array, *,
         (_self_similarity(embeddings, options)[:, None] - block.s) / tau1)
   per_anchor = rs_at_k_per_anchor(ranks, block.pos, k, tau2,
                                   num_real or block.s.shape[1])
-  return ranking.mean_loss(1.0 - per_anchor, jnp.any(block.pos, axis=1),
-                           axis_name)
+  return ranking.anchor_loss(1.0 - per_anchor, jnp.any(block.pos, axis=1),
+                             block, axis_name)
 
 
 def _self_similarity(embeddings, options) -> Array:
@@ -370,5 +374,7 @@ REGISTRY = (
         needs_key=True,
         paper="Patel, Tolias, Matas, \"Recall@k Surrogate Loss with Large "
               "Batches and Similarity Mixup\", CVPR 2022",
-        reduction="mean over anchors with >= 1 positive"),
+        reduction="mean over anchors with >= 1 positive",
+        reduction_note="anchors with >= 1 positive (PML has no RS@k); "
+                       "dense and blockwise"),
 )

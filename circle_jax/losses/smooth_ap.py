@@ -197,6 +197,10 @@ def smooth_ap_loss(embeddings: Array, labels: Array, *,
   gradient. Time ``O(B^3)`` (sigmoids) + ``O(B^2 D)``; memory ``O(B^2 +
   block^2 B)``.
 
+  A ``reduction`` (docs/reductions.md) reduces the anchor terms ``1 - AP_i``
+  of the anchors with a positive instead (PML's ``element`` terms), dense
+  and blockwise; ``"none"`` gives them as ``[B]``, 0 for the others.
+
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16 (computed in float32).
     labels: ``[B]`` integer labels.
@@ -230,5 +234,8 @@ REGISTRY = (
     entries.entry("smooth_ap", smooth_ap_loss, "pair", rule=SmoothAP,
         paper="Brown, Xie, Kalogeiton, Zisserman, \"Smooth-AP: Smoothing "
               "the Path Towards Large-Scale Image Retrieval\", ECCV 2020",
-        reduction="mean over anchors with >= 1 positive"),
+        reduction="mean over anchors with >= 1 positive",
+        reduction_note="anchors with >= 1 positive, PML's `element` (its "
+                       "AP groups the batch as the official code); dense "
+                       "and blockwise"),
 )

@@ -44,6 +44,8 @@ class ThresholdConsistentMargin(engine.PairSetMeans):
       "margin_plus": ranges.SIMILARITY_MARGIN_RANGE,
       "margin_minus": ranges.SIMILARITY_MARGIN_RANGE})
 
+  pair_terms = True
+
   def prepare(self, s):
     return s
 
@@ -87,6 +89,13 @@ def threshold_consistent_margin_loss(
   pairs are wrong; here the pairs are (anchor, reference) as for every pair
   loss.
 
+  A ``reduction`` (docs/reductions.md) reduces pair terms instead, each set
+  on its own and the two added: ``lambda_+ (m_+ - s)`` of a positive in
+  ``P_+`` and ``lambda_- (s - m_-)`` of a negative in ``N_-``, 0 for the
+  other pairs (still elements: ``"mean"`` counts them), on the dense engine;
+  ``"none"`` gives them as ``[B, N]`` at (anchor, candidate). PML's loss is
+  already reduced: its reducers do nothing to it.
+
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16.
     labels: ``[B]`` integer labels.
@@ -119,5 +128,8 @@ REGISTRY = (
         paper="Zhang et al., \"Threshold-Consistent Margin Loss for "
               "Open-World Deep Metric Learning\", ICLR 2024",
         reduction="lambda_+ mean over positives with s <= m_+ + lambda_- "
-                  "mean over negatives with s >= m_-"),
+                  "mean over negatives with s >= m_-",
+        reduction_note="each set on its own (a pair on the right side of "
+                       "its margin adds 0); PML's loss is already reduced, "
+                       "its reducers do nothing; the dense engine"),
 )

@@ -29,7 +29,6 @@ from circle_jax import ops
 from circle_jax.losses import engine
 from circle_jax.losses import entries
 from circle_jax.losses import ranges
-from circle_jax.losses.engine import reductions
 
 Array = jax.Array
 
@@ -80,11 +79,12 @@ class TupletMargin(engine.PositivePairMean):
     return (jnp.where(some, jax.nn.softplus(jnp.where(some, u, 0.0)), 0.0),
             jnp.zeros_like(u))
 
-  def reduce(self, terms, valid, axis_name):
+  pair_terms = True
+
+  def side_weights(self):
     # The mean over the pairs; ``scale`` here is the cosines' scale, not
     # PositivePairMean's factor of the mean.
-    del valid
-    return reductions.ratio_of_sums(*terms, axis_name)
+    return 1.0, 0.0
 
 
 def tuplet_margin_loss(embeddings: Array, labels: Array, *,
@@ -117,6 +117,10 @@ def tuplet_margin_loss(embeddings: Array, labels: Array, *,
   (:func:`circle_jax.losses.intra_pair_variance_loss`) with a weight; so
   does PML's user, by combining the two losses.
 
+  A ``reduction`` (docs/reductions.md) reduces these pair terms instead
+  (PML's ``pos_pair`` elements), on the dense engine; ``"none"`` gives them
+  as ``[B, N]`` at (anchor, positive), 0 elsewhere.
+
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16.
     labels: ``[B]`` integer labels.
@@ -144,5 +148,6 @@ REGISTRY = (
         rule=TupletMargin,
         paper="Yu and Tao, \"Deep Metric Learning with Tuplet Margin "
               "Loss\", ICCV 2019",
-        reduction="mean over ordered positive pairs"),
+        reduction="mean over ordered positive pairs",
+        reduction_note="PML's `pos_pair` elements; the dense engine"),
 )

@@ -123,3 +123,133 @@ def ball_distances(x, ball):
   d = mobius_distance_ref(z, z, ball.c)
   np.fill_diagonal(d, 0.0)
   return d
+
+
+# The `reduction` option (circle_jax.losses.engine.reductions) against PML's
+# reducers on the same elements.
+
+def _pml_dense_terms(loss_dict, shape):
+  """PML's ``DoNothingReducer`` output laid out as ours: a term at its
+  anchor (``"element"``) or its ``(anchor, candidate)`` (pairs)."""
+  out = np.zeros(shape)
+  for info in loss_dict.values():
+    losses = np.asarray(info["losses"].detach(), np.float64).reshape(-1)
+    idx = info["indices"]
+    if info["reduction_type"] == "element":
+      out[np.asarray(idx)] += losses
+    else:
+      out[np.asarray(idx[0]), np.asarray(idx[1])] += losses
+  return out
+
+
+def threshold_bounds(terms):
+  """``(low, high)`` near the quartiles of the non-zero ``terms``, halfway
+  between two of them (so float32 rounding keeps a term on its side)."""
+  t = np.unique(np.asarray(terms, np.float64)[np.asarray(terms) > 0])
+  i, j = len(t) // 4, (3 * len(t)) // 4
+  return (t[i] + t[i + 1]) / 2, (t[j - 1] + t[j]) / 2
+
+
+def _flat_class_weighted():
+  from pytorch_metric_learning import reducers as pr
+
+  class FlatClassWeighted(pr.ClassWeightedReducer):
+    def element_reduction_helper(self, losses, indices, labels):
+      return super().element_reduction_helper(losses.reshape(-1), indices,
+                                              labels)
+  return FlatClassWeighted
+
+
+def reductions_equal_pml(ours, make_pml, x, labels, rtol=2e-5,
+                         grad_atol=5e-5, tangent=False,
+                         grad_kinds=("class_weighted",)):
+  """``ours(x, labels, reduction=r)`` equals PML's ``make_pml(reducer)``
+  for every PML reducer but ``DivisorReducer`` (whose divisor a PML loss
+  supplies), in one compiled program: the values, and the gradients of
+  ``grad_kinds`` (by default the one that weighs each term; the others'
+  flow through the same terms); and with
+  ``"none"`` our terms are PML's ``DoNothingReducer`` terms at their
+  indices, 0 elsewhere. ``"threshold"``'s bounds are the quartiles of the
+  non-zero terms; ``"class_weighted"``'s weights a ramp over the classes,
+  against PML's reducer on flattened terms (its ``[K, 1]`` terms meet the
+  ``[K]`` weights in an outer product: the PML bug of docs/reductions.md).
+  ``tangent``: ``x`` has unit rows and PML's gradient is compared
+  projected onto the sphere's tangent space (a loss of normalised
+  embeddings that PML differentiates as if they were not)."""
+  import jax
+  import torch
+  from pytorch_metric_learning import reducers as pr
+  from circle_jax.losses import engine
+  xt = torch.tensor(np.asarray(x, np.float64))
+  yt = torch.tensor(np.asarray(labels), dtype=torch.int64)
+  want = make_pml(pr.DoNothingReducer())(xt, yt)
+  low, high = threshold_bounds(np.concatenate([
+      np.asarray(v["losses"].detach()).reshape(-1) for v in want.values()]))
+  weights = tuple(np.linspace(0.5, 2.0, int(np.max(labels)) + 1))
+  pml = (pr.MeanReducer(), pr.SumReducer(), pr.AvgNonZeroReducer(),
+         pr.ThresholdReducer(low=low, high=high),
+         _flat_class_weighted()(torch.tensor(weights)))
+  reductions = (engine.Reduction("mean"), engine.Reduction("sum"),
+                engine.Reduction("avg_non_zero"),
+                engine.Reduction("threshold", low=low, high=high),
+                engine.Reduction("class_weighted", weights=weights))
+  y = jnp.asarray(labels)
+
+  @jax.jit
+  def run(x):
+    return ours(x, y, reduction="none"), [
+        (jax.value_and_grad if r.kind in grad_kinds else
+         lambda f: lambda x: (f(x), None))(
+             lambda x, r=r: ours(x, y, reduction=r))(x)
+        for r in reductions]
+  terms, got = run(jnp.asarray(x, jnp.float32))
+  np.testing.assert_allclose(
+      np.asarray(terms), _pml_dense_terms(want, terms.shape), rtol=rtol,
+      atol=rtol)
+  for (value, grad), reducer, r in zip(got, pml, reductions):
+    want_value, want_grad = pml_vg(make_pml(reducer), x, labels)
+    if grad is None:
+      np.testing.assert_allclose(float(value), want_value, rtol=rtol,
+                                 atol=1e-6, err_msg=r.kind)
+      continue
+    if tangent:
+      want_grad = want_grad - np.sum(want_grad * x, 1, keepdims=True) * x
+    close((value, grad), (want_value, want_grad), rtol=rtol,
+          grad_atol=grad_atol)
+
+
+def reductions_equal_reference(ours, sets, x, labels, rtol=2e-5,
+                               sets_of=None):
+  """``ours(x, labels, reduction=r)`` equals :func:`reference.reduce_ref`
+  of the float64 terms ``sets`` for every kind (``"none"`` the terms), in
+  one compiled program. With ``sets_of`` (``x -> sets``, the reference's
+  terms of any batch) the ``"class_weighted"`` gradient is also compared
+  with the reference's central differences."""
+  import jax
+  from circle_jax.losses import engine
+  from tests.losses import reference
+  ref_terms = reference.reduce_ref(sets, labels, "none")
+  low, high = threshold_bounds(ref_terms)
+  kw = dict(low=low, high=high, divisor=3.0,
+            weights=tuple(np.linspace(0.5, 2.0, int(np.max(labels)) + 1)))
+  kinds = {"mean": {}, "sum": {}, "avg_non_zero": {},
+           "threshold": dict(low=low, high=high),
+           "class_weighted": dict(weights=kw["weights"]),
+           "divisor": dict(divisor=3.0)}
+  y = jnp.asarray(labels)
+  weighted = engine.Reduction("class_weighted", weights=kw["weights"])
+  run = jax.jit(lambda x: [ours(x, y, reduction="none")] + [
+      ours(x, y, reduction=engine.Reduction(k, **a))
+      for k, a in kinds.items()] + [jax.grad(
+          lambda x: ours(x, y, reduction=weighted))(x) if sets_of else 0])
+  got = run(jnp.asarray(x, jnp.float32))
+  np.testing.assert_allclose(np.asarray(got[0]), ref_terms, rtol=rtol,
+                             atol=rtol)
+  for value, kind in zip(got[1:-1], kinds):
+    np.testing.assert_allclose(
+        float(value), reference.reduce_ref(sets, labels, kind, **kw),
+        rtol=rtol, atol=1e-6, err_msg=kind)
+  if sets_of:
+    want = engine_checks.grad_ref(lambda x: reference.reduce_ref(
+        sets_of(x), labels, "class_weighted", weights=kw["weights"]), x)
+    np.testing.assert_allclose(np.asarray(got[-1]), want, atol=1e-4)

@@ -584,3 +584,100 @@ def _weighted_mean(hinges, t):
   h = np.array(hinges, np.float64)
   w = np.exp(t * h - np.max(t * h))
   return float(np.sum(w * h) / np.sum(w))
+
+
+# The `reduction` option: per-element terms written as loops, and the
+# reducers on them (PML's semantics, circle_jax.losses.engine.reductions).
+
+def reduce_ref(sets, labels, kind, low=None, high=None, weights=None,
+               divisor=1.0):
+  """``kind`` of the terms ``sets = ((terms, elements), ...)`` (``[M]``
+  anchor or ``[M, N]`` pair terms, a term in its anchor's row): each set
+  reduced on its own, the results added; ``"none"``: the terms, 0 outside
+  the elements."""
+  if kind == "none":
+    return sum(np.where(e, t, 0.0) for t, e in sets)
+  total = 0.0
+  for t, e in sets:
+    t = np.where(e, np.asarray(t, np.float64), 0.0)
+    keep = np.asarray(e, bool)
+    if kind == "avg_non_zero":
+      keep = keep & (t > 0)
+    elif kind == "threshold":
+      keep = keep & (t > (-np.inf if low is None else low))
+      keep = keep & (t < (np.inf if high is None else high))
+    elif kind == "class_weighted":
+      w = np.asarray(weights)[np.asarray(labels)]
+      t = t * w.reshape((-1,) + (1,) * (t.ndim - 1))
+    if kind == "sum":
+      total += t.sum()
+    elif kind == "divisor":
+      total += t.sum() / divisor if divisor else 0.0
+    else:
+      total += t[keep].sum() / keep.sum() if keep.any() else 0.0
+  return total
+
+
+def pair_masks_ref(y):
+  """``(pos, neg)`` ``[B, B]`` bool of a batch's own pairs (no self pair)."""
+  y = np.asarray(y)
+  same = y[:, None] == y[None, :]
+  return same & ~np.eye(len(y), dtype=bool), ~same
+
+
+def n_pair_terms_ref(x, y):
+  """Sohn's tuplet term of each positive pair (0 for an anchor without a
+  negative), on inner products: the ``[B, B]`` positive set."""
+  f = np.asarray(x, np.float64)
+  pos, neg = pair_masks_ref(y)
+  t = np.zeros(pos.shape)
+  for a, p in zip(*np.nonzero(pos)):
+    if neg[a].any():
+      t[a, p] = np.log1p(np.exp(f[a] @ f[neg[a]].T - f[a] @ f[p]).sum())
+  return ((t, pos),)
+
+
+def tcm_terms_ref(x, y, lambda_plus=1.0, lambda_minus=1.0, margin_plus=0.9,
+                  margin_minus=0.5):
+  """TCM's pair terms: ``lambda_+ (m_+ - s)`` of the positives with ``s <=
+  m_+``, ``lambda_- (s - m_-)`` of the negatives with ``s >= m_-`` (0 for
+  the others)."""
+  s = cos(x)
+  pos, neg = pair_masks_ref(y)
+  t_p = np.where(s <= margin_plus, lambda_plus * (margin_plus - s), 0.0)
+  t_n = np.where(s >= margin_minus, lambda_minus * (s - margin_minus), 0.0)
+  return ((t_p, pos), (t_n, neg))
+
+
+def nt_xent_terms_ref(x, y, tau):
+  """NT-Xent's term of each positive pair ``(i, p)``: ``LSE_{k != i}
+  s_ik / tau - s_ip / tau`` (cosine)."""
+  s = cos(x) / tau
+  pos, _ = pair_masks_ref(y)
+  t = np.zeros(pos.shape)
+  for i, p in zip(*np.nonzero(pos)):
+    t[i, p] = logsumexp(np.delete(s[i], i)) - s[i, p]
+  return ((t, pos),)
+
+
+def margin_terms_ref(x, y, beta, margin, nu):
+  """The margin loss's pair terms (all pairs, weight 1): ``[d - beta_a +
+  m]_+ + nu beta_a`` of the positives, ``[beta_a - d + m]_+`` of the
+  negatives, ``beta_a`` the anchor's class's."""
+  d = dist64(x)
+  pos, neg = pair_masks_ref(y)
+  b = np.asarray(beta, np.float64)[np.asarray(y)][:, None]
+  return ((np.maximum(d - b + margin, 0.0) + nu * b, pos),
+          (np.maximum(b - d + margin, 0.0), neg))
+
+
+def per_anchor_ref(loss_ref, x, y, **kw):
+  """``[B]`` per-anchor terms of a reference that averages over its anchors
+  with a positive: each anchor's is the loss with only its row's pairs
+  (miner masks that keep row ``i``)."""
+  terms = np.zeros(len(y))
+  for i in range(len(y)):
+    row = np.zeros((len(y), len(y)), bool)
+    row[i] = True
+    terms[i] = loss_ref(x, y, pos_mask=row, neg_mask=row, **kw)
+  return terms

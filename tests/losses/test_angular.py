@@ -165,3 +165,16 @@ def test_bad_input_is_one_line(kw, match):
   with pytest.raises(ValueError, match=match) as err:
     losses.angular_loss(jnp.asarray(X), jnp.asarray(Y), **kw)
   assert "\n" not in str(err.value)
+
+
+def test_reductions_equal_pmls_reducers_on_its_positive_pairs():
+  """``reduction``: PML's reducers on PML's own elements, the ordered
+  positive pairs, on unit-norm inputs (the PML bug above): values, the
+  gradient in the sphere's tangent space; ``"none"`` the ``[B, B]``
+  terms."""
+  x = pml_checks.batch(7)
+  x = x / np.linalg.norm(x, axis=1, keepdims=True)
+  pml_checks.reductions_equal_pml(
+      lambda x, y, **kw: losses.angular_loss(x, y, alpha=35.0, **kw),
+      lambda r: pml.AngularLoss(alpha=35.0, reducer=r), x,
+      pml_checks.LABELS, tangent=True)

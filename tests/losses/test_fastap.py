@@ -32,3 +32,15 @@ def test_fastap_equals_pytorch_metric_learning():
   want.backward()
   got = ranking_vg(losses.fastap_loss, x, jnp.asarray(labels), block_size=5)
   close(got, (want.item(), xt.grad.numpy()))
+
+
+def test_reductions_equal_pmls_reducers_on_its_anchors():
+  """``reduction``: PML's reducers on PML's own elements, the anchors with
+  a positive (``1 - FastAP_i``): value and gradient; ``"none"`` the
+  ``[B]`` terms (0 for an anchor without a positive)."""
+  from tests.losses import pml_checks
+  pml = pytest.importorskip("pytorch_metric_learning.losses")
+  pml_checks.reductions_equal_pml(
+      lambda x, y, **kw: losses.fastap_loss(x, y, L=6, **kw),
+      lambda r: pml.FastAPLoss(num_bins=6, reducer=r),
+      pml_checks.batch(11), pml_checks.LABELS)

@@ -138,3 +138,15 @@ def test_takes_the_poincare_ball():
   got = FN(jnp.asarray(X, jnp.float32), jnp.asarray(Y), geometry=ball)
   want = ipv_ref(X, Y, sim=-pml_checks.ball_distances(X, ball))
   np.testing.assert_allclose(float(got), want, rtol=1e-4)
+
+
+def test_reductions_equal_pmls_reducers_on_its_pairs():
+  """``reduction``: PML's reducers on PML's own elements, the positive and
+  the negative pairs, each set reduced on its own: value and gradient;
+  ``"none"`` the ``[B, B]`` terms of both sets."""
+  pml_checks.reductions_equal_pml(
+      lambda x, y, **kw: losses.intra_pair_variance_loss(
+          x, y, pos_eps=0.05, neg_eps=0.2, **kw),
+      lambda r: pml.IntraPairVarianceLoss(pos_eps=0.05, neg_eps=0.2,
+                                          reducer=r),
+      pml_checks.batch(8), pml_checks.LABELS)

@@ -28,3 +28,19 @@ def test_pos_margin_equals_pytorch_metric_learning_on_every_engine():
     pml_checks.close(got, want)
   assert pml.LiftedStructureLoss().pos_margin == losses.get_loss(
       "lifted_structure").defaults["pos_margin"]
+
+
+def test_reductions_equal_pmls_reducers_on_its_positive_pairs():
+  """``reduction``: PML's reducers on PML's own elements, the ordered
+  positive pairs (a term ``[J]_+^2 / 2``): value and gradient; ``"none"``
+  the ``[B, B]`` pair terms."""
+  import functools
+  from circle_jax import losses
+  from tests.losses import pml_checks
+  pml = pytest.importorskip("pytorch_metric_learning.losses")
+  pml_checks.reductions_equal_pml(
+      functools.partial(losses.lifted_structure_loss, margin=1.3,
+                        pos_margin=0.1),
+      lambda r: pml.LiftedStructureLoss(neg_margin=1.3, pos_margin=0.1,
+                                        reducer=r),
+      pml_checks.batch(1), pml_checks.LABELS)

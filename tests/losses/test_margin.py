@@ -13,3 +13,19 @@ def test_margin_hand_computed(tiny):
   terms = [0.3, 0.3, 1.1 - DPN, 1.5 - S2, 1.5 - DPN]
   want = (sum(terms) + 2 * 0.5 * 0.9) / len(terms)
   np.testing.assert_allclose(tiny["margin"], want, rtol=1e-5)
+
+
+def test_reductions_of_its_pair_terms_equal_the_loops():
+  """``reduction`` on the margin loss's pairs (PML's element is the
+  triplet, so the loops are the reference), with a per-class ``beta`` and
+  ``nu``, each set reduced on its own; ``"none"`` the ``[B, B]`` terms."""
+  from circle_jax import losses
+  from tests.losses import pml_checks
+  from tests.losses import reference
+  x, y = pml_checks.batch(9, n=12), np.array([0, 1, 2, 3] * 3)
+  beta = np.linspace(0.9, 1.3, 4)
+  pml_checks.reductions_equal_reference(
+      lambda x, y, **kw: losses.margin_loss(
+          x, y, np.asarray(beta, np.float32), margin=0.3, nu=0.1, **kw),
+      reference.margin_terms_ref(x, y, beta, 0.3, 0.1), x, y,
+      sets_of=lambda x: reference.margin_terms_ref(x, y, beta, 0.3, 0.1))

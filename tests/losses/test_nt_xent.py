@@ -31,3 +31,17 @@ def test_nt_xent_weighs_pairs_supcon_weighs_anchors():
   a = float(losses.nt_xent_loss(x, y, tau=0.5))
   b = float(losses.supcon_loss(x, y, tau=0.5))
   assert abs(a - b) > 1e-3, (a, b)
+
+
+def test_reductions_equal_pmls_reducers_on_its_positive_pairs():
+  """``reduction``: PML's reducers on PML's own elements, the ordered
+  positive pairs, with two views per label (with more, PML's denominator
+  holds the pair's own positive only, ours every candidate): value and
+  gradient; ``"none"`` the ``[B, B]`` terms."""
+  import pytest
+  from tests.losses import pml_checks
+  pml = pytest.importorskip("pytorch_metric_learning.losses")
+  pml_checks.reductions_equal_pml(
+      lambda x, y, **kw: losses.nt_xent_loss(x, y, tau=0.3, **kw),
+      lambda r: pml.NTXentLoss(temperature=0.3, reducer=r),
+      pml_checks.batch(3, n=12), np.arange(12) % 6)

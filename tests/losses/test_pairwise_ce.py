@@ -33,3 +33,16 @@ def test_pairwise_ce_in_sphere_mode_is_nt_xent():
   # The ball changes the value (the test above can fail).
   assert abs(float(losses.pairwise_ce_loss(X, Y, tau=0.5))
              - float(losses.nt_xent_loss(X, Y, tau=0.5))) > 1e-3
+
+
+def test_reductions_equal_the_loops_on_its_positive_pairs():
+  """``reduction`` on the positive pairs (NT-Xent's terms; PML has no such
+  loss), in sphere mode against the float64 loops."""
+  from tests.losses import pml_checks
+  from tests.losses import reference
+  x, y = pml_checks.batch(4, n=12), np.array([0, 1, 2, 3] * 3)
+  pml_checks.reductions_equal_reference(
+      lambda x, y, **kw: losses.pairwise_ce_loss(x, y, geometry="cosine",
+                                                 **kw),
+      reference.nt_xent_terms_ref(x, y, 0.2), x, y,
+      sets_of=lambda x: reference.nt_xent_terms_ref(x, y, 0.2))

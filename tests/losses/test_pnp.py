@@ -164,3 +164,19 @@ def test_poincare_geometry_equals_the_loops():
   for kw in ({}, {"block_size": 3}):
     got = _FN(jnp.asarray(x), tg.LABELS, geometry=tg.BALL, **hyper, **kw)
     np.testing.assert_allclose(got, want, rtol=2e-5)
+
+
+def test_reductions_of_its_anchor_terms_equal_the_loops():
+  """``reduction`` on every anchor (its mean over its positives, itself
+  among them; PML's PNP is already reduced, so its reducers do nothing and
+  the loops are the reference): an anchor's term is ``B`` times the loss
+  with only its row's negatives (``f(0) = 0`` for the others)."""
+  from tests.losses import pml_checks
+  x, y = _X[:10], _Y[:10]
+  terms = np.array([
+      10 * _loops(x, y, neg=np.repeat(np.arange(10)[:, None] == i, 10, 1),
+                  variant="Ds",
+                  anneal=0.1) for i in range(10)])
+  pml_checks.reductions_equal_reference(
+      lambda x, y, **kw: _FN(x, y, variant="Ds", anneal=0.1, **kw),
+      ((terms, np.ones(10, bool)),), x, y)

@@ -284,3 +284,29 @@ def test_the_registry_and_the_config_take_simix_with_the_step_key():
       entry.apply(x, labels, key=key, simix=True, block_size=4),
       losses.recall_at_k_loss(x, labels, simix=True, key=key)))(x)
   np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
+
+
+def test_reductions_of_the_anchor_terms():
+  """``reduction``: ``"none"`` gives ``1 - RS@k_i`` per anchor (0 without a
+  positive: anchor 9 is alone), which equal the reference loss of each
+  anchor alone; ``"sum"`` and ``"mean"`` reduce those terms, dense and
+  tiled alike."""
+  from circle_jax.losses import engine
+  x = batch(4)
+  terms = losses.recall_at_k_loss(jnp.asarray(x), jnp.asarray(LABELS),
+                                  tau1=0.1, reduction="none")
+  assert terms.shape == (B,) and float(terms[9]) == 0.0
+  for i in (0, 3, 5):
+    keep = np.zeros((B, B), bool)
+    keep[i] = True  # only anchor i has positives left
+    want, _ = reference(x, LABELS, 0.1, 1.0, pos_mask=keep)
+    np.testing.assert_allclose(float(terms[i]), want, rtol=1e-5)
+  total = losses.recall_at_k_loss(jnp.asarray(x), jnp.asarray(LABELS),
+                                  tau1=0.1, block_size=4,
+                                  reduction=engine.Reduction("sum"))
+  np.testing.assert_allclose(float(total), float(jnp.sum(terms)), rtol=1e-5)
+  mean = losses.recall_at_k_loss(jnp.asarray(x), jnp.asarray(LABELS),
+                                 tau1=0.1, reduction="mean")
+  plain = losses.recall_at_k_loss(jnp.asarray(x), jnp.asarray(LABELS),
+                                  tau1=0.1)
+  np.testing.assert_allclose(float(mean), float(plain), rtol=1e-6)

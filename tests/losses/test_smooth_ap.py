@@ -69,3 +69,16 @@ def test_what_pytorch_metric_learning_computes():
     ours = float(losses.smooth_ap_loss(x, jnp.asarray(y), tau=0.1))
     np.testing.assert_allclose(ours, smooth_ap_ref(x, y, 0.1), rtol=2e-5)
     assert not np.isclose(ours, official)
+
+
+def test_reductions_of_its_anchor_terms_equal_the_loops():
+  """``reduction`` on the anchors with a positive (``1 - AP_i``; PML's
+  elements too, but its AP is the official grouping's, so the loops are
+  the reference): a singleton anchor is no element."""
+  from tests.losses import pml_checks
+  from tests.losses import reference
+  x, y = pml_checks.batch(10, n=10, d=4), np.array([0, 1, 2] * 3 + [3])
+  terms = reference.per_anchor_ref(smooth_ap_ref, x, y, tau=0.1)
+  pml_checks.reductions_equal_reference(
+      lambda x, y, **kw: losses.smooth_ap_loss(x, y, tau=0.1, **kw),
+      ((terms, np.arange(10) < 9),), x, y)

@@ -8,6 +8,7 @@ from jax.test_util import check_grads
 
 from circle_jax import losses
 from tests.losses import engine_checks
+from tests.losses import pml_checks
 
 # Slow (value and gradient against PML on every engine, 8 simulated devices):
 # not in the fast tier (CONTRIBUTING.md); CI runs it.
@@ -162,3 +163,17 @@ def test_poincare_geometry_equals_the_loops_on_every_engine():
     got = _FN(jnp.asarray(x), tg.LABELS, geometry=tg.BALL, **hyper, **kw)
     np.testing.assert_allclose(got, want, rtol=2e-5)
   assert want > 0
+
+
+def test_reductions_equal_the_loops_on_its_pairs():
+  """``reduction`` on TCM's pairs, each set reduced on its own (a pair on
+  the right side of its margin has term 0); PML's TCM is already reduced,
+  so its reducers do nothing and the loops are the reference."""
+  from tests.losses import reference
+  x, y = pml_checks.batch(6, n=12), np.array([0, 1, 2, 3] * 3)
+  hyper = dict(lambda_plus=0.5, lambda_minus=2.0, margin_plus=0.3,
+               margin_minus=0.1)
+  pml_checks.reductions_equal_reference(
+      lambda x, y, **kw: _FN(x, y, **hyper, **kw),
+      reference.tcm_terms_ref(x, y, **hyper), x, y,
+      sets_of=lambda x: reference.tcm_terms_ref(x, y, **hyper))

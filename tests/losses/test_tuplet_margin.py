@@ -121,3 +121,13 @@ def test_bad_input_is_one_line(kw, match):
   with pytest.raises(ValueError, match=match) as err:
     FN(jnp.asarray(X), jnp.asarray(Y), **kw)
   assert "\n" not in str(err.value)
+
+
+def test_reductions_equal_pmls_reducers_on_its_positive_pairs():
+  """``reduction``: PML's reducers on PML's own elements, the ordered
+  positive pairs: value and gradient; ``"none"`` the ``[B, B]`` terms."""
+  pml_checks.reductions_equal_pml(
+      lambda x, y, **kw: losses.tuplet_margin_loss(x, y, margin=8.0,
+                                                   scale=16.0, **kw),
+      lambda r: pml.TupletMarginLoss(margin=8.0, scale=16.0, reducer=r),
+      pml_checks.batch(2), pml_checks.LABELS)

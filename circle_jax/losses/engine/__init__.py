@@ -114,6 +114,7 @@ from circle_jax.losses.engine.reductions import (
     PerAnchorReducer,
     Reduction,
     as_reduction,
+    reduce_pair_sets,
     reduce_terms,
     refuse_reduction,
 )

@@ -55,15 +55,12 @@ def check_collective(collective) -> str:
 def term_kind(rule) -> Optional[str]:
   """What a term of ``rule`` is, for the ``reduction`` option: ``"anchor"``
   (a rule with a per-anchor reduction: every engine), ``"pair"`` (a rule
-  reducing sums over pairs, ``"sum"`` statistics, one stage, whose
-  ``values`` are those pair terms, ``rule.pair_terms``: the dense engine's
-  pair terms), or ``None`` (only the rule's own reduction)."""
+  whose own reduction averages pair terms, ``rule.pair_terms``: the dense
+  engine's :func:`pair_terms`), or ``None`` (only the rule's own
+  reduction)."""
   if not hasattr(rule, "reduce"):
     return "anchor"
-  if (rule.pair_terms and rule_lib.set_statistics(rule) == ("sum", "sum")
-      and rule.first_stage() is None):
-    return "pair"
-  return None
+  return "pair" if rule.pair_terms else None
 
 
 def reduce_per_anchor(rule, per_anchor: Array, valid: Array, axis_name=None,
@@ -175,7 +172,8 @@ def embedding_loss(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
           "pair terms needs the dense engine (the tiled engines keep per-"
           "anchor sums); drop `block_size` and `collective=\"ring\"`.")
     return _pair_reduction(rule, rows, cols, shape, pos_mask, neg_mask,
-                           reduction, axis_name)
+                           reduction, axis_name,
+                           rule.column_stage and ref is None)
   run = _engine(rule, rows, cols, shape=shape, axis_name=axis_name,
                 on_ring=on_ring, block_size=block_size,
                 pos_mask=checks.check_mask(pos_mask, shape, "pos_mask"),
@@ -192,30 +190,37 @@ def embedding_loss(rule, embeddings, labels, *, axis_name=None, pos_mask=None,
                            reduction=reduction, labels=rows.labels)
 
 
-def pair_terms(rule, similarity, pos, neg):
-  """A ``"sum"`` rule's pair terms on a whole block (:func:`term_kind`):
-  ``(v_p, v_n)``, ``[M, N]`` each, a pair's term where the rule selects it
-  and 0 elsewhere."""
-  x = rule.prepare(similarity)
-  pre = tiles.prepass_update(rule, None, similarity, pos, neg, keepdims=True)
+def pair_terms(rule, similarity, pos, neg, aux=None):
+  """A pair rule's terms on a whole block (:func:`term_kind`): ``(v_p,
+  v_n)``, ``[M, N]`` each, a pair's term (``rule.pair_values``, times its
+  set's ``rule.side_weights()``) where the rule selects it and 0 elsewhere.
+  ``aux``: a two-stage rule's first-stage values, as
+  :func:`circle_jax.losses.engine.dense.dense_per_anchor`'s."""
+  aux = None if aux is None else tiles.pair_aux(*aux)
+  x = tiles.prepare(rule, similarity, aux)
+  pre = tiles.prepass_update(rule, None, similarity, pos, neg, keepdims=True,
+                             aux=aux)
   sel_p, sel_n = rule.select(jax.lax.stop_gradient(x), pos, neg, pre)
-  v_p, v_n = rule.values(x)
-  return jnp.where(sel_p, v_p, 0.0), jnp.where(sel_n, v_n, 0.0)
+  v_p, v_n = rule.pair_values(x, sel_p, sel_n)
+  w_p, w_n = rule.side_weights()
+  return jnp.where(sel_p, w_p * v_p, 0.0), jnp.where(sel_n, w_n * v_n, 0.0)
 
 
 def _pair_reduction(rule, rows, cols, shape, pos_mask, neg_mask, reduction,
-                    axis_name):
+                    axis_name, column_stage):
   """``reduction`` of a pair rule's terms: each set's pairs (the label and
-  miner masks) reduced on its own, the two added."""
+  miner masks) reduced on its own, the two added. A two-stage rule's first
+  stage runs on the same block (the columns' values gathered where
+  ``column_stage``), differentiated by autodiff."""
   s = rule.geometry.tile(rows.z, cols.z)
   pos, neg = sides.checked_pair_masks(rows, cols, shape, pos_mask, neg_mask)
-  v_p, v_n = pair_terms(rule, s, pos, neg)
-  if reduction.kind == "none":
-    return jnp.where(pos, v_p, 0.0) + jnp.where(neg, v_n, 0.0)
-  reduce = functools.partial(reductions.reduce_terms, reduction=reduction,
-                             labels=rows.labels, axis_name=axis_name)
-  return reductions.to_float32_scalar(reduce(v_p, pos, name="pos_loss")
-                                      + reduce(v_n, neg, name="neg_loss"))
+  aux, first = None, _first_stage(rule)
+  if first is not None:
+    t, _ = dense.dense_per_anchor(first, s, pos, neg)
+    aux = (t, ops.gather_global(t, axis_name) if column_stage else None)
+  v_p, v_n = pair_terms(rule, s, pos, neg, aux)
+  return reductions.reduce_pair_sets(((v_p, pos), (v_n, neg)), reduction,
+                                     labels=rows.labels, axis_name=axis_name)
 
 
 def _engine(rule, rows, cols, *, shape, axis_name, on_ring, block_size,

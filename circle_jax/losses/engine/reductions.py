@@ -278,3 +278,29 @@ def _reduce_composite(terms, elements, reduction, *, labels, axis_name,
     terms = jnp.where(count > 0, total / jnp.maximum(count, 1), 0.0)
   return reduce_terms(terms, jnp.ones(terms.shape, bool), reduction.reducer,
                       labels=labels, axis_name=axis_name)
+
+
+def reduce_pair_sets(sets, reduction: Reduction, *, labels: Array,
+                     axis_name=None) -> Array:
+  """``reduction`` of a loss's pair terms in sets (its positive pairs, its
+  negative pairs): each set reduced on its own by :func:`reduce_terms` and
+  the results added (PML's ``MultipleReducers``).
+
+  Args:
+    sets: ``((terms, elements), ...)``, ``[M, N]`` each: a set's pair terms
+      in the rows of their anchors and which pairs are its elements
+      (disjoint across the sets). Two sets are PML's sub-losses
+      ``pos_loss`` and ``neg_loss`` (for :class:`MultipleReducers`), one set
+      is ``loss``.
+    reduction, labels, axis_name: as :func:`reduce_terms`.
+
+  Returns:
+    a float32 scalar, or with ``"none"`` the ``[M, N]`` terms of every set
+    (0 outside the elements).
+  """
+  if reduction.kind == "none":
+    return sum(jnp.where(e, t, 0.0) for t, e in sets)
+  names = ("pos_loss", "neg_loss") if len(sets) == 2 else ("loss",) * len(sets)
+  return to_float32_scalar(sum(
+      reduce_terms(t, e, reduction, labels=labels, axis_name=axis_name,
+                   name=name) for (t, e), name in zip(sets, names)))

@@ -109,10 +109,23 @@ class PairRule:
     del pre
     return None
 
-  # Whether a rule with its own `reduce` of per-anchor sums over pairs
-  # gives, as `values`, exactly the pair terms that `reduce` averages (the
-  # `reduction` option then reduces them instead: dispatch.term_kind).
+  # Whether a rule with its own `reduce` of per-anchor sums over pairs has
+  # pair terms (`pair_values`, times `side_weights`) whose per-set means its
+  # `reduce` adds (the `reduction` option then reduces them instead:
+  # dispatch.term_kind, dispatch.pair_terms).
   pair_terms = False
+
+  def pair_values(self, x, sel_p, sel_n):
+    """``(v_p, v_n)``, ``[M, N]``: the pair terms on a whole block (read
+    where ``sel_p`` / ``sel_n``, the selected pairs); ``values`` unless a
+    term reads a statistic of its row."""
+    del sel_p, sel_n
+    return self.values(x)
+
+  def side_weights(self):
+    """``(w_+, w_-)``: the weights of the positive and negative sets' means
+    in the rule's own reduction (and of their pair terms)."""
+    return 1.0, 1.0
 
   # Two-stage rules (module docstring): the first stage, and whether the
   # pairs read the candidates' first-stage statistic too.
@@ -156,9 +169,13 @@ class PositivePairMean(PairRule):
     del sum_count_n
     return sum_count_p, sum_count_p[1] > 0
 
+  def side_weights(self):
+    return self.scale, 0.0
+
   def reduce(self, terms, valid, axis_name):
     del valid
-    return self.scale * reductions.ratio_of_sums(*terms, axis_name)
+    return self.side_weights()[0] * reductions.ratio_of_sums(*terms,
+                                                             axis_name)
 
 
 class PairSetMeans(PairRule):
@@ -173,9 +190,6 @@ class PairSetMeans(PairRule):
   """
 
   statistic = "sum"
-
-  def side_weights(self):
-    return 1.0, 1.0
 
   def combine(self, sum_count_p, sum_count_n):
     terms = sum_count_p + sum_count_n  # (sum_p, count_p, sum_n, count_n)

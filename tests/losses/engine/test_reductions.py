@@ -149,10 +149,11 @@ def test_reduction_refusals_name_the_problem():
   cases = [
       (losses.contrastive_loss, dict(reduction="sum", block_size=2),
        "needs the dense engine"),
-      (losses.n_pair_loss, dict(reduction="sum"), "only its own reduction"),
-      (losses.smooth_ap_loss, dict(reduction="sum"), "only its own"),
-      (functools.partial(losses.margin_loss, beta=jnp.ones(2)),
-       dict(reduction="sum"), "only its own"),
+      (losses.histogram_loss, dict(reduction="sum"), "only its own"),
+      (losses.lifted_structure_loss, dict(reduction="sum", block_size=2),
+       "needs the dense engine"),
+      (losses.intra_pair_variance_loss, dict(reduction="sum", block_size=2),
+       "only the dense engine"),
       (losses.circle_loss, dict(reduction="median"), "must be one of"),
   ]
   for fn, kw, match in cases:
@@ -230,3 +231,51 @@ def test_per_anchor_and_multiple_reducers_equal_pml():
     engine.MultipleReducers({"pos_loss": engine.Reduction("none")})
   with pytest.raises(ValueError, match="sub-loss names"):
     engine.MultipleReducers({0: engine.Reduction()})
+
+
+def test_every_reduced_loss_on_eight_devices_equals_one_device():
+  """The losses that took the option last (issue 40: pair terms of
+  two-stage rules, of dense losses, anchor terms of ranking losses), a
+  kind each, in one program: on 8 devices (all-gathered columns) each
+  value, a weighted sum's gradient and the ``"none"`` terms of a
+  two-stage rule (each device's ``[M, N]`` rows) equal the single-device
+  ones."""
+  from jax.sharding import PartitionSpec as P
+  from circle_jax import losses
+  from tests.losses import engine_checks
+  r = engine.Reduction
+  cases = (
+      (losses.lifted_structure_loss, r("threshold", low=0.5, high=20.0)),
+      (losses.n_pair_loss, r("sum")),
+      (functools.partial(losses.margin_loss, beta=jnp.float32(1.1)),
+       r("avg_non_zero")),
+      (losses.nt_xent_loss, r("class_weighted", weights=_W)),
+      (functools.partial(losses.pairwise_ce_loss, geometry="cosine"),
+       r("mean")),
+      (losses.smooth_ap_loss, r("threshold", low=0.05, high=0.9)),
+      (losses.fastap_loss, r("class_weighted", weights=_W)),
+      (losses.angular_loss, r("divisor", divisor=7.0)),
+      (losses.intra_pair_variance_loss, r("avg_non_zero")),
+      (losses.tuplet_margin_loss, r("class_weighted", weights=_W)),
+      (losses.threshold_consistent_margin_loss, r("sum")),
+      (losses.pnp_loss, r("mean")))
+  weights = jnp.linspace(1.0, 2.0, len(cases))
+
+  def run(x, y, **kw):
+    def values(x):
+      return jnp.stack([f(x, y, reduction=red, **kw) for f, red in cases])
+    v, pull = jax.vjp(values, x)
+    return (v, pull(weights)[0],
+            losses.lifted_structure_loss(x, y, reduction="none", **kw))
+
+  x = jnp.asarray(np.random.default_rng(7).normal(size=(16, 4)), jnp.float32)
+  y = jnp.asarray(_Y)
+  want = jax.jit(run)(x, y)
+  got = jax.jit(jax.shard_map(
+      functools.partial(run, axis_name="d"), mesh=engine_checks.mesh(),
+      in_specs=(P("d"), P("d")), out_specs=(P(), P("d"), P("d"))))(x, y)
+  assert want[2].shape == (16, 16)
+  assert float(jnp.min(want[0])) > 0.0  # every loss takes part
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5,
+                               atol=2e-5)
