@@ -376,6 +376,16 @@ def base_config() -> ml_collections.ConfigDict:
   c.xbm.weight = 1.0               # weight of the memory term
   c.xbm.dtype = "float32"          # storage of the rows: float32 or bfloat16
 
+  # VPTSP-G's semantic proxies (Ren et al., ICLR 2024;
+  # circle_jax.train.semantic), used by loss vptsp_proxy_anchor only: class
+  # prompts through the ViT, a GRU mix of a [C, E] memory (official CUB).
+  c.semantic_proxies = Config()
+  c.semantic_proxies.num_prompts = 3     # class prompt tokens, first block
+  c.semantic_proxies.prompt_depth = 12   # blocks that get class prompts
+  c.semantic_proxies.prompt_step = 0     # each next block gets this fewer
+  c.semantic_proxies.gru = "gru_relu"    # the GRU cell: gru_relu or gru
+  c.semantic_proxies.dropout = 0.0       # the GRU's dropout (rnn_dropout)
+
   c.num_train_steps = 1000         # optimiser updates
   c.log_every_steps = 50           # train scalars (0: 50)
   c.eval_every_steps = 500         # periodic evaluations (0: at the end only)

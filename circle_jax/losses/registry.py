@@ -60,6 +60,7 @@ from circle_jax.losses import manifold
 from circle_jax.losses import instance
 from circle_jax.losses import histogram
 from circle_jax.losses import dynamic_soft_margin
+from circle_jax.losses import vptsp
 
 LossEntry = entries.LossEntry
 GEOMETRY_FIELDS = entries.GEOMETRY_FIELDS
@@ -77,6 +78,7 @@ _MODULES += (nca, angular, generalized_lifted_structure,
              intra_pair_variance, snr_contrastive, tuplet_margin)
 _MODULES += (large_margin, p2s_grad, vicreg, tcm, pnp, manifold)
 _MODULES += (instance, histogram, dynamic_soft_margin)
+_MODULES += (vptsp,)
 
 LOSSES: Mapping[str, LossEntry] = types.MappingProxyType(
     {e.name: e for module in _MODULES for e in module.REGISTRY})
