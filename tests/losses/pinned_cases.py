@@ -135,6 +135,7 @@ _REGISTERED_AFTER_PINNING += ("large_margin_softmax", "sphereface",
                               "manifold")
 _REGISTERED_AFTER_PINNING += ("instance", "histogram",
                               "dynamic_soft_margin")
+_REGISTERED_AFTER_PINNING += ("vptsp_proxy_anchor",)
 
 
 def cases():

@@ -80,6 +80,10 @@ _GEOMETRY["vicreg"] = None  # no pairs compared: no geometry
 _PARAM.update({"large_margin_softmax": "class_weights",
                "sphereface": "class_weights", "p2s_grad": "class_weights",
                "manifold": "proxies"})
+# VPTSP-G (Ren et al., ICLR 2024): the official CUB proxy_bias_ratio.
+_SPEC["vptsp_proxy_anchor"] = {"proxy_bias_ratio": 0.5, "margin": 0.1,
+                               "alpha": 32.0}
+_PARAM["vptsp_proxy_anchor"] = "proxies"
 
 C, D = 4, 8
 Y = np.repeat(np.arange(C), 4)  # P x K = 4 x 4
