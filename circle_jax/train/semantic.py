@@ -169,6 +169,11 @@ def from_config(config, model, num_classes: int) -> Optional[SemanticHook]:
         f"config.model.name: loss {config.loss.name!r} passes class prompts "
         f"through a ViT's blocks; use a vit_* model with remat=False (got "
         f"{config.model.name!r}).")
+  if config.batch.sampler != "pk":
+    raise config_checks.ConfigError(
+        f"config.batch.sampler: loss {config.loss.name!r} updates each "
+        "class's semantic proxy from a run of batch.images_per_class images "
+        f"of that class; use 'pk' (got {config.batch.sampler!r}).")
   s = config.semantic_proxies
   if s.prompt_depth > backbone.depth:
     raise config_checks.ConfigError(

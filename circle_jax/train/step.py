@@ -337,6 +337,11 @@ def train_step(
     and never saves it.
   """
   check_batch(batch)
+  if (state.loss_state is None) != (loss_fn.extra is None):
+    raise ValueError(
+        f"Loss {loss_fn.entry.name!r}: the state's loss_state and the loss's "
+        "extra hook come together: build both from the config "
+        "(run.init_state and make_loss_fn(..., extra=run.semantic_hook(...))).")
   key = jax.random.fold_in(base_key, state.step)
   # Dropout masks: a key of their own, different on every device (a chunked
   # embedding reuses it in both passes of a chunk, as it must).

@@ -153,3 +153,16 @@ def test_from_config_builds_the_hook_and_refuses_non_vits():
   c.semantic_proxies.prompt_depth = 2
   with pytest.raises(config_checks.ConfigError, match="at most 1"):
     semantic.from_config(c, vit, C)
+  c.semantic_proxies.prompt_depth = 1
+  c.batch.sampler = "random"
+  with pytest.raises(config_checks.ConfigError, match="'pk'"):
+    semantic.from_config(c, vit, C)
+
+
+def test_the_step_refuses_a_memory_without_its_hook():
+  _, state, loss_fn = _parts()
+  bare = step_lib.make_loss_fn(losses.get_loss("vptsp_proxy_anchor"))
+  for s, fn in ((state, bare), (state.replace(loss_state=None), loss_fn)):
+    with pytest.raises(ValueError, match="extra hook"):
+      step_lib.train_step(s, _batch(0), loss_fn=fn,
+                          base_key=jax.random.PRNGKey(0))
