@@ -379,6 +379,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.xbm.start_step = 0             # first step that enqueues (warm-up before)
   c.xbm.weight = 1.0               # weight of the memory term
   c.xbm.dtype = "float32"          # storage of the rows: float32 or bfloat16
+  # VPTSP-G's semantic proxies (loss vptsp_proxy_anchor only).
+  c.semantic_proxies = semantic_proxies_config()
 
   c.num_train_steps = 1000         # optimiser updates
   c.log_every_steps = 50           # train scalars (0: 50)
@@ -442,6 +444,20 @@ def optim_config() -> ml_collections.ConfigDict:
   c.momentum = 0.0           # SGD / RMSprop momentum
   c.nesterov = False         # SGD Nesterov momentum
   c.rms_decay = 0.99         # RMSprop decay
+  return c
+
+
+def semantic_proxies_config() -> ml_collections.ConfigDict:
+  """``config.semantic_proxies``: VPTSP-G's semantic branch (Ren et al.,
+  ICLR 2024; :mod:`circle_jax.train.semantic`), used by loss
+  ``vptsp_proxy_anchor`` only: class prompts through the ViT, a GRU mix of
+  a ``[C, E]`` memory. Defaults: the official CUB config's."""
+  c = Config()
+  c.num_prompts = 3          # class prompt tokens of the first block
+  c.prompt_depth = 12        # blocks that get class prompts
+  c.prompt_step = 0          # each next block gets this many fewer
+  c.gru = "gru_relu"         # the GRU's candidate: gru_relu or gru (tanh)
+  c.dropout = 0.0            # the GRU's dropout (the code's rnn_dropout)
   return c
 
 

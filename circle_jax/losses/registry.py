@@ -63,6 +63,7 @@ from circle_jax.losses import histogram
 from circle_jax.losses import dynamic_soft_margin
 from circle_jax.losses import potential_field
 from circle_jax.losses import hier
+from circle_jax.losses import vptsp
 
 LossEntry = entries.LossEntry
 GEOMETRY_FIELDS = entries.GEOMETRY_FIELDS
@@ -83,6 +84,7 @@ _MODULES += (instance, histogram, dynamic_soft_margin)
 _MODULES += (potential_field,)  # issue 41
 _MODULES += (hier,)
 _MODULES += (recall_at_k,)
+_MODULES += (vptsp,)
 
 LOSSES: Mapping[str, LossEntry] = types.MappingProxyType(
     {e.name: e for module in _MODULES for e in module.REGISTRY})

@@ -42,11 +42,13 @@ References:
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
 from circle_jax.losses import checks
+from circle_jax.losses import entries
 from circle_jax.losses import proxy_anchor as proxy_anchor_lib
 from circle_jax.losses import ranges
 
@@ -83,7 +85,7 @@ def mixed_proxies(proxies: Array, semantic_proxies: Array, *,
 
 def vptsp_proxy_anchor_loss(
     embeddings: Array, labels: Array, proxies: Array,
-    semantic_proxies: Array, *,
+    semantic_proxies: Optional[Array] = None, *,
     proxy_bias_ratio: float = Vptsp.proxy_bias_ratio,
     margin: float = Vptsp.margin, alpha: float = Vptsp.alpha,
     axis_name=None) -> Array:
@@ -106,7 +108,9 @@ def vptsp_proxy_anchor_loss(
       ``proxies_bias``).
     semantic_proxies: ``[C, D]`` semantic proxies :math:`H` of this step
       (:meth:`circle_jax.models.semantic_proxies.SemanticProxyNet.mix`); the
-      gradient flows into them.
+      gradient flows into them. None: no semantic branch, plain
+      Proxy-Anchor on ``proxies`` (the registry entry's call without the
+      trainer's hook, :mod:`circle_jax.train.semantic`).
     proxy_bias_ratio: :math:`\rho \in [0, 1]`; 1 is plain Proxy-Anchor on
       ``proxies``.
     margin: :math:`\delta` (0.1).
@@ -118,7 +122,27 @@ def vptsp_proxy_anchor_loss(
     A float32 scalar, the global-batch loss (a mean over proxies, as
     Proxy-Anchor).
   """
-  q = mixed_proxies(proxies, semantic_proxies,
-                    proxy_bias_ratio=proxy_bias_ratio)
+  q = proxies if semantic_proxies is None else mixed_proxies(
+      proxies, semantic_proxies, proxy_bias_ratio=proxy_bias_ratio)
   return proxy_anchor_lib.proxy_anchor_loss(
       embeddings, labels, q, margin=margin, alpha=alpha, axis_name=axis_name)
+
+
+def code_proxy_init(key, num_classes, embedding_dim, **hyper):
+  """The code's learned proxies (``proxies_bias``): ``xavier_uniform_ / 8``
+  of a ``[C, D]`` tensor."""
+  return entries.glorot_uniform(key, num_classes, embedding_dim,
+                                **hyper) / 8.0
+
+
+REGISTRY = (
+    entries.entry(
+        "vptsp_proxy_anchor", vptsp_proxy_anchor_loss, "proxy",
+        param_name="proxies", init=code_proxy_init,
+        param_init="xavier uniform / 8 (the code's proxies_bias)",
+        paper="Ren, Chen, Wang, Hua, \"Learning Semantic Proxies from "
+              "Visual Prompts for Parameter-Efficient Fine-Tuning in Deep "
+              "Metric Learning\", ICLR 2024",
+        reduction="positive term / #proxies with positives + negative "
+                  "term / #classes"),
+)

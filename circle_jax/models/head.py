@@ -86,9 +86,10 @@ class EmbeddingModel(nn.Module):
     self.head = EmbeddingHead(self.embedding_dim, self.pooling,
                               self.normalize)
 
-  def features(self, images: Array, *, train: bool) -> Array:
-    """The backbone's ``[B, h, w, C]`` feature map (compute dtype)."""
-    return self.backbone(_check_images(images), train=train)
+  def features(self, images: Array, *, train: bool, **kwargs) -> Array:
+    """The backbone's ``[B, h, w, C]`` feature map (compute dtype);
+    ``kwargs`` go to the backbone (a ViT's ``prompt_tokens``)."""
+    return self.backbone(_check_images(images), train=train, **kwargs)
 
   def __call__(self, images: Array, *, train: bool) -> Array:
     """Embeds ``[B, H, W, C]`` images into ``[B, embedding_dim]`` float32.

@@ -295,7 +295,8 @@ def _build(config, workdir, reporter, force_resume) -> Job:
       step_lib.make_loss_fn(job.entry, hyper,
                             config_facts.more_losses(config),
                             config.miner.to_dict(),
-                            config_facts.more_loss_miners(config)),
+                            config_facts.more_loss_miners(config),
+                            run_lib.semantic_hook(config, model, job.info)),
       placement=job.placement,
       base_key=step_key, embed_chunk_size=config.batch.embed_chunk_size,
       sharded=sharded)

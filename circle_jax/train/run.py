@@ -23,6 +23,7 @@ from circle_jax import models as models_lib
 from circle_jax import parallel
 from circle_jax.train import config_checks
 from circle_jax.train import optim as optim_lib
+from circle_jax.train import semantic as semantic_lib
 from circle_jax.train import state as state_lib
 from circle_jax.train import xbm as xbm_lib
 
@@ -207,6 +208,11 @@ def init_state(config, model, info, sample_shape):
           config_facts.more_losses(config)) if e.param_name is not None}
   if more:  # the class matrices of config.more_losses, by key
     loss_params = {**loss_params, losses_lib.combine.MORE_LOSSES: more}
+  loss_state = None
+  hook = semantic_hook(config, model, info)
+  if hook is not None:  # VPTSP-G's semantic branch and its memory
+    loss_params[semantic_lib.PARAMS], loss_state = hook.init(
+        jax.random.fold_in(k_loss, 2 ** 20))
   frozen = models_lib.frozen_module_paths(variables, config.model.kwargs)
   if config.model.freeze_bn and "batch_stats" in variables:
     frozen |= models_lib.frozen_bn_paths(variables)
@@ -217,5 +223,12 @@ def init_state(config, model, info, sample_shape):
       apply_fn=model.apply,
       params={"model": variables["params"], "loss": loss_params},
       tx=tx, batch_stats=variables.get("batch_stats", {}),
-      xbm=xbm_lib.from_config(config))
+      xbm=xbm_lib.from_config(config), loss_state=loss_state)
   return state, entry, hyper, k_step
+
+
+def semantic_hook(config, model, info):
+  """The step's hook of a loss that takes semantic proxies
+  (:mod:`circle_jax.train.semantic`), or None."""
+  return semantic_lib.from_config(config, model,
+                                  config_facts.num_classes(config, info))

@@ -8,7 +8,10 @@ updates the network and the loss parameters (proxies, class weights) together.
 With a cross-batch memory (``config.xbm.size > 0``) the state also holds the
 memory (:class:`circle_jax.train.xbm.Memory`); it is saved with the state
 under ``'xbm'``, which a state without memory does not have, so checkpoints
-of runs without it are unchanged.
+of runs without it are unchanged. A loss that carries arrays from step to
+step without gradient (VPTSP-G's semantic-proxy memory,
+:mod:`circle_jax.train.semantic`) keeps them in ``loss_state``, saved under
+``'loss_state'`` likewise only when present.
 """
 
 from __future__ import annotations
@@ -35,10 +38,12 @@ class TrainState(train_state.TrainState):
     opt_state: its state.
     batch_stats: the model's ``batch_stats`` collection (``{}`` without BN).
     xbm: the cross-batch memory, or None (off).
+    loss_state: arrays the step's loss hook carries (replicated), or None.
   """
 
   batch_stats: PyTree = flax.struct.field(default_factory=dict)
   xbm: Optional[xbm_lib.Memory] = None
+  loss_state: Optional[PyTree] = None
 
 
 def model_variables(state) -> dict:
@@ -69,6 +74,8 @@ def state_to_tree(state: TrainState) -> dict:
   }
   if state.xbm is not None:
     tree["xbm"] = {f: getattr(state.xbm, f) for f in xbm_lib.ARRAY_FIELDS}
+  if state.loss_state is not None:
+    tree["loss_state"] = state.loss_state
   return tree
 
 
@@ -86,6 +93,8 @@ def state_from_tree(template: TrainState, tree: dict) -> TrainState:
       opt_state=like(template.opt_state, tree["opt_state"]),
       batch_stats=like(template.batch_stats, tree["batch_stats"]),
       xbm=memory,
+      loss_state=None if template.loss_state is None else like(
+          template.loss_state, tree["loss_state"]),
   )
 
 

@@ -111,6 +111,7 @@ class LossFn:
         None if name is None else loss_params[name],
         centers_per_class=self.centers_per_class, axis_name=axis_name)
   mined: bool = False
+  extra: Optional[Callable] = None
 
   def arguments(self, loss_params, *, key, axis_name, ref=None):
     """``(args, kwargs)`` of :attr:`fn` after the embeddings and labels."""
@@ -137,7 +138,8 @@ class LossFn:
 
 def make_loss_fn(entry, hyper: Optional[dict] = None, more=(),
                  miner: Optional[dict] = None,
-                 more_miners: Optional[dict] = None) -> LossFn:
+                 more_miners: Optional[dict] = None,
+                 extra: Optional[Callable] = None) -> LossFn:
   """Binds a ``circle_jax.losses`` registry entry and its hyperparameters for
   the step, once (unknown names and bad geometry fields fail here).
 
@@ -155,6 +157,12 @@ def make_loss_fn(entry, hyper: Optional[dict] = None, more=(),
     more_miners: ``{key: miner}``, the miners of the terms of ``more``
       (``config_facts.more_loss_miners``), each as ``miner`` for its term
       alone (PML's ``MultipleLosses(miners=...)``).
+    extra: optional hook for a loss that needs more of the model than the
+      embeddings: ``extra(params, loss_state, batch, *, apply_fn, key,
+      dropout_key, axis_name) -> (keywords, new loss_state)``, called in
+      the step's objective (so its outputs carry gradient); the keywords
+      go to the loss and ``loss_state`` is carried in the
+      :class:`TrainState` (:mod:`circle_jax.train.semantic`).
 
   Returns:
     A :class:`LossFn`, called as ``loss_fn(embeddings, labels, loss_params,
@@ -182,7 +190,7 @@ def make_loss_fn(entry, hyper: Optional[dict] = None, more=(),
   more = tuple((k, weight, make_loss_fn(e, h, miner=more_miners.get(k)))
                for k, e, weight, h in more)
   return LossFn(entry, fn, regularizers, centers, more,
-                mined=mine is not None)
+                mined=mine is not None, extra=extra)
 
 
 def _bind_miner(entry, miner: Optional[dict]):
@@ -336,6 +344,11 @@ def train_step(
     and never saves it.
   """
   check_batch(batch)
+  if (state.loss_state is None) != (loss_fn.extra is None):
+    raise ValueError(
+        f"Loss {loss_fn.entry.name!r}: the state's loss_state and the loss's "
+        "extra hook come together: build both from the config "
+        "(run.init_state and make_loss_fn(..., extra=run.semantic_hook(...))).")
   key = jax.random.fold_in(base_key, state.step)
   # Dropout masks: a key of their own, different on every device (a chunked
   # embedding reuses it in both passes of a chunk, as it must).
@@ -354,19 +367,30 @@ def train_step(
                                      batch["image"])
     reg = loss_fn.additions(embeddings, batch["label"], params["loss"],
                             key=key, axis_name=axis_name)
+    extra, loss_state = {}, state.loss_state
+    if loss_fn.extra is not None:  # e.g. VPTSP-G's semantic proxies
+      extra, loss_state = loss_fn.extra(
+          params, loss_state, batch, apply_fn=state.apply_fn, key=key,
+          dropout_key=jax.random.fold_in(dropout_key, 2),
+          axis_name=axis_name)
     if state.xbm is None:
       # The bound loss itself (not loss_fn's __call__): the step reaches the
       # loss in one frame.
       args, kwargs = loss_fn.arguments(params["loss"], key=key,
                                        axis_name=axis_name)
-      loss = loss_fn.fn(embeddings, batch["label"], *args, **kwargs)
-      return loss if reg is None else loss + reg, (new_stats, None)
+      loss = loss_fn.fn(embeddings, batch["label"], *args, **kwargs, **extra)
+      return loss if reg is None else loss + reg, (new_stats, None,
+                                                    loss_state)
+    if extra:
+      raise ValueError(f"Loss {loss_fn.entry.name!r} takes no cross-batch "
+                       "memory: set xbm.size=0.")
     loss, memory = xbm_lib.loss_with_memory(
         loss_fn, state.xbm, embeddings, batch["label"], params["loss"],
         key=key, step=state.step, axis_name=axis_name)
-    return loss if reg is None else loss + reg, (new_stats, memory)
+    return loss if reg is None else loss + reg, (new_stats, memory,
+                                                  loss_state)
 
-  (loss, (new_stats, memory)), grads = jax.value_and_grad(
+  (loss, (new_stats, memory, loss_state)), grads = jax.value_and_grad(
       objective, has_aux=True)(state.params)
   grads, grad_norm, finite = _reduce_grads(
       grads, axis_name=axis_name, psum_grads=psum_grads, sharded=sharded)
@@ -374,7 +398,7 @@ def train_step(
     new_stats = jax.lax.pmean(new_stats, axis_name)
   finite = jnp.isfinite(loss) & finite
   new_state = state.apply_gradients(grads=grads, batch_stats=new_stats,
-                                    xbm=memory)
+                                    xbm=memory, loss_state=loss_state)
   metrics = {
       "loss": loss.astype(jnp.float32),
       "grad_norm": grad_norm,

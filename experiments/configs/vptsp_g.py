@@ -18,21 +18,20 @@ sop        84.4
 inshop     91.2
 =========  ======
 
-**What this recipe trains, and what it does not yet**: the backbone side of
-VPTSP-G is here in full: the frozen ViT with deep visual prompts
-(``model.kwargs.num_prompts``, ``prompt_depth``, ``prompt_step``), BitFit
-(``tune='bitfit'``: every bias trains, nothing else of the trunk), the new
-LayerNorm before the linear head (``head_norm``), and Proxy-Anchor (margin
-0.1, alpha 32) on learned proxies at the code's proxy learning rate. The
-semantic proxies (the class prompts' second pass through the ViT and the GRU
-mix, :mod:`circle_jax.models.semantic_proxies`, with their loss
-:func:`circle_jax.losses.vptsp.vptsp_proxy_anchor_loss`) are in the library
-and tested against the official code, but the trainer does not drive them
-yet: it has no step that runs the model a second time with the batch's
-labels and carries the semantic-proxy memory. Their settings are recorded
-in :data:`SEMANTIC` for that step. Until then this recipe is the paper's
-VPT + BitFit baseline with Proxy-Anchor, not VPTSP-G; the published numbers
-above are VPTSP-G's.
+**What this recipe trains**: VPTSP-G. The frozen ViT with deep visual
+prompts (``model.kwargs.num_prompts``, ``prompt_depth``, ``prompt_step``),
+BitFit (``tune='bitfit'``: every bias trains, nothing else of the trunk),
+the new LayerNorm before the linear head (``head_norm``); the semantic
+proxies: each image passed a second time through the ViT with its class's
+prompts, a proxy head and a GRU updating a ``[C, E]`` memory of semantic
+proxies carried from step to step (``config.semantic_proxies``, from
+:data:`SEMANTIC`; :mod:`circle_jax.train.semantic`,
+:mod:`circle_jax.models.semantic_proxies`), and the loss
+``vptsp_proxy_anchor`` (:func:`circle_jax.losses.vptsp.vptsp_proxy_anchor_loss`:
+Proxy-Anchor, margin 0.1, alpha 32, on the ``proxy_bias_ratio`` mix of the
+learned and the semantic proxies). Its positive term is averaged over the
+proxies with positives, as Proxy-Anchor's paper; the code averages it over
+all ``C`` proxies (named in that module).
 
 Where to put the weights: export timm's ``vit_small_patch16_224.augreg_in21k``
 (the code's ``vit_small_patch16_224_in21k`` under timm 0.9.16) once, in any
@@ -87,7 +86,9 @@ defaults; :data:`CODE`):
   5e-4, 0; SOP AdamW 1e-4, 1e-4; In-Shop AdamW 1e-4, 1e-7. The learned
   proxies have their own optimiser at ``lr_proxy`` (0.1, 0.01, 0.05, 0.05),
   here the ``loss`` group's multiplier ``lr_proxy / lr``; every trained
-  backbone parameter (prompts, biases, the head's LayerNorm) shares ``lr``.
+  backbone parameter (prompts, biases, the head's LayerNorm) and the
+  semantic branch (class prompts, proxy head, GRU: ``'loss/semantic'``,
+  multiplier 1) share ``lr``.
 * Schedule: PyTorch's ``CosineAnnealingLR`` stepped per epoch with
   ``T_max = lr_cosine_length`` (50, 50, 120, 100 epochs) and ``eta_min``,
   stopped after the training epochs (so CUB ends at 79 % of its peak). Ours:
@@ -137,8 +138,8 @@ CODE = {
 }
 
 # The semantic-proxy branch's settings (num_p_prompt, p_prompt_depth,
-# prompt_p_block_step, proxy_bias_ratio, rnn_dropout; GRU 'gru_relu'), for
-# models/semantic_proxies.py and losses/vptsp.py once the trainer runs them.
+# prompt_p_block_step, proxy_bias_ratio, rnn_dropout; GRU 'gru_relu'):
+# config.semantic_proxies and the loss's proxy_bias_ratio.
 SEMANTIC = {
     "cub200": dict(num_prompts=3, prompt_depth=12, prompt_step=0,
                    proxy_bias_ratio=0.5, dropout=0.0),
@@ -213,12 +214,18 @@ def get_config(dataset: str = "cub200"):
   if code["optim"] == "sgd":
     c.optim.momentum = 0.9
   c.optim.lr_multipliers["loss"] = code["lr_proxy"] / code["lr"]
+  # The semantic branch's parameters lie under the loss's but train at lr.
+  c.optim.lr_multipliers["loss/semantic"] = 1.0
   c.optim.schedule = "cosine"
   c.optim.cosine_final_fraction = final_fraction(dataset)
   c.num_train_steps = steps(dataset)
   c.eval_every_steps = 0
   c.checkpoint_every_steps = max(c.num_train_steps // 10, 1)
-  c.loss = config_lib.loss_config("proxy_anchor")
+  sem = dict(SEMANTIC[dataset])
+  c.loss = config_lib.loss_config(
+      "vptsp_proxy_anchor", proxy_bias_ratio=sem.pop("proxy_bias_ratio"))
+  for field, value in sem.items():
+    c.semantic_proxies[field] = value
   return c
 
 

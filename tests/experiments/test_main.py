@@ -58,13 +58,21 @@ def data_dir(tmp_path_factory):
 # Losses whose paper defaults cost too much for two CPU steps: smaller
 # settings of the same code paths (HIER's 512 proxies x 50 triplets each).
 CHEAPER = {"hier": {"num_proxies": 16, "triplets_per_anchor": 4}}
+# Losses that need more of the model than its embeddings, with the flags that
+# give them one: VPTSP-G's class prompts enter a (tiny) ViT's blocks.
+MODEL_FLAGS = {"vptsp_proxy_anchor": (
+    "--config.model.name=vit_ti16",
+    '--config.model.kwargs={"depth": 1, "width": 16, "num_heads": 2, '
+    '"patch_size": 4, "image_size": 8}',
+    "--config.semantic_proxies.prompt_depth=1")}
 
 
 @pytest.mark.parametrize("name", sorted(losses.LOSSES))
 def test_every_registered_loss_trains_two_steps_from_the_command_line(
     name, data_dir, tmp_path):
   cheaper = CHEAPER.get(name, {})
-  c = parse(f"--config.loss.name={name}", "--config.num_train_steps=2",
+  c = parse(f"--config.loss.name={name}", *MODEL_FLAGS.get(name, ()),
+            "--config.num_train_steps=2",
             "--config.eval_at_init=false", "--config.eval_clustering=false",
             f"--config.dataset.data_dir={data_dir}",
             "--config.dataset.num_threads=2",

@@ -99,6 +99,10 @@ _SPEC["hier"] = {"delta": 0.1, "tau": 0.1, "topk": 20,
                  "num_proxies": 512, "embed_inputs": True,
                  "riemannian": True, "self_negative": False}
 _PARAM["hier"] = "proxies"
+# VPTSP-G (Ren et al., ICLR 2024): the official CUB proxy_bias_ratio.
+_SPEC["vptsp_proxy_anchor"] = {"proxy_bias_ratio": 0.5, "margin": 0.1,
+                               "alpha": 32.0}
+_PARAM["vptsp_proxy_anchor"] = "proxies"
 
 C, D = 4, 8
 Y = np.repeat(np.arange(C), 4)  # P x K = 4 x 4

@@ -127,6 +127,10 @@ def test_naive_float64_reference_check_grads_and_rho_one_is_proxy_anchor():
   want1, _ = ref.pa_reference(ref.cos(a["x"], q1), LABELS, margin=0.1,
                               alpha=32.0)
   np.testing.assert_allclose(float(loss(*args, 1.0, 32.0)), want1, rtol=1e-5)
+  # No semantic proxies (the registry entry called without the trainer's
+  # hook): plain Proxy-Anchor on the proxies, as rho = 1.
+  np.testing.assert_allclose(float(vptsp.vptsp_proxy_anchor_loss(
+      args[0], LABELS, args[1])), want1, rtol=1e-5)
   check_grads(lambda x, b, s: loss(x, b, s, rho, 4.0), args, order=1,
               modes=("rev",), atol=2e-2, rtol=2e-2, eps=1e-3)
 

@@ -53,8 +53,15 @@ def test_configs_have_the_official_code_recipe():
     assert (c.batch.classes_per_batch, c.batch.images_per_class) == (
         classes, per)
     assert c.num_train_steps == steps
-    recipe_checks.assert_loss_recipe(c.loss, {"name": "proxy_anchor",
-                                              "margin": 0.1, "alpha": 32.0})
+    sem = vptsp_g.SEMANTIC[dataset]
+    recipe_checks.assert_loss_recipe(c.loss, {
+        "name": "vptsp_proxy_anchor", "margin": 0.1, "alpha": 32.0,
+        "proxy_bias_ratio": sem["proxy_bias_ratio"]})
+    s = c.semantic_proxies
+    assert (s.num_prompts, s.prompt_depth, s.prompt_step, s.dropout,
+            s.gru) == (sem["num_prompts"], sem["prompt_depth"],
+                       sem["prompt_step"], sem["dropout"], "gru_relu")
+    assert o.lr_multipliers["loss/semantic"] == 1.0
   # CosineAnnealingLR(T_max=50) stopped after CUB's 15 epochs: 79.4 %.
   assert vptsp_g.final_fraction("cub200") == pytest.approx(0.7939, abs=1e-4)
   assert vptsp_g.final_fraction("sop") == pytest.approx(0.5)
@@ -71,7 +78,7 @@ def test_docstring_and_table_give_the_command_weights_and_number():
     assert len(rows) == 1
     r1 = vptsp_g.PUBLISHED[dataset]["recall@1"]
     assert f"R@1: {r1:.1f}" in rows[0] and f"{r1:.1f}" in vptsp_g.__doc__
-    assert vptsp_g.TIMM_MODEL in rows[0] and "without the semantic" in rows[0]
+    assert vptsp_g.TIMM_MODEL in rows[0] and "the semantic proxies" in rows[0]
   assert (f"create_model('{vptsp_g.TIMM_MODEL}', pretrained=True"
           in vptsp_g.__doc__)
 
@@ -84,6 +91,7 @@ def test_two_training_steps_keep_the_frozen_weights(tiny_datasets,  # noqa: F811
   k = c.model.kwargs
   k.depth, k.width, k.num_heads, k.image_size = 2, 32, 2, 64
   k.num_prompts, k.prompt_depth, k.prompt_step = 3, 2, 1
+  c.semantic_proxies.prompt_depth = 2
   c.model.dtype = "float32"
   backbone = models.get_model(c.model.name, embedding_dim=8,
                               **dict(k)).backbone
@@ -113,3 +121,9 @@ def test_two_training_steps_keep_the_frozen_weights(tiny_datasets,  # noqa: F811
                                 qkv)  # frozen: no step, no decay
   assert np.any(trunk["blocks_1"]["attn"]["qkv"]["bias"]
                 != sd["blocks.1.attn.qkv.bias"])  # BitFit trains it
+  # VPTSP-G's semantic branch ran: its memory (unit rows) and its class
+  # prompts are in the checkpoint.
+  memory = np.asarray(state["loss_state"])
+  np.testing.assert_allclose(np.linalg.norm(memory, axis=-1), 1.0,
+                             rtol=1e-5)
+  assert state["params"]["loss"]["semantic"]["prompts_0"].shape[1:] == (3, 32)
