@@ -136,7 +136,7 @@ _REGISTERED_AFTER_PINNING += ("large_margin_softmax", "sphereface",
 _REGISTERED_AFTER_PINNING += ("instance", "histogram",
                               "dynamic_soft_margin")
 _REGISTERED_AFTER_PINNING += ("subspace_arcface", "potential_field")  # 41
-_REGISTERED_AFTER_PINNING += ("vptsp_proxy_anchor",)
+_REGISTERED_AFTER_PINNING += ("vptsp_proxy_anchor", "hier")  # 41
 
 
 def cases():
