@@ -497,20 +497,36 @@ def installed_components() -> Tuple[str, ...]:
 # ----------------------------------------------------------------------------
 
 
-def _attr(dotted: str):
-  """The object ``dotted`` names (``package.module.attr.attr``), or None."""
+def resolve(dotted: str):
+  """The object a dotted name names (``package.module.attr.attr``).
+
+  Imports the longest importable module prefix, then walks the attributes.
+  The docs' check of backticked ``circle_jax.…`` names
+  (tests/test_architecture.py) and :func:`resolves`' ``attr:`` needs both
+  use it.
+
+  Raises:
+    ModuleNotFoundError: no prefix of ``dotted`` is a module.
+    AttributeError: an attribute after the module is missing.
+  """
   parts = dotted.split(".")
   for i in range(len(parts), 0, -1):
     try:
       obj = importlib.import_module(".".join(parts[:i]))
-    except ImportError:
+    except ModuleNotFoundError:
       continue
-    for p in parts[i:]:
-      obj = getattr(obj, p, None)
-      if obj is None:
-        return None
+    for part in parts[i:]:
+      obj = getattr(obj, part)
     return obj
-  return None
+  raise ModuleNotFoundError(dotted)
+
+
+def _attr(dotted: str):
+  """:func:`resolve`, or None where ``dotted`` does not resolve."""
+  try:
+    return resolve(dotted)
+  except (ImportError, AttributeError):
+    return None
 
 
 def _takes(fn, keyword: str, shared=()) -> bool:

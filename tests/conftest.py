@@ -51,3 +51,28 @@ def omniglot_dir():
   """The official Omniglot 'background small' archives shipped in the repo."""
   assert (OMNIGLOT_DIR / "images_background_small1.zip").exists(), OMNIGLOT_DIR
   return OMNIGLOT_DIR
+
+
+@pytest.fixture(scope="module")
+def module_compilation_cache(tmp_path_factory):
+  """A JAX persistent compilation cache shared by one test module's runs.
+
+  In-process jobs of a module build fresh jitted functions for every run, so
+  only this cache lets a run reuse the programs an earlier one compiled (the
+  evaluation's embedding, a loss's step under another workdir). Use it with
+  ``pytestmark = pytest.mark.usefixtures("module_compilation_cache")``.
+  """
+  import jax  # after the XLA flags above
+  from jax.experimental.compilation_cache import compilation_cache
+  names = ("jax_compilation_cache_dir",
+           "jax_persistent_cache_min_compile_time_secs",
+           "jax_persistent_cache_min_entry_size_bytes")
+  saved = [getattr(jax.config, name) for name in names]
+  for name, value in zip(names, (str(tmp_path_factory.mktemp("jax_cache")),
+                                 0.0, 0)):
+    jax.config.update(name, value)
+  compilation_cache.reset_cache()
+  yield
+  for name, value in zip(names, saved):
+    jax.config.update(name, value)
+  compilation_cache.reset_cache()

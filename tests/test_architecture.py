@@ -1,11 +1,12 @@
 """docs/architecture.md names every module of the package, and every
 ``circle_jax`` name in backticks in the docs and the README exists."""
 
-import importlib
 import pathlib
 import re
 
 import pytest
+
+from circle_jax import pml_names
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "circle_jax"
@@ -46,21 +47,6 @@ def rooms(text: str):
   return named
 
 
-def resolve(name: str):
-  """The object a dotted name names: its longest importable module, then
-  attributes."""
-  parts = name.split(".")
-  for i in range(len(parts), 0, -1):
-    try:
-      obj = importlib.import_module(".".join(parts[:i]))
-    except ModuleNotFoundError:
-      continue
-    for part in parts[i:]:
-      obj = getattr(obj, part)
-    return obj
-  raise ModuleNotFoundError(name)
-
-
 def code_names(pattern):
   """``(document, name)`` for every match of ``pattern`` in a code span."""
   out = []
@@ -98,7 +84,7 @@ def test_the_rules_read_a_table_as_documented():
 @pytest.mark.parametrize("doc, name", code_names(DOTTED))
 def test_a_dotted_name_in_the_docs_resolves(doc, name):
   try:
-    resolve(name)
+    pml_names.resolve(name)
   except (ImportError, AttributeError) as e:
     pytest.fail(f"{doc}: `{name}` does not resolve ({e}); rename or remove "
                 "it.")
@@ -111,7 +97,8 @@ def test_a_package_path_in_the_docs_exists(doc, path):
 
 def test_a_stale_name_is_caught():
   with pytest.raises(AttributeError):
-    resolve("circle_jax.ops.two_set_logsumexp")
+    pml_names.resolve("circle_jax.ops.two_set_logsumexp")
   with pytest.raises(AttributeError):
-    resolve("circle_jax.losses.no_such_module.f")
-  assert resolve("circle_jax.ops.two_set_exp").__name__ == "two_set_exp"
+    pml_names.resolve("circle_jax.losses.no_such_module.f")
+  assert pml_names.resolve("circle_jax.ops.two_set_exp").__name__ == (
+      "two_set_exp")

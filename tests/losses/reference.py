@@ -32,13 +32,16 @@ def softplus(x):
   return np.logaddexp(0.0, x)
 
 
-def anchor_sets(s, labels, i, pos_mask=None, neg_mask=None):
+def anchor_sets(s, labels, i, pos_mask=None, neg_mask=None, col_y=None):
+  """Anchor i's positive and negative similarities; with reference columns
+  (labels ``col_y``, ``s`` of shape [B, M]) no column is the anchor itself."""
+  cols = labels if col_y is None else col_y
   sp, sn = [], []
-  for j in range(len(labels)):
-    if labels[j] == labels[i] and j != i:
+  for j in range(len(cols)):
+    if cols[j] == labels[i] and (col_y is not None or j != i):
       if pos_mask is None or pos_mask[i, j]:
         sp.append(s[i, j])
-    elif labels[j] != labels[i]:
+    elif cols[j] != labels[i]:
       if neg_mask is None or neg_mask[i, j]:
         sn.append(s[i, j])
   return np.array(sp, np.float64), np.array(sn, np.float64)
@@ -58,10 +61,11 @@ def ref_unified_anchor(sp, sn, margin, gamma):
   return softplus(logsumexp(terms))
 
 
-def ref_pair_loss(anchor_fn, s, labels, pos_mask=None, neg_mask=None, **hyper):
+def ref_pair_loss(anchor_fn, s, labels, pos_mask=None, neg_mask=None, *,
+                  col_y=None, **hyper):
   losses = []
   for i in range(len(labels)):
-    sp, sn = anchor_sets(s, labels, i, pos_mask, neg_mask)
+    sp, sn = anchor_sets(s, labels, i, pos_mask, neg_mask, col_y)
     if sp.size and sn.size:
       losses.append(anchor_fn(sp, sn, **hyper))
   return float(np.mean(losses)) if losses else 0.0
@@ -364,12 +368,15 @@ def fastap_ref(x, y, L, pos_mask=None, neg_mask=None, cols=None, col_y=None):
 
 
 def mined_sets(s, labels, i, epsilon, mining=True, pos_mask=None,
-               neg_mask=None):
-  """Indices of anchor i's (mined) positives and negatives."""
-  n = len(labels)
-  pos = [j for j in range(n) if labels[j] == labels[i] and j != i
+               neg_mask=None, col_y=None):
+  """Indices of anchor i's (mined) positives and negatives; with reference
+  columns (labels ``col_y``) no column is the anchor itself."""
+  cols = labels if col_y is None else col_y
+  n = len(cols)
+  pos = [j for j in range(n) if cols[j] == labels[i]
+         and (col_y is not None or j != i)
          and (pos_mask is None or pos_mask[i, j])]
-  neg = [j for j in range(n) if labels[j] != labels[i]
+  neg = [j for j in range(n) if cols[j] != labels[i]
          and (neg_mask is None or neg_mask[i, j])]
   if mining:
     if not pos or not neg:
@@ -382,10 +389,11 @@ def mined_sets(s, labels, i, epsilon, mining=True, pos_mask=None,
 
 
 def ref_ms(s, labels, alpha=2.0, beta=50.0, base=0.5, epsilon=0.1,
-           mining=True, pos_mask=None, neg_mask=None):
+           mining=True, pos_mask=None, neg_mask=None, col_y=None):
   total = 0.0
   for i in range(len(labels)):
-    pos, neg = mined_sets(s, labels, i, epsilon, mining, pos_mask, neg_mask)
+    pos, neg = mined_sets(s, labels, i, epsilon, mining, pos_mask, neg_mask,
+                          col_y)
     if not pos or not neg:
       continue
     sp, sn = s[i, pos], s[i, neg]

@@ -24,8 +24,11 @@ from circle_jax.train import restore as restore_lib
 from circle_jax.train import writers
 from tests.train import helpers
 
-# Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md).
-pytestmark = pytest.mark.slow
+# Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md). The
+# runs share one persistent compilation cache (tests/conftest.py): the same
+# digits job under several tests compiles its programs once.
+pytestmark = [pytest.mark.slow,
+              pytest.mark.usefixtures("module_compilation_cache")]
 
 
 @pytest.fixture(scope="session")

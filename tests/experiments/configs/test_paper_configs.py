@@ -26,8 +26,6 @@ import os
 import pathlib
 import re
 
-import jax
-from jax.experimental.compilation_cache import compilation_cache
 import numpy as np
 import pytest
 
@@ -45,7 +43,9 @@ from tests.data import fixtures
 from tests.experiments.configs import recipe_checks
 
 # Slow (whole jobs or benchmarks): not in the fast tier (CONTRIBUTING.md).
-pytestmark = pytest.mark.slow
+# The runs share one persistent compilation cache (tests/conftest.py).
+pytestmark = [pytest.mark.slow,
+              pytest.mark.usefixtures("module_compilation_cache")]
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 TABLES = REPO / "experiments/results/main_paper_tables.md"
@@ -244,24 +244,6 @@ def tiny_datasets(tmp_path_factory):
                     manual_dir=manual)
     out[dataset] = (str(manual), str(root / dataset / "prepared"))
   return out
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache_dir(tmp_path_factory):
-  """A persistent compilation cache shared by this module's runs."""
-  saved = (jax.config.jax_compilation_cache_dir,
-           jax.config.jax_persistent_cache_min_compile_time_secs,
-           jax.config.jax_persistent_cache_min_entry_size_bytes)
-  jax.config.update("jax_compilation_cache_dir",
-                    str(tmp_path_factory.mktemp("jax_cache")))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-  compilation_cache.reset_cache()
-  yield
-  jax.config.update("jax_compilation_cache_dir", saved[0])
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", saved[1])
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", saved[2])
-  compilation_cache.reset_cache()
 
 
 def _shrink(c, manual_dir, data_dir, *, backbone):

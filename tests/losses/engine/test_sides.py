@@ -95,30 +95,19 @@ def reference(name, x, y, r, ry, valid=None, ids=None, rids=None):
   d = np.sqrt(np.maximum(2.0 - 2.0 * s, 0.0))
   sets = [_sets(y, ry, i, valid, ids, rids) for i in range(len(y))]
   b = len(y)
+  # The anchor's candidates (valid, not itself by id) as a [B, M] mask.
+  allowed = np.zeros((b, len(ry)), bool)
+  for i, (pos, neg) in enumerate(sets):
+    allowed[i, pos + neg] = True
   if name in ("circle", "unified"):
-    m, g = hyper["margin"], hyper["gamma"]
-    per = []
-    for i, (pos, neg) in enumerate(sets):
-      if not (pos and neg):
-        continue
-      anchor = (ref.ref_circle_anchor if name == "circle"
-                else ref.ref_unified_anchor)
-      per.append(anchor(s[i, pos], s[i, neg], margin=m, gamma=g))
-    return float(np.mean(per)) if per else 0.0
+    anchor = (ref.ref_circle_anchor if name == "circle"
+              else ref.ref_unified_anchor)
+    return ref.ref_pair_loss(anchor, s, y, allowed, allowed, col_y=ry,
+                             margin=hyper["margin"], gamma=hyper["gamma"])
   if name.startswith("ms"):
-    alpha, beta, base, eps = 2.0, hyper["beta"], 0.5, 0.1
-    total = 0.0
-    for i, (pos, neg) in enumerate(sets):
-      if hyper.get("mining", True):
-        if not (pos and neg):
-          continue
-        min_p, max_n = min(s[i, pos]), max(s[i, neg])
-        pos, neg = ([j for j in pos if s[i, j] - eps < max_n],
-                    [j for j in neg if s[i, j] + eps > min_p])
-      if pos and neg:
-        total += np.log1p(np.sum(np.exp(-alpha * (s[i, pos] - base)))) / alpha
-        total += np.log1p(np.sum(np.exp(beta * (s[i, neg] - base)))) / beta
-    return total / b
+    return ref.ref_ms(s, y, beta=hyper["beta"],
+                      mining=hyper.get("mining", True), pos_mask=allowed,
+                      neg_mask=allowed, col_y=ry)
   if name == "rll":
     alpha, m, lam = 1.2, 0.4, 0.5
     total = 0.0
