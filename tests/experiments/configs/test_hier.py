@@ -15,11 +15,11 @@ from tests.experiments.configs.test_hyp_vit import _export_tiny_vit  # pylint: d
 from tests.experiments.configs.test_paper_configs import TABLES
 from tests.experiments.configs.test_paper_configs import _shrink  # pylint: disable=protected-access
 from tests.experiments.configs.test_paper_configs import _words  # pylint: disable=protected-access
-from tests.experiments.configs.test_paper_configs import compilation_cache_dir  # noqa: F401  pylint: disable=unused-import
 from tests.experiments.configs.test_paper_configs import tiny_datasets  # noqa: F401  pylint: disable=unused-import
 
 # Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md).
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow,
+              pytest.mark.usefixtures("module_compilation_cache")]
 
 # scripts/ViT/hier_*.sh: (epochs, warm-up epochs, weight decay, fc lr
 # scale) and train images // 180 steps per epoch.

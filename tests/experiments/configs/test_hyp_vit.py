@@ -22,11 +22,11 @@ from experiments.configs import hyp_vit_dino
 from tests.experiments.configs.test_paper_configs import TABLES
 from tests.experiments.configs.test_paper_configs import _shrink  # pylint: disable=protected-access
 from tests.experiments.configs.test_paper_configs import _words  # pylint: disable=protected-access
-from tests.experiments.configs.test_paper_configs import compilation_cache_dir  # noqa: F401  pylint: disable=unused-import
 from tests.experiments.configs.test_paper_configs import tiny_datasets  # noqa: F401  pylint: disable=unused-import
 
 # Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md).
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow,
+              pytest.mark.usefixtures("module_compilation_cache")]
 
 MODULES = {"hyp_vit.py": hyp_vit, "hyp_vit_dino.py": hyp_vit_dino}
 PAIRS = [(f, d) for f, m in MODULES.items() for d in m.DATASETS]

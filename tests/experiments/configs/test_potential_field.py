@@ -16,11 +16,11 @@ from tests.experiments.configs import recipe_checks
 from tests.experiments.configs.test_paper_configs import TABLES
 from tests.experiments.configs.test_paper_configs import _shrink  # pylint: disable=protected-access
 from tests.experiments.configs.test_paper_configs import _words  # pylint: disable=protected-access
-from tests.experiments.configs.test_paper_configs import compilation_cache_dir  # noqa: F401  pylint: disable=unused-import
 from tests.experiments.configs.test_paper_configs import tiny_datasets  # noqa: F401  pylint: disable=unused-import
 
 # Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md).
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow,
+              pytest.mark.usefixtures("module_compilation_cache")]
 
 
 @pytest.mark.parametrize("dataset", potential_field.DATASETS)

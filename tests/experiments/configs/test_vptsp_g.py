@@ -21,8 +21,9 @@ from tests.experiments.configs import recipe_checks
 from tests.experiments.configs.test_paper_configs import TABLES
 from tests.experiments.configs.test_paper_configs import _shrink  # pylint: disable=protected-access
 from tests.experiments.configs.test_paper_configs import _words  # pylint: disable=protected-access
-from tests.experiments.configs.test_paper_configs import compilation_cache_dir  # noqa: F401  pylint: disable=unused-import
 from tests.experiments.configs.test_paper_configs import tiny_datasets  # noqa: F401  pylint: disable=unused-import
+
+pytestmark = pytest.mark.usefixtures("module_compilation_cache")
 
 # dataset -> (optimiser, lr, weight decay, proxy multiplier, classes x per
 # class, steps, prompts, prompt blocks, step): config/<dataset>_small.yaml.
