@@ -7,10 +7,12 @@ def assert_loss_recipe(section, expected: dict) -> None:
   """The fields ``expected`` names have its values, and every other field of
   the loss section (the options every loss has: reduction, regularizers,
   the geometry's fields...) it holds is at the loss's default
-  (:func:`circle_jax.config.loss_config`)."""
+  (:func:`circle_jax.config.loss_config`; for a ``config.more_losses``
+  term, :func:`circle_jax.config.more_loss`, with its own miner)."""
   got = dict(section)
   assert {k: got.get(k, "<missing>") for k in expected} == expected
-  defaults = dict(config_lib.loss_config(expected["name"]))
+  defaults = dict(config_lib.more_loss(expected["name"]) if "weight" in got
+                  else config_lib.loss_config(expected["name"]))
   rest = {k: v for k, v in got.items() if k not in expected}
   assert rest == {k: defaults.get(k, "<not a field>") for k in rest}
 
