@@ -310,3 +310,51 @@ def test_reductions_of_the_anchor_terms():
   plain = losses.recall_at_k_loss(jnp.asarray(x), jnp.asarray(LABELS),
                                   tau1=0.1)
   np.testing.assert_allclose(float(mean), float(plain), rtol=1e-6)
+
+
+def _rs_loops(s, y, col_y, tau1, tau2, k=K, self_pairs=False):
+  """The paper's RS@k loss from a float64 similarity table ``s`` [M, N]
+  (anchors x candidate columns), with loops: positives are the columns of
+  the anchor's label (not the anchor itself when ``self_pairs``), every other
+  column a negative; each k capped at the number of columns."""
+  terms = []
+  for i in range(len(y)):
+    cols = [j for j in range(len(col_y)) if not (self_pairs and j == i)]
+    pos = [j for j in cols if col_y[j] == y[i]]
+    if not pos:
+      continue
+    rs = 0.0
+    for kk in (min(v, len(col_y)) for v in k):
+      count = 0.0
+      for p in pos:
+        rank = 1 + sum(1 / (1 + np.exp(-(s[i, c] - s[i, p]) / tau1))
+                       for c in cols if c != p)
+        count += 1 / (1 + np.exp(-(kk - rank) / tau2))
+      rs += min(count, kk) / min(kk, len(pos))
+    terms.append(1 - rs / len(k))
+  return float(np.mean(terms))
+
+
+def test_references_and_the_poincare_ball():
+  """A memory as the candidate columns (the cross-batch memory), and the
+  Poincare ball's similarities (the geometry's) in the same formula."""
+  x = batch(6).astype(np.float64)
+  rng = np.random.default_rng(7)
+  mem = rng.normal(size=(9, D))
+  mem_y = np.array([0, 1, 2, 4, 4, 0, 1, 2, 5], np.int32)
+  got = losses.recall_at_k_loss(
+      jnp.asarray(x, jnp.float32), jnp.asarray(LABELS), tau1=0.1,
+      ref=losses.Candidates(jnp.asarray(mem, jnp.float32), mem_y))
+  unit = lambda a: a / np.linalg.norm(a, axis=1, keepdims=True)
+  np.testing.assert_allclose(
+      float(got), _rs_loops(unit(x) @ unit(mem).T, LABELS, mem_y, 0.1, 1.0),
+      rtol=2e-5)
+  ball = losses.engine.resolve_geometry("poincare")
+  z = ball.embed(jnp.asarray(x, jnp.float32))
+  s = np.asarray(ball.tile(z, z), np.float64)
+  got = losses.recall_at_k_loss(jnp.asarray(x, jnp.float32),
+                                jnp.asarray(LABELS), tau1=0.5,
+                                geometry="poincare")
+  np.testing.assert_allclose(
+      float(got), _rs_loops(s, LABELS, LABELS, 0.5, 1.0, self_pairs=True),
+      rtol=1e-4)

@@ -416,7 +416,7 @@ def test_registry_forwards_references_and_rejects_them_for_other_losses():
                        "intra_pair_variance", "snr_contrastive",
                        "tuplet_margin", "threshold_consistent_margin", "pnp",
                        "instance", "histogram", "dynamic_soft_margin"} | {
-                       "potential_field"}  # issue 41, its own test file
+                       "potential_field", "recall_at_k"}  # issue 41, own files
   got = losses.get_loss("circle").apply(
       x, Y, ref=losses.Candidates(r, RY, valid=np.ones(14, bool)))
   np.testing.assert_array_equal(np.asarray(got), np.asarray(
