@@ -96,7 +96,6 @@ from __future__ import annotations
 
 from circle_jax import config as config_lib
 from circle_jax import data as data_lib
-from circle_jax import models
 from experiments.configs import recipes
 
 DATASETS = ("cub200", "cars196", "sop", "inshop")
@@ -152,21 +151,10 @@ def hyp_vit_recipe(dataset: str, *, config_file: str, family: str,
                    learning_rate: float):
   """The Hyp-ViT code's recipe (module docstring) for a ViT-S/16 family."""
   recipes.check_dataset(config_file, dataset, DATASETS)
-  c = recipes.paper_base(dataset)
-  c.dataset.validation_fraction = 0.0
-  c.best_metric = ""
-  c.model.name = "vit_s16"
-  c.model.embedding_dim = EMBEDDING_DIM
-  c.model.dtype = "bfloat16"
-  c.model.pooling = "avg"  # the ViT's feature is 1 x 1: pooling is identity
-  c.model.kwargs.family = family
-  c.model.kwargs.image_size = 224
-  c.model.kwargs.pool = "cls"
+  c = recipes.vit_base(dataset, model="vit_s16", family=family,
+                       embedding_dim=EMBEDDING_DIM)
   c.model.kwargs.frozen_patch_embed = True
-  # The family's normalisation (augreg: mean = std = 0.5; DINO: ImageNet's).
-  c.dataset.preprocess.preset = models.VIT_FAMILIES[family].preprocess
   classes, per_class, _, resize = BATCHES[dataset]
-  c.dataset.preprocess.image_size = 224
   c.dataset.preprocess.resize_size = resize
   c.dataset.preprocess.scale = (0.2, 1.0)
   c.batch.sampler = "pk"

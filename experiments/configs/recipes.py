@@ -31,6 +31,7 @@ import ml_collections
 
 from circle_jax import data as data_lib
 from circle_jax import config as config_lib
+from circle_jax import models
 
 VALIDATION_FRACTION = 0.2
 EMBEDDING_DIM = 512
@@ -92,6 +93,28 @@ def paper_base(dataset: str) -> ml_collections.ConfigDict:
   c.batch.eval_batch_size = 256
   c.best_metric = "recall@1"
   c.best_mode = "max"
+  return c
+
+
+def vit_base(dataset: str, *, model: str, family: str,
+             embedding_dim: int) -> ml_collections.ConfigDict:
+  """:func:`paper_base` with what the ViT recipes share (Hyp-ViT, Unicom,
+  VPTSP-G): the ViT ``model`` of ``family`` at 224 pixels in bfloat16, its
+  class token as the feature, the family's normalisation, no validation
+  hold-out and no model selection (the codes report the last step)."""
+  c = paper_base(dataset)
+  c.dataset.validation_fraction = 0.0
+  c.best_metric = ""
+  c.model.name = model
+  c.model.embedding_dim = embedding_dim
+  c.model.dtype = "bfloat16"
+  c.model.pooling = "avg"  # the ViT's feature is 1 x 1: pooling is identity
+  c.model.kwargs.family = family
+  c.model.kwargs.image_size = 224
+  c.model.kwargs.pool = "cls"
+  # The family's normalisation (augreg: mean = std = 0.5; DINO: ImageNet's).
+  c.dataset.preprocess.preset = models.VIT_FAMILIES[family].preprocess
+  c.dataset.preprocess.image_size = 224
   return c
 
 

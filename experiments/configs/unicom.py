@@ -78,7 +78,6 @@ The code's recipe (the two scripts and ``retrieval.py``):
 from __future__ import annotations
 
 from circle_jax import config as config_lib
-from circle_jax import models
 from experiments.configs import hyp_vit
 from experiments.configs import recipes
 
@@ -121,18 +120,8 @@ def get_config(dataset: str = "sop"):
     The training config.
   """
   recipes.check_dataset(CONFIG_FILE, dataset, DATASETS)
-  c = recipes.paper_base(dataset)
-  c.dataset.validation_fraction = 0.0
-  c.best_metric = ""
-  c.model.name = "vit_b16"
-  c.model.embedding_dim = EMBEDDING_DIM
-  c.model.dtype = "bfloat16"
-  c.model.pooling = "avg"  # the ViT's feature is 1 x 1: pooling is identity
-  c.model.kwargs.family = FAMILY
-  c.model.kwargs.image_size = 224
-  c.model.kwargs.pool = "cls"
-  c.dataset.preprocess.preset = models.VIT_FAMILIES[FAMILY].preprocess
-  c.dataset.preprocess.image_size = 224
+  c = recipes.vit_base(dataset, model="vit_b16", family=FAMILY,
+                       embedding_dim=EMBEDDING_DIM)
   c.dataset.preprocess.resize_size = 224
   if dataset == "sop":  # origin_clip: no random crop (module docstring)
     c.dataset.preprocess.scale = (1.0, 1.0)

@@ -106,7 +106,6 @@ from __future__ import annotations
 import math
 
 from circle_jax import config as config_lib
-from circle_jax import models
 from experiments.configs import hyp_vit
 from experiments.configs import recipes
 
@@ -185,24 +184,14 @@ def get_config(dataset: str = "cub200"):
   """
   recipes.check_dataset(CONFIG_FILE, dataset, DATASETS)
   code = CODE[dataset]
-  c = recipes.paper_base(dataset)
-  c.dataset.validation_fraction = 0.0
-  c.best_metric = ""
-  c.model.name = "vit_s16"
-  c.model.embedding_dim = EMBEDDING_DIM
-  c.model.dtype = "bfloat16"
-  c.model.pooling = "avg"  # the ViT's feature is 1 x 1: pooling is identity
+  c = recipes.vit_base(dataset, model="vit_s16", family=FAMILY,
+                       embedding_dim=EMBEDDING_DIM)
   k = c.model.kwargs
-  k.family = FAMILY
-  k.image_size = 224
-  k.pool = "cls"
   k.num_prompts = code["num_prompt"]
   k.prompt_depth = code["prompt_depth"]
   k.prompt_step = code["prompt_step"]
   k.head_norm = True
   k.tune = "bitfit"
-  c.dataset.preprocess.preset = models.VIT_FAMILIES[FAMILY].preprocess
-  c.dataset.preprocess.image_size = 224
   c.dataset.preprocess.resize_size = 256
   c.dataset.preprocess.scale = (0.08, 1.0)
   c.batch.sampler = "pk"
