@@ -21,6 +21,7 @@ import sys
 
 
 import argparse
+import functools
 from typing import Optional, Sequence
 
 from circle_jax import hostenv
@@ -29,13 +30,22 @@ from circle_jax.train import console
 from circle_jax.train import restore as restore_lib
 
 
+def _embed_once(embed):
+  """``embed`` remembering its last answer (the same images again)."""
+  last = functools.lru_cache(maxsize=1)(lambda images: embed(list(images)))
+  return lambda images: last(tuple(images))
+
+
 def _run(args):
   if args.runs:
     runs = omniglot_oneshot.read_runs(args.runs)
   else:
     runs = omniglot_oneshot.stand_in_runs(args.stand_in_seed)
   restored = [restore_lib.restore_run(w, args.which) for w in args.workdir]
-  embedders = [omniglot_oneshot.run_embedder(r) for r in restored]
+  # Each model embeds the runs' images once: an ensemble's members are
+  # scored alone and then together on the same images.
+  embedders = [_embed_once(omniglot_oneshot.run_embedder(r))
+               for r in restored]
   what = ("official runs" if args.runs else
           f"stand-in runs (seed {args.stand_in_seed}), not the official runs")
   if len(restored) > 1:
