@@ -275,12 +275,11 @@ def within_alphabet_runs(path: str, *, way: int = 20, num_runs: int = 20,
   """
   tree = builders_sources.open_tree(path)
   images: Dict[Tuple[str, str], Dict[str, str]] = {}
-  for name in tree.names():
-    parts = name.split("/")
-    if len(parts) != 4 or not name.endswith(".png") or "_" not in parts[3]:
-      continue
-    drawer = parts[3][:-len(".png")].rsplit("_", 1)[1]
-    images.setdefault((parts[1], parts[2]), {})[drawer] = name
+  for top in sorted({n.split("/")[0] for n in tree.names()}):
+    for im in omniglot_builder.list_characters(tree, top, source=top):
+      stem = im.member.rsplit("/", 1)[1][:-len(".png")]
+      if "_" in stem:  # <id>_<drawer>.png
+        images.setdefault(im.class_key, {})[stem.rsplit("_", 1)[1]] = im.member
   chars: Dict[str, List[str]] = {}
   for alphabet, character in sorted(images):
     if alphabet in exclude_alphabets or (alphabets is not None
