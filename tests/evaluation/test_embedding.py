@@ -57,6 +57,26 @@ def test_model_apply_averages_unit_outputs_of_the_views(shift):
       embedding_lib.model_apply(model, 0)(variables, x), plain(variables, x))
 
 
+def test_shifted_views_stay_sharded_with_the_batch():
+  """On 8 devices each device embeds its own eighth of the batch's views:
+  the per-device program does 1/8 of the one-device program's work. (Views
+  stacked view-major made XLA's partitioner run the whole batch on every
+  device: 8x the work on each.)"""
+  model = _Tiny()
+  x = np.zeros((64, 6, 5, 2), np.float32)
+  variables = model.init(jax.random.PRNGKey(0), x)
+  apply = embedding_lib.model_apply(model, 1)
+
+  def flops(placement):
+    fn = placement.embed_fn(apply)
+    args = (placement.replicate(variables), placement.shard_batch(x))
+    return fn.lower(*args).compile().cost_analysis()["flops"]
+
+  one = flops(parallel.get_placement("none"))
+  eight = flops(parallel.get_placement("shard_map"))
+  assert eight == pytest.approx(one / 8, rel=0.1)
+
+
 class _Raw(nn.Module):
   """Features that no head normalises (as a model for the Poincare ball)."""
 

@@ -1,6 +1,7 @@
 """The trainer evaluates with shifted copies (``config.eval_shift``); the
 views and their mean by hand are in tests/evaluation/test_embedding.py."""
 
+import functools
 import json
 import os
 
@@ -39,9 +40,10 @@ def test_trainer_evaluates_with_the_shifted_views(tmp_path):
   pre = run_lib.eval_preprocess(run.config, run.info)
   kw = dict(placement=run.placement, batch_size=64, num_threads=1)
   views = []
+  plain_apply = jax.jit(functools.partial(run.model.apply, train=False))
   for dy, dx in ((0, 0), (1, 0), (-1, 0), (0, 1), (0, -1)):
-    shift = lambda v, x, dy=dy, dx=dx: run.model.apply(  # noqa: E731
-        v, jnp.asarray(reference.shifted(np.asarray(x), dy, dx)), train=False)
+    shift = lambda v, x, dy=dy, dx=dx: plain_apply(  # noqa: E731
+        v, jnp.asarray(reference.shifted(np.asarray(x), dy, dx)))
     out, lab = embedding_lib.embed_split(
         run.variables, lambda v, x, f=shift: jax.pure_callback(
             lambda a: np.asarray(f(run.variables, a), np.float32),
