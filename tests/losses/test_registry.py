@@ -204,8 +204,9 @@ def _rule_built_by(entry, monkeypatch):
   x, y = jnp.ones((4, 3)), jnp.array([0, 0, 1, 1])
   args = (x, y) if entry.param_name is None else (
       x, y, entry.init_params(jax.random.PRNGKey(0), 2, 3))
-  try:
-    entry.fn(*args, **({"key": None} if entry.needs_key else {}))
+  kwargs = {"key": None} if entry.needs_key else {}
+  try:  # traced abstractly: a loss without a rule is not run
+    jax.eval_shape(lambda *a: entry.fn(*a, **kwargs), *args)
   except _Built as built:
     return built.rule
   return None
