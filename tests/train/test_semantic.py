@@ -1,6 +1,8 @@
 """VPTSP-G's semantic proxies in the train step (circle_jax/train/semantic.py):
 one step against a hand-run reference, 8 devices against one, refusals."""
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -33,9 +35,9 @@ def _parts():
                                           embedding_dim=E, num_prompts=2,
                                           prompt_depth=1)
   hook = semantic.SemanticHook(net, k=K)
-  variables = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)),
-                         train=False)
-  net_params, memory = hook.init(jax.random.PRNGKey(1))
+  variables = jax.jit(functools.partial(model.init, train=False))(
+      jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))
+  net_params, memory = jax.jit(hook.init)(jax.random.PRNGKey(1))
   proxies = vptsp.code_proxy_init(jax.random.PRNGKey(2), C, E)
   state = state_lib.TrainState.create(
       apply_fn=model.apply, tx=TX, loss_state=memory,
@@ -89,6 +91,7 @@ def _reference_loss(model, params, memory, batch):
   return loss, jax.lax.stop_gradient(new)
 
 
+@pytest.mark.slow  # a ViT step: CI, not the fast tier
 def test_one_step_equals_the_hand_run_step():
   model, state, loss_fn = _parts()
   batch = _batch(0)
@@ -113,6 +116,7 @@ def test_one_step_equals_the_hand_run_step():
   np.testing.assert_array_equal(back.loss_state, new.loss_state)
 
 
+@pytest.mark.slow  # a ViT step: CI, not the fast tier
 def test_eight_devices_equal_one_device():
   assert jax.device_count() == 8
   out = {}
@@ -164,5 +168,5 @@ def test_the_step_refuses_a_memory_without_its_hook():
   bare = step_lib.make_loss_fn(losses.get_loss("vptsp_proxy_anchor"))
   for s, fn in ((state, bare), (state.replace(loss_state=None), loss_fn)):
     with pytest.raises(ValueError, match="extra hook"):
-      step_lib.train_step(s, _batch(0), loss_fn=fn,
-                          base_key=jax.random.PRNGKey(0))
+      jax.eval_shape(lambda s, fn=fn, b=_batch(0): step_lib.train_step(
+          s, b, loss_fn=fn, base_key=jax.random.PRNGKey(0)), s)

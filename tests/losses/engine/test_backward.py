@@ -26,7 +26,11 @@ def _vg(fn, x, **kw):
       lambda x: fn(x, jnp.asarray(LABELS), **kw)))(jnp.asarray(x))
 
 
-@pytest.mark.parametrize("block_size", [3, 5, 16])
+# The fast tier (CONTRIBUTING.md) keeps the smallest block (the most tiles)
+# and shard_map; CI runs every case.
+@pytest.mark.parametrize("block_size", [
+    3, pytest.param(5, marks=pytest.mark.slow),
+    pytest.param(16, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", sorted(PUBLIC))
 def test_blockwise_equals_dense(name, block_size):
   fn, hyper = PUBLIC[name]
@@ -65,7 +69,8 @@ def _mesh():
   return Mesh(np.array(jax.devices()), ("d",))
 
 
-@pytest.mark.parametrize("mode", ["shard_map", "pmap"])
+@pytest.mark.parametrize("mode", [
+    "shard_map", pytest.param("pmap", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("block_size", [None, 3])
 @pytest.mark.parametrize("name", sorted(PUBLIC))
 def test_axis_name_equals_single_device(name, block_size, mode):
