@@ -2,22 +2,24 @@
 
 Config files start from :func:`base_config` and override what they need;
 every field can also be overridden on the command line (``--config.x.y=v``,
-:func:`DEFINE_config_file`). The config is locked: setting a field that does
-not exist (``config.optim.learing_rate = 1e-3`` in a config file, or
-``--config.optim.learing_rate=1e-3``) is an error naming the field and the
-close matches. The free-form sections ``dataset.preprocess`` (preset
-overrides) and ``model.kwargs`` (model constructor arguments) accept new
-keys, in config files and on the command line.
+:func:`circle_jax.config_flag.DEFINE_config_file`). The config is locked:
+setting a field that does not exist (``config.optim.learing_rate = 1e-3`` in
+a config file, or ``--config.optim.learing_rate=1e-3``) is an error naming
+the field and the close matches. The free-form sections
+``dataset.preprocess`` (preset overrides) and ``model.kwargs`` (model
+constructor arguments) accept new keys, in config files and on the command
+line.
 
 ``config.loss`` is :func:`loss_config`: the loss ``name`` and *every*
 hyperparameter of that loss, at its paper default unless the config sets it
 (the keyword arguments of ``circle_jax.losses.get_loss(name).apply``). On the
 command line, ``--config.loss.name=NAME`` swaps in the whole section of loss
 ``NAME`` (its own defaults), and ``--config.loss.<hyper>=v`` then sets any of
-them, in whatever order the flags come (:func:`switch_loss`). Likewise
+them, in whatever order the flags come
+(:func:`circle_jax.config_flag.switch_loss`). Likewise
 ``--config.model.name=NAME`` replaces the file's options of its own model
 (``model.kwargs``, ``model.pretrained``) by the new model's defaults
-(:func:`switch_model`).
+(:func:`circle_jax.config_flag.switch_model`).
 """
 
 from __future__ import annotations
@@ -26,16 +28,14 @@ import dataclasses
 import difflib
 import functools
 import typing
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, Optional
 
 from absl import flags
 import ml_collections
 from ml_collections.config_dict import FieldReference
 from ml_collections.config_dict import placeholder
-from ml_collections import config_flags
 
 from circle_jax import losses as losses_lib
-from circle_jax import models as models_lib
 from circle_jax import parallel
 from circle_jax.errors import UserError
 
@@ -117,9 +117,10 @@ class LossSection(Config):
   ``--config.loss.k=v`` override) of a field that this loss lacks but
   another registered loss has is held, not made a field, so that the
   command line may name the loss after its hyperparameters;
-  :func:`switch_loss` then applies it to the selected loss, or refuses it
-  (:attr:`held`). Attribute assignment (a config file's
-  ``c.loss.beta = 40``) of a field the loss lacks is an error at once.
+  :func:`circle_jax.config_flag.switch_loss` then applies it to the
+  selected loss, or refuses it (:attr:`held`). Attribute assignment (a
+  config file's ``c.loss.beta = 40``) of a field the loss lacks is an error at
+  once.
   """
 
   def __setitem__(self, key, value):
@@ -305,80 +306,18 @@ def base_config() -> ml_collections.ConfigDict:
   c = Config()
   c.seed = 0                       # init, batches and loss keys
 
-  c.dataset = Config()
-  c.dataset.name = "digits"        # a circle_jax.data.DATASETS name
-  c.dataset.data_dir = ""          # prepared ArrayRecords; "" -> $TFDS_DATA_DIR
-  c.dataset.manual_dir = ""        # folder with the official archives
-  c.dataset.num_classes = placeholder(int)  # loss param. rows; None: dataset's
-  c.dataset.preprocess = Config()  # preset overrides
-  # Side of the (square) images the model sees; None: the dataset's. Here so
-  # that the command line can set it (--config.dataset.preprocess.image_size).
-  c.dataset.preprocess.image_size = placeholder(int)
-  c.dataset.num_workers = 0        # grain worker processes (0: in process)
-  # Model selection: hold out this fraction of the *train* classes as a
-  # class-disjoint validation split; `best_metric` then picks the step on it
-  # and the test numbers of that step are the result. 0: no validation split
-  # (best_metric then selects on the test split, and the results say so).
-  c.dataset.validation_fraction = 0.0
-  c.dataset.validation_seed = 0    # which classes are held out
-  # "class": hold out classes of every train superclass; "superclass": hold
-  # out whole superclasses (Omniglot: alphabets), so that validation, like the
-  # test, is on superclasses never trained on (circle_jax.data.splits).
-  c.dataset.validation_by = "class"
-  c.dataset.num_threads = 4        # decoding threads of the data pipeline
-  # Rotation classes (circle_jax.data.RotatedClasses): each *trained* class
-  # becomes this many classes, rotated by multiples of 360/rotations degrees
-  # (1, 2 or 4; 1: off). Validation and test classes stay upright.
-  c.dataset.rotations = 1
-  # Mirror classes: each trained class's left-right mirror image (and that of
-  # each rotation) is a new class too, doubling the trained classes.
-  c.dataset.mirror_classes = False
-
-  c.model = Config()
-  c.model.name = "conv4"           # a circle_jax.models.MODELS name
-  c.model.embedding_dim = 64       # D
-  c.model.pooling = "avg"          # backbone pooling: "avg", "max", "avg+max", "flatten"
-  c.model.freeze_bn = False        # BatchNorm in inference mode while training
-  c.model.sync_bn = False          # BatchNorm statistics over the global batch
-  c.model.dtype = "float32"        # or "bfloat16" (compute dtype)
-  c.model.pretrained = ""          # .h5/.keras (resnet), .pth/.npz (bn_inception)
-  c.model.kwargs = Config()  # more model arguments
-
+  c.dataset = _dataset_section()   # the data (below)
+  c.model = _model_section()       # backbone and head (below)
   c.loss = loss_config("circle")   # name + every hyperparameter (see above)
   c.more_losses = Config()  # key -> more_loss(name, weight, **hyper)
   # A miner's pos_mask / neg_mask for the pair loss (circle_jax.losses.MINERS).
   c.miner = miner_config()
 
-  c.batch = Config()
-  c.batch.sampler = "pk"           # "pk": P classes x K images; "random";
-  # "views": P images x K augmented views, each image its own label;
-  # "hierarchical": the P classes from S super-classes (PML's
-  # HierarchicalSampler; datasets that declare super-classes)
-  c.batch.classes_per_batch = 8    # P (the global batch is P x K) ...
-  c.batch.images_per_class = 4     # ... K
-  c.batch.size = 0                 # global batch of the random sampler
-  c.batch.super_classes_per_batch = 2  # S, hierarchical sampler (P/S each)
-  c.batch.batches_per_super_tuple = 4  # per S-tuple and epoch, hierarchical
-  c.batch.eval_batch_size = 256    # global batch of the evaluation
-  # GradCache (circle_jax.train.gradcache): embed each device's slice of the
-  # batch this many images at a time, keeping no activations, and re-run each
-  # chunk's forward pass in the backward pass. 0: off (the whole slice).
-  c.batch.embed_chunk_size = 0
-  # BatchNorm in training mode with chunks: "exact" refuses it (use
-  # model.freeze_bn); "per_chunk" normalises each chunk with its own
-  # statistics and averages the chunks' running-statistics updates.
-  c.batch.embed_chunk_bn = "exact"
+  c.batch = _batch_section()       # sampler and batch sizes (below)
 
   c.optim = optim_config()         # the optimiser (its defaults below)
 
-  # Cross-batch memory (XBM; Wang et al., CVPR 2020; circle_jax.train.xbm):
-  # a FIFO of the last `size` train embeddings that every anchor also meets,
-  # loss = L(batch, batch) + weight * L(batch, memory). Pair losses only.
-  c.xbm = Config()
-  c.xbm.size = 0                   # M rows, a multiple of the global batch (0: off)
-  c.xbm.start_step = 0             # first step that enqueues (warm-up before)
-  c.xbm.weight = 1.0               # weight of the memory term
-  c.xbm.dtype = "float32"          # storage of the rows: float32 or bfloat16
+  c.xbm = _xbm_section()           # cross-batch memory (below)
   # VPTSP-G's semantic proxies (loss vptsp_proxy_anchor only).
   c.semantic_proxies = semantic_proxies_config()
 
@@ -398,16 +337,7 @@ def base_config() -> ml_collections.ConfigDict:
   # by this many pixels up, down, left and right, and the 5 unit embeddings
   # averaged (circle_jax.evaluation.embedding.model_apply). 0: off.
   c.eval_shift = 0
-  # Episodic few-shot classification at every evaluation, next to retrieval
-  # (circle_jax.evaluation.fewshot; metrics fewshot_{N}way_{K}shot and
-  # fewshot_{N}way_{K}shot_ci95 for each N of `ways` and K of `shots`).
-  c.fewshot = Config()
-  c.fewshot.ways = ()              # N of each setting, e.g. (5, 20); (): off
-  c.fewshot.shots = (1, 5)         # K of each setting
-  c.fewshot.queries = 15           # most query images per class (Q)
-  c.fewshot.episodes = 1000        # E, episodes per setting
-  c.fewshot.seed = 0               # the episodes drawn
-  c.fewshot.classifier = "prototype"  # "prototype" (Snell et al.) or "nn"
+  c.fewshot = _fewshot_section()   # few-shot evaluation (below)
   c.best_metric = "recall@1"       # selects the best step ("" : none)
   c.best_mode = "max"              # or "min"
   c.async_checkpoints = True       # write checkpoints in the background
@@ -417,6 +347,105 @@ def base_config() -> ml_collections.ConfigDict:
   # (circle_jax.hostenv.enable_compilation_cache); "" or "off": off.
   c.compilation_cache_dir = placeholder(str)
   return lock(c)
+
+
+def _dataset_section() -> ml_collections.ConfigDict:
+  """``config.dataset``: which data, its splits and its pipeline."""
+  c = Config()
+  c.name = "digits"        # a circle_jax.data.DATASETS name
+  c.data_dir = ""          # prepared ArrayRecords; "" -> $TFDS_DATA_DIR
+  c.manual_dir = ""        # folder with the official archives
+  c.num_classes = placeholder(int)  # loss param. rows; None: dataset's
+  c.preprocess = Config()  # preset overrides
+  # Side of the (square) images the model sees; None: the dataset's. Here so
+  # that the command line can set it (--config.dataset.preprocess.image_size).
+  c.preprocess.image_size = placeholder(int)
+  c.num_workers = 0        # grain worker processes (0: in process)
+  # Model selection: hold out this fraction of the *train* classes as a
+  # class-disjoint validation split; `best_metric` then picks the step on it
+  # and the test numbers of that step are the result. 0: no validation split
+  # (best_metric then selects on the test split, and the results say so).
+  c.validation_fraction = 0.0
+  c.validation_seed = 0    # which classes are held out
+  # "class": hold out classes of every train superclass; "superclass": hold
+  # out whole superclasses (Omniglot: alphabets), so that validation, like the
+  # test, is on superclasses never trained on (circle_jax.data.splits).
+  c.validation_by = "class"
+  c.num_threads = 4        # decoding threads of the data pipeline
+  # Rotation classes (circle_jax.data.RotatedClasses): each *trained* class
+  # becomes this many classes, rotated by multiples of 360/rotations degrees
+  # (1, 2 or 4; 1: off). Validation and test classes stay upright.
+  c.rotations = 1
+  # Mirror classes: each trained class's left-right mirror image (and that of
+  # each rotation) is a new class too, doubling the trained classes.
+  c.mirror_classes = False
+  return c
+
+
+def _model_section() -> ml_collections.ConfigDict:
+  """``config.model``: the backbone and the embedding head."""
+  c = Config()
+  c.name = "conv4"           # a circle_jax.models.MODELS name
+  c.embedding_dim = 64       # D
+  c.pooling = "avg"          # "avg", "max", "avg+max", "flatten"
+  c.freeze_bn = False        # BatchNorm in inference mode while training
+  c.sync_bn = False          # BatchNorm statistics over the global batch
+  c.dtype = "float32"        # or "bfloat16" (compute dtype)
+  c.pretrained = ""          # .h5/.keras (resnet), .pth/.npz (bn_inception)
+  c.kwargs = Config()  # more model arguments
+  return c
+
+
+def _batch_section() -> ml_collections.ConfigDict:
+  """``config.batch``: the sampler and the batch sizes."""
+  c = Config()
+  c.sampler = "pk"           # "pk": P classes x K images; "random";
+  # "views": P images x K augmented views, each image its own label;
+  # "hierarchical": the P classes from S super-classes (PML's
+  # HierarchicalSampler; datasets that declare super-classes)
+  c.classes_per_batch = 8    # P (the global batch is P x K) ...
+  c.images_per_class = 4     # ... K
+  c.size = 0                 # global batch of the random sampler
+  c.super_classes_per_batch = 2  # S, hierarchical sampler (P/S each)
+  c.batches_per_super_tuple = 4  # per S-tuple and epoch, hierarchical
+  c.eval_batch_size = 256    # global batch of the evaluation
+  # GradCache (circle_jax.train.gradcache): embed each device's slice of the
+  # batch this many images at a time, keeping no activations, and re-run each
+  # chunk's forward pass in the backward pass. 0: off (the whole slice).
+  c.embed_chunk_size = 0
+  # BatchNorm in training mode with chunks: "exact" refuses it (use
+  # model.freeze_bn); "per_chunk" normalises each chunk with its own
+  # statistics and averages the chunks' running-statistics updates.
+  c.embed_chunk_bn = "exact"
+  return c
+
+
+def _xbm_section() -> ml_collections.ConfigDict:
+  """``config.xbm``: the cross-batch memory (XBM; Wang et al., CVPR 2020;
+  :mod:`circle_jax.train.xbm`), a FIFO of the last ``size`` train embeddings
+  that every anchor also meets: ``loss = L(batch, batch) + weight *
+  L(batch, memory)``. Pair losses only."""
+  c = Config()
+  c.size = 0                   # M rows, a multiple of the global batch (0: off)
+  c.start_step = 0             # first step that enqueues (warm-up before)
+  c.weight = 1.0               # weight of the memory term
+  c.dtype = "float32"          # storage of the rows: float32 or bfloat16
+  return c
+
+
+def _fewshot_section() -> ml_collections.ConfigDict:
+  """``config.fewshot``: episodic few-shot classification at every
+  evaluation, next to retrieval (:mod:`circle_jax.evaluation.fewshot`;
+  metrics ``fewshot_{N}way_{K}shot`` and ``fewshot_{N}way_{K}shot_ci95`` for
+  each N of ``ways`` and K of ``shots``)."""
+  c = Config()
+  c.ways = ()              # N of each setting, e.g. (5, 20); (): off
+  c.shots = (1, 5)         # K of each setting
+  c.queries = 15           # most query images per class (Q)
+  c.episodes = 1000        # E, episodes per setting
+  c.seed = 0               # the episodes drawn
+  c.classifier = "prototype"  # "prototype" (Snell et al.) or "nn"
+  return c
 
 
 def optim_config() -> ml_collections.ConfigDict:
@@ -502,176 +531,3 @@ def from_dict(saved: Dict[str, Any], *, source: str = "the saved config"
         " it was written by another version of circle_jax: start fresh with "
         "another --workdir.") from None
   return c
-
-
-# ----------------------------------------------------------------------------
-# The --config flag, with loss and model switching.
-# ----------------------------------------------------------------------------
-
-
-def _set_path(config, path: str, value) -> None:
-  """``config.<path> = value`` for a dotted ``path``."""
-  *parents, field = path.split(".")
-  node = config
-  for part in parents:
-    node = node[part]
-  node[field] = value
-
-
-def _switched(section: str, overrides: Mapping[str, Any],
-              file_name: Optional[str], registry) -> Optional[str]:
-  """The name that ``overrides`` give ``config.<section>`` if it is another
-  entry of ``registry`` than the config file's ``file_name`` (else None).
-
-  Raises:
-    ConfigValueError: the name is not in ``registry`` (the message lists it).
-  """
-  name = overrides.get(f"{section}.name")
-  if name is None or name == file_name:
-    return None
-  if name not in registry:
-    plural = {"loss": "losses"}.get(section, section + "s")
-    raise ConfigValueError(
-        f"config.{section}.name: unknown {section} {name!r}; known "
-        f"{plural}: {', '.join(sorted(registry))}.")
-  return name
-
-
-def switch_loss(config: ml_collections.ConfigDict,
-                overrides: Mapping[str, Any],
-                file_loss: Optional[str] = None) -> ml_collections.ConfigDict:
-  """Applies the command line's ``--config.loss.name`` to ``config`` (in
-  place), whatever the order of the flags.
-
-  When the command line names another loss than the config file, the whole
-  ``config.loss`` section is replaced by that loss's own (:func:`loss_config`,
-  its paper defaults) and the command line's ``--config.loss.*`` overrides
-  are applied again, in their order: ``--config.loss.beta=40
-  --config.loss.name=multi_similarity`` trains Multi-Similarity with
-  ``alpha=2, beta=40, base=0.5, epsilon=0.1``. Without ``--config.loss.name``
-  (or with the file's own loss name) the file's loss values are kept.
-
-  Args:
-    config: the config after the command line's overrides.
-    overrides: the ``{path: value}`` of the ``--config.*`` overrides, in
-      command-line order (``config_flags.get_override_values``).
-    file_loss: the config file's loss name (before the overrides).
-
-  Returns:
-    ``config``.
-
-  Raises:
-    ConfigValueError: an unknown loss name, or a ``--config.loss.<field>``
-      override that the selected loss does not have (the message lists the
-      ones it has).
-  """
-  if not isinstance(config, ml_collections.ConfigDict) or "loss" not in config:
-    return config
-  name = _switched("loss", overrides, file_loss, losses_lib.LOSSES)
-  if name is not None:
-    config.loss = loss_config(name)
-    for path, value in overrides.items():
-      if path.startswith("loss.") and path != "loss.name":
-        _set_path(config, path, value)
-  held = getattr(config.loss, "held", {})
-  if held:
-    field = next(iter(held))
-    fields = [f for f in config.loss.keys() if f != "name"]
-    raise ConfigValueError(
-        f"config.loss.{field}: loss {config.loss.get('name')!r} has no "
-        f"hyperparameter {field!r}; it accepts {sorted(fields)} "
-        "(--config.loss.name=NAME selects another loss).")
-  return config
-
-
-# The model fields that belong to one model: switching the model on the
-# command line drops the config file's values (the new model's defaults).
-MODEL_OWN_FIELDS = ("kwargs", "pretrained")
-
-
-def switch_model(config: ml_collections.ConfigDict,
-                 overrides: Mapping[str, Any],
-                 file_model: Optional[str] = None
-                 ) -> ml_collections.ConfigDict:
-  """Applies the command line's ``--config.model.name`` to ``config`` (in
-  place).
-
-  As for the loss (:func:`switch_loss`): when the command line names another
-  model than the config file, the file's options of its own model
-  (:data:`MODEL_OWN_FIELDS`: ``model.kwargs``, e.g. conv4's ``width``, and
-  ``model.pretrained``) are replaced by the new model's (its backbone's
-  options at their defaults, :func:`circle_jax.models.backbone_defaults`; no
-  weights file), and the command line's ``--config.model.kwargs.<option>=v``
-  or ``--config.model.pretrained=FILE`` are applied again, in any flag
-  order. The fields every model has (``embedding_dim``, ``pooling``,
-  ``dtype``, ...) are kept.
-
-  Returns:
-    ``config``.
-  """
-  if not isinstance(config, ml_collections.ConfigDict) or "model" not in config:
-    return config
-  name = _switched("model", overrides, file_model, models_lib.MODELS)
-  if name is None:
-    return config
-  config.model.kwargs = Config(models_lib.backbone_defaults(name))
-  config.model.pretrained = ""
-  lock(config)  # (the new kwargs open, with their path)
-  own = tuple(f"model.{f}" for f in MODEL_OWN_FIELDS)
-  for path, value in overrides.items():
-    if path in own or path.startswith(tuple(o + "." for o in own)):
-      _set_path(config, path, value)
-  return config
-
-
-def DEFINE_config_file(  # pylint: disable=invalid-name
-    name: str, default: Optional[str] = None, help_string: str = "",
-    flag_values: flags.FlagValues = flags.FLAGS,
-    sys_argv: Optional[Sequence[str]] = None) -> flags.FlagHolder:
-  """``config_flags.DEFINE_config_file``, then :func:`switch_loss` and
-  :func:`switch_model`.
-
-  ``--config=FILE`` or ``FILE:ARG``, then ``--config.a.b=value`` overrides,
-  parsed by ml_collections in command-line order. Its
-  ``accept_new_attributes`` lets an override name a field that the file's
-  loss section lacks (``--config.loss.beta=40`` on a Circle config, before
-  or after ``--config.loss.name=multi_similarity``): the section holds it
-  (:class:`LossSection`), and the schema refuses any other unknown field
-  (:class:`ConfigFieldError`). (``lock_config=False``: the schema's configs
-  come locked, and ml_collections' own lock would close the open sections.)
-  Once absl has parsed the command line it runs the flag's validator, which
-  reads the overrides (``config_flags.get_override_values``) and the file's
-  loss and model names (the defaults of the ``--config.loss.name`` and
-  ``--config.model.name`` flags, i.e. the file's values) and switches the
-  two sections (:func:`switch_loss`, :func:`switch_model`). Errors are
-  absl flag errors, one line each.
-
-  Args:
-    name: the flag's name (``config``).
-    default: default config file.
-    help_string: the flag's help.
-    flag_values: where to define it.
-    sys_argv: the command line to read overrides from (default: sys.argv, as
-      ml_collections does).
-
-  Returns:
-    The flag holder; ``.value`` is the locked ConfigDict.
-  """
-  holder = config_flags.DEFINE_config_file(
-      name, default,
-      help_string or "Training config file (FILE or FILE:ARG).",
-      flag_values=flag_values, lock_config=False, accept_new_attributes=True,
-      sys_argv=None if sys_argv is None else list(sys_argv))
-
-  def file_value(field: str) -> Optional[str]:
-    key = f"{name}.{field}"
-    return flag_values[key].default if key in flag_values else None
-
-  def switch(config) -> bool:
-    overrides = config_flags.get_override_values(flag_values[name])
-    switch_loss(config, overrides, file_value("loss.name"))
-    switch_model(config, overrides, file_value("model.name"))
-    return True
-
-  flags.register_validator(name, switch, flag_values=flag_values)
-  return holder

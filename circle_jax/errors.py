@@ -17,6 +17,12 @@ class UserError(Exception):
   """An error the user can fix; the first line of the message says how."""
 
 
+class ConfigError(UserError, ValueError):
+  """A config value is invalid; the message starts with the field's name
+  (raised by :mod:`circle_jax.train.config_checks` and
+  :mod:`circle_jax.train.loss_checks`)."""
+
+
 class WeightsFileError(UserError, ValueError):
   """A pretrained weights file is missing, damaged or of another kind."""
 

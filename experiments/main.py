@@ -9,7 +9,7 @@ fix print one line (``--verbose``: tracebacks and the libraries' INFO logs).
 
 Any config field can be overridden (``--config.num_train_steps=500``), and
 ``--config.loss.name=NAME`` selects another registered loss with its own
-paper defaults (:func:`circle_jax.config.switch_loss`). Run it from the
+paper defaults (:func:`circle_jax.config_flag.switch_loss`). Run it from the
 repository root (or with the root on ``PYTHONPATH``).
 
 Multi-host: pass ``--jax_distributed`` to call ``jax.distributed.initialize()``
@@ -28,11 +28,11 @@ from absl import flags
 from absl import logging
 import jax
 
-from circle_jax import config as config_lib
+from circle_jax import config_flag
 from circle_jax import hostenv
 from circle_jax.train import console
 
-_CONFIG = config_lib.DEFINE_config_file(
+_CONFIG = config_flag.DEFINE_config_file(
     "config", "experiments/configs/digits.py", "Training config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output folder.", required=True)
 _VERBOSE = flags.DEFINE_bool(

@@ -54,7 +54,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import jax
 import numpy as np
 
-from circle_jax import config as config_lib
+from circle_jax import config_flag
 from circle_jax import config_facts
 from circle_jax import data as data_lib
 from circle_jax import hostenv
@@ -424,7 +424,7 @@ def main(argv):
 
 def _define_flags():
   from absl import flags  # pylint: disable=g-import-not-at-top
-  config_lib.DEFINE_config_file(
+  config_flag.DEFINE_config_file(
       "config", "experiments/configs/omniglot_small.py", "Training config.")
   flags.DEFINE_multi_string(
       "grid", None, "NAME=V1,V2,...: one axis of the grid (one or two).",

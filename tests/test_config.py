@@ -8,6 +8,7 @@ import ml_collections
 import pytest
 
 from circle_jax import config as config_lib
+from circle_jax import config_flag
 from circle_jax import config_facts
 from circle_jax import errors
 from circle_jax import losses
@@ -35,7 +36,7 @@ def config_file(tmp_path):
   return str(path)
 
 
-def parse(config_file, *overrides, define=config_lib.DEFINE_config_file):
+def parse(config_file, *overrides, define=config_flag.DEFINE_config_file):
   """The config that the --config flag (``define``) builds from these flags."""
   argv = ["main", f"--config={config_file}", *overrides]
   fv = flags.FlagValues()
@@ -191,55 +192,6 @@ def test_a_saved_config_with_unknown_fields_is_refused_in_one_line():
     config_lib.from_dict(old)
 
 
-@pytest.fixture
-def conv4_file(tmp_path):
-  """A config file whose model has options of its own (conv4's width)."""
-  path = tmp_path / "conv4_config.py"
-  path.write_text(
-      "from circle_jax import config as config_lib\n\n"
-      "def get_config():\n"
-      "  c = config_lib.base_config()\n"
-      "  c.model.kwargs.width = 32\n"
-      "  c.model.pretrained = '/weights/conv4.npz'\n"
-      "  c.model.pooling = 'max'\n"
-      "  return c\n")
-  return str(path)
-
-
-@pytest.mark.parametrize("order", ["name_first", "option_first"])
-def test_model_name_swaps_in_that_models_own_options(conv4_file, order):
-  flags_ = ["--config.model.name=bn_inception",
-            "--config.model.kwargs.bn_momentum=0.5"]
-  if order == "option_first":
-    flags_.reverse()
-  c = parse(conv4_file, *flags_)
-  assert c.model.name == "bn_inception"
-  assert c.model.kwargs.to_dict() == {"bn_momentum": 0.5}  # width is gone
-  assert c.model.pretrained == ""          # conv4's weights file too
-  assert c.model.pooling == "max"          # every model's fields stay
-  c = parse(conv4_file, "--config.model.name=resnet50",
-            "--config.model.pretrained=/w/resnet50.h5")
-  assert c.model.kwargs.to_dict() == {"bn_momentum": 0.99}
-  assert c.model.pretrained == "/w/resnet50.h5"
-
-
-def test_the_files_model_options_stay_without_a_name_change(conv4_file):
-  c = parse(conv4_file, "--config.model.name=conv4")
-  assert c.model.kwargs.to_dict() == {"width": 32}
-  assert c.model.pretrained == "/weights/conv4.npz"
-  # '{}' on the command line clears the options (the model's defaults).
-  c = parse(conv4_file, "--config.model.kwargs={}")
-  assert c.model.kwargs.to_dict() == {}
-  with pytest.raises(flags.IllegalFlagValueError, match="unknown model 'vgg'"):
-    parse(conv4_file, "--config.model.name=vgg")
-
-
-def test_the_image_size_can_be_set_on_the_command_line(conv4_file):
-  assert parse(conv4_file).dataset.preprocess.image_size is None
-  c = parse(conv4_file, "--config.dataset.preprocess.image_size=64")
-  assert c.dataset.preprocess.image_size == 64
-
-
 def test_contrastive_losses_and_the_poincare_geometry_by_flag(config_file):
   c = parse(config_file, "--config.loss.geometry=poincare",
             "--config.loss.name=supcon")
@@ -318,9 +270,9 @@ def test_a_loss_section_holds_another_losses_field_until_the_switch():
   with pytest.raises(config_lib.ConfigValueError,
                      match=r"config\.loss\.beta: loss 'circle' has no "
                            r"hyperparameter 'beta'"):
-    config_lib.switch_loss(config, {"loss.beta": 40}, "circle")
+    config_flag.switch_loss(config, {"loss.beta": 40}, "circle")
   overrides = {"loss.beta": 40, "loss.name": "multi_similarity"}
-  config_lib.switch_loss(config, overrides, "circle")
+  config_flag.switch_loss(config, overrides, "circle")
   assert (config.loss.name, config.loss.beta, config.loss.alpha) == (
       "multi_similarity", 40.0, 2.0)
   assert config.loss.held == {} and config.loss.is_locked

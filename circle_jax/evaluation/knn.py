@@ -2,7 +2,7 @@
 
 The search of :mod:`circle_jax.search` and the retrieval figures rank a
 gallery exactly as :func:`circle_jax.evaluation.retrieval_metrics` does, with
-the same device program's parts (:mod:`circle_jax.evaluation.retrieval`):
+the same device program's parts (:mod:`circle_jax.evaluation.tiled_ranking`):
 
 * the gallery is L2-normalised, zero-padded and split into tiles of at most
   4096 rows, sharded over the devices (:func:`shard_gallery`, done once and
@@ -13,7 +13,7 @@ the same device program's parts (:mod:`circle_jax.evaluation.retrieval`):
   ``[chunk, T]`` similarity tile with a float32 ``HIGHEST``-precision
   matmul, picks the tile's exact top ``k`` through the block-maximum
   pre-selection and merges it into a running top ``k``
-  (:func:`circle_jax.evaluation.retrieval.scan_top`); the per-device lists
+  (:func:`circle_jax.evaluation.tiled_ranking.scan_top`); the per-device lists
   are then merged;
 * equal similarities are ranked by gallery index (the lower first), so the
   result is deterministic and does not depend on the number of devices.
@@ -34,7 +34,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from circle_jax.evaluation import checks
-from circle_jax.evaluation import retrieval
+from circle_jax.evaluation import tiled_ranking
 
 __all__ = ["ShardedGallery", "shard_gallery", "nearest_neighbors"]
 
@@ -79,10 +79,10 @@ def shard_gallery(gallery, *, mesh: Optional[Mesh] = None,
   """
   g = checks.check_embeddings(gallery, "gallery")
   devs = checks.resolve_devices(mesh, devices)
-  mesh = Mesh(np.array(devs), (retrieval.GALLERY_AXIS,))
-  tiles, tile = retrieval.gallery_tiles(g, len(devs))
+  mesh = Mesh(np.array(devs), (tiled_ranking.GALLERY_AXIS,))
+  tiles, tile = tiled_ranking.gallery_tiles(g, len(devs))
   placed = jax.device_put(
-      tiles, NamedSharding(mesh, P(retrieval.GALLERY_AXIS)))
+      tiles, NamedSharding(mesh, P(tiled_ranking.GALLERY_AXIS)))
   return ShardedGallery(placed, g.shape[0], g.shape[1], tile, mesh)
 
 
@@ -99,12 +99,12 @@ def _topk_fn(mesh: Mesh, tile: int, block: int, num_gallery: int, k: int,
   extra = int(self_retrieval) + int(num_gallery % block != 0)
 
   def body(q, q_self, g):
-    top, idx = retrieval.scan_top(q, g, tile, q_self, num_gallery, k, extra,
+    top, idx = tiled_ranking.scan_top(q, g, tile, q_self, num_gallery, k, extra,
                                   block)
-    top, idx = retrieval.merge_device_tops(top, idx, k)
+    top, idx = tiled_ranking.merge_device_tops(top, idx, k)
     return top, jnp.where(top > -jnp.inf, idx, -1)
 
-  axis = retrieval.GALLERY_AXIS
+  axis = tiled_ranking.GALLERY_AXIS
   fn = jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(axis)),
                      out_specs=(P(), P()), check_vma=False)
   return jax.jit(fn)
@@ -153,7 +153,7 @@ def nearest_neighbors(
   if exclude_self and q.shape[0] != gallery.num_items:
     raise ValueError("`exclude_self` needs the queries to be the gallery "
                      f"({q.shape[0]} queries, {gallery.num_items} items).")
-  q = retrieval.l2_normalize_rows(q)
+  q = tiled_ranking.l2_normalize_rows(q)
   chunk_size = max(1, min(chunk_size,
                           _MAX_CHUNK_BYTES // (4 * gallery.tile)))
   block = math.gcd(gallery.tile, _BLOCK)

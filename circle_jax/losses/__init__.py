@@ -171,11 +171,13 @@ from circle_jax.losses.combine import (
     multiple_losses,
     self_supervised_loss,
 )
-from circle_jax.losses.pml_miners import (
+from circle_jax.losses.miner_registry import (
     MINERS,
+    get_miner,
+)
+from circle_jax.losses.pml_miners import (
     angular_miner,
     batch_easy_hard_miner,
-    get_miner,
     hdc_miner,
     triplet_margin_miner,
     uniform_histogram_miner,

@@ -46,6 +46,8 @@ _LOG_FLOOR = 1e-8
 def mining_block(embeddings, labels, axis_name, ref=None):
   """Stop-gradient cosine block ``[M, N]`` and its label masks.
 
+  ``axis_name``: a device axis; the block is then the local rows
+  ``[B_local, B_global]`` of the global batch's (a miner's masks likewise).
   ``ref``: optional :class:`circle_jax.losses.Candidates`, the reference
   embeddings (a cross-batch memory; PML's ``ref_emb``, ``ref_labels``) the
   anchors meet instead of the batch, as the pair losses' ``ref``: the
@@ -238,9 +240,8 @@ def multi_similarity_miner(
     embeddings: ``[B, D]`` float32 or bfloat16 (L2-normalised inside).
     labels: ``[B]`` integer labels.
     epsilon: the mining margin ``epsilon``.
-    axis_name: mine the ``[B_local, B_global]`` block across devices.
-    ref: references instead of the batch (PML's ``ref_emb``; see
-      :func:`circle_jax.losses.miners.mining_block`).
+    axis_name, ref: which block is mined (across devices; against
+      references): see :func:`circle_jax.losses.miners.mining_block`.
 
   Returns:
     ``(pos_mask, neg_mask)``, boolean ``[B, B]`` (``[B_local, B_global]``).
@@ -267,9 +268,8 @@ def batch_hard_miner(embeddings: Array, labels: Array, *,
   Args:
     embeddings: ``[B, D]`` float32 or bfloat16.
     labels: ``[B]`` integer labels.
-    axis_name: mine the ``[B_local, B_global]`` block across devices.
-    ref: references instead of the batch (PML's ``ref_emb``; see
-      :func:`circle_jax.losses.miners.mining_block`).
+    axis_name, ref: which block is mined (across devices; against
+      references): see :func:`circle_jax.losses.miners.mining_block`.
 
   Returns:
     ``(pos_mask, neg_mask)``: one-hot boolean rows (all False for an anchor
@@ -300,9 +300,8 @@ def semi_hard_miner(embeddings: Array, labels: Array, *, margin: float = 0.2,
     embeddings: ``[B, D]`` float32 or bfloat16.
     labels: ``[B]`` integer labels.
     margin: the triplet margin.
-    axis_name: mine the ``[B_local, B_global]`` block across devices.
-    ref: references instead of the batch (PML's ``ref_emb``; see
-      :func:`circle_jax.losses.miners.mining_block`).
+    axis_name, ref: which block is mined (across devices; against
+      references): see :func:`circle_jax.losses.miners.mining_block`.
 
   Returns:
     ``(pos_mask, neg_mask)``, boolean. Binary searches in sorted rows
@@ -336,9 +335,8 @@ def pair_margin_miner(embeddings: Array, labels: Array, *,
     labels: ``[B]`` integer labels.
     pos_margin: positives closer than this are dropped.
     neg_margin: negatives farther than this are dropped.
-    axis_name: mine the ``[B_local, B_global]`` block across devices.
-    ref: references instead of the batch (PML's ``ref_emb``; see
-      :func:`circle_jax.losses.miners.mining_block`).
+    axis_name, ref: which block is mined (across devices; against
+      references): see :func:`circle_jax.losses.miners.mining_block`.
 
   Returns:
     ``(pos_mask, neg_mask)``, boolean.

@@ -33,14 +33,13 @@ Here every miner returns ``[M, N]`` arrays for the pair losses' ``pos_mask``
 * :func:`uniform_histogram_miner` samples and returns ``pair_weights``, the
   number of draws of each pair (PML repeats drawn indices).
 
-:data:`MINERS` names every miner of both modules for the configuration.
+:data:`circle_jax.losses.miner_registry.MINERS` names every miner of both
+modules for the configuration.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -218,9 +217,8 @@ def triplet_margin_miner(
     labels: ``[B]`` integer labels.
     margin: the margin (PML's ``margin``; any real).
     type_of_triplets: ``"all"``, ``"hard"``, ``"semihard"`` or ``"easy"``.
-    axis_name: mine the ``[B_local, B_global]`` block across devices.
-    ref: references instead of the batch (PML's ``ref_emb``; see
-      :func:`circle_jax.losses.miners.mining_block`).
+    axis_name, ref: which block is mined (across devices; against
+      references): see :func:`circle_jax.losses.miners.mining_block`.
 
   Returns:
     ``(pos_mask, neg_mask)``, boolean ``[B, B]`` (``[B_local, B_global]``).
@@ -321,9 +319,8 @@ def batch_easy_hard_miner(
       ``"all"``.
     allowed_pos_range, allowed_neg_range: ``(low, high)`` distances or
       ``None``.
-    axis_name: mine the ``[B_local, B_global]`` block across devices.
-    ref: references instead of the batch (PML's ``ref_emb``; see
-      :func:`circle_jax.losses.miners.mining_block`).
+    axis_name, ref: which block is mined (across devices; against
+      references): see :func:`circle_jax.losses.miners.mining_block`.
 
   Returns:
     ``(pos_mask, neg_mask)``, boolean ``[B, B]`` (``[B_local, B_global]``):
@@ -403,9 +400,8 @@ def hdc_miner(embeddings: Array, labels: Array, *,
     embeddings: ``[B, D]`` float32 or bfloat16.
     labels: ``[B]`` integer labels.
     filter_percentage: the fraction kept, in ``[0, 1]``.
-    axis_name: mine the ``[B_local, B_global]`` block across devices.
-    ref: references instead of the batch (PML's ``ref_emb``; see
-      :func:`circle_jax.losses.miners.mining_block`).
+    axis_name, ref: which block is mined (across devices; against
+      references): see :func:`circle_jax.losses.miners.mining_block`.
 
   Returns:
     ``(pos_mask, neg_mask)``, boolean ``[B, B]`` (``[B_local, B_global]``).
@@ -486,9 +482,8 @@ def uniform_histogram_miner(
     key: a PRNG key.
     num_bins: the number of bins (PML's ``num_bins``).
     pos_per_bin, neg_per_bin: draws per non-empty bin.
-    axis_name: mine the ``[B_local, B_global]`` block across devices.
-    ref: references instead of the batch (PML's ``ref_emb``; see
-      :func:`circle_jax.losses.miners.mining_block`).
+    axis_name, ref: which block is mined (across devices; against
+      references): see :func:`circle_jax.losses.miners.mining_block`.
 
   Returns:
     ``pair_weights``: float32 ``[B, B]`` (``[B_local, B_global]``), the
@@ -510,96 +505,3 @@ def uniform_histogram_miner(
     return (_histogram_draws(dist, pos, k_pos, num_bins, pos_per_bin)
             + _histogram_draws(dist, neg, k_neg, num_bins, neg_per_bin))
   return _global_rows(mine, embeddings, labels, axis_name, ref)
-
-
-# ----------------------------------------------------------------------------
-# The miners by name (the configuration's ``miner.name``).
-# ----------------------------------------------------------------------------
-
-# The stream of the step's key that a sampling miner reads (the loss reads
-# the key itself).
-_MINER_STREAM = 0x6D696E
-
-
-@dataclasses.dataclass(frozen=True)
-class MinerEntry:
-  """A miner by name.
-
-  Attributes:
-    name: the registry key (``--config.miner.name``).
-    fn: the miner, ``fn(embeddings, labels[, key], **hyper, axis_name=)``.
-    needs_key: whether ``fn`` samples (takes a PRNG ``key``).
-    returns_weights: whether ``fn`` returns ``pair_weights`` (draw counts)
-      rather than ``(pos_mask, neg_mask)``.
-  """
-
-  name: str
-  fn: Callable[..., Any]
-  needs_key: bool = False
-  returns_weights: bool = False
-
-  @property
-  def defaults(self) -> Dict[str, Any]:
-    """The hyperparameters with their defaults (``fn``'s keyword-only
-    arguments but ``axis_name``)."""
-    params = inspect.signature(self.fn).parameters.values()
-    return {p.name: p.default for p in params
-            if p.kind is p.KEYWORD_ONLY and p.name not in ("axis_name", "ref")}
-
-  @property
-  def takes_ref(self) -> bool:
-    """Whether the miner mines against reference embeddings (``ref``)."""
-    return "ref" in inspect.signature(self.fn).parameters
-
-  def bind(self, **hyper) -> Callable[..., Tuple[Array, Array]]:
-    """``masks(embeddings, labels, *, key=None, axis_name=None, ref=None) ->
-    (pos_mask, neg_mask)`` with ``hyper`` bound; a weight miner's masks are
-    its pairs drawn at least once (both masks ``w > 0``: the loss
-    intersects them with its label masks).
-
-    Raises:
-      ValueError: a hyperparameter this miner does not take.
-    """
-    unknown = sorted(set(hyper) - set(self.defaults))
-    if unknown:
-      raise ValueError(f"miner {self.name!r} has no hyperparameter(s) "
-                       f"{unknown}; it takes {sorted(self.defaults)}.")
-
-    def masks(embeddings, labels, *, key=None, axis_name=None, ref=None):
-      args = ()
-      if self.needs_key:
-        if key is None:
-          raise ValueError(f"miner {self.name!r} samples: pass a PRNG key.")
-        args = (jax.random.fold_in(key, _MINER_STREAM),)
-      if ref is not None and not self.takes_ref:
-        raise ValueError(f"miner {self.name!r} mines the batch only; it "
-                         "takes no reference embeddings (`ref`).")
-      refs = {} if ref is None else {"ref": ref}
-      out = self.fn(embeddings, labels, *args, axis_name=axis_name, **hyper,
-                    **refs)
-      return (out > 0, out > 0) if self.returns_weights else out
-    return masks
-
-
-MINERS: Dict[str, MinerEntry] = {e.name: e for e in (
-    MinerEntry("multi_similarity", miners.multi_similarity_miner),
-    MinerEntry("batch_hard", miners.batch_hard_miner),
-    MinerEntry("semi_hard", miners.semi_hard_miner),
-    MinerEntry("pair_margin", miners.pair_margin_miner),
-    MinerEntry("distance_weighted", miners.distance_weighted_miner,
-               needs_key=True, returns_weights=True),
-    MinerEntry("angular", angular_miner),
-    MinerEntry("batch_easy_hard", batch_easy_hard_miner),
-    MinerEntry("hdc", hdc_miner),
-    MinerEntry("triplet_margin", triplet_margin_miner),
-    MinerEntry("uniform_histogram", uniform_histogram_miner, needs_key=True,
-               returns_weights=True),
-)}
-
-
-def get_miner(name: str) -> MinerEntry:
-  """The :data:`MINERS` entry ``name``; a one-line ValueError otherwise."""
-  if name not in MINERS:
-    raise ValueError(f"unknown miner {name!r}; the miners are "
-                     f"{sorted(MINERS)}.")
-  return MINERS[name]

@@ -33,7 +33,7 @@ References:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -79,32 +79,25 @@ INCEPTION_BLOCKS = {
 }
 
 
-class BNInception(nn.Module):
+class BNInception(layers.BatchNormBackbone):
   """BN-Inception trunk; returns the ``inception_5b`` output map.
 
   Attributes:
-    freeze_bn: BatchNorm always in eval mode.
     bn_momentum: Flax-convention running-average momentum (0.9 = PyTorch's
       default 0.1; the Cadene port declares ``momentum=0.9`` in PyTorch's
       convention, i.e. 0.1 here, a porting artefact we do not copy).
-    bn_axis_name: device axis to synchronise batch statistics over, or None.
-    dtype: compute dtype of the convolutions.
+    freeze_bn, bn_axis_name, dtype: see
+      :class:`circle_jax.models.layers.BatchNormBackbone`.
   """
 
-  freeze_bn: bool = False
   bn_momentum: float = 0.9
-  bn_axis_name: Optional[str] = None
-  dtype: Any = jnp.float32
 
   def _conv_bn_relu(self, x, name, features, kernel, stride, train):
     pad = kernel // 2
     x = nn.Conv(features, (kernel, kernel), strides=(stride, stride),
                 padding=((pad, pad), (pad, pad)), use_bias=True,
                 dtype=self.dtype, param_dtype=jnp.float32, name=name)(x)
-    x = layers.batch_norm(
-        train=train, freeze_bn=self.freeze_bn, name=f"{name}_bn",
-        momentum=self.bn_momentum, epsilon=BN_EPSILON, dtype=self.dtype,
-        axis_name=self.bn_axis_name)(x)
+    x = self.bn(f"{name}_bn", train, epsilon=BN_EPSILON)(x)
     return nn.relu(x)
 
   def _inception(self, x, key, spec, train):

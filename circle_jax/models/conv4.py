@@ -14,7 +14,6 @@ References:
 
 from __future__ import annotations
 
-from typing import Any, Optional
 
 import flax.linen as nn
 import jax
@@ -23,7 +22,7 @@ import jax.numpy as jnp
 from circle_jax.models import layers
 
 
-class Conv4(nn.Module):
+class Conv4(layers.BatchNormBackbone):
   """Four conv-BN-ReLU-pool blocks; returns a ``[B, h, w, width]`` map.
 
   Attributes:
@@ -31,19 +30,15 @@ class Conv4(nn.Module):
     num_blocks: number of blocks (4).
     pool_padding: ``'SAME'`` (ceil, works for any input size) or ``'VALID'``
       (floor, as the original PyTorch code).
-    freeze_bn: BatchNorm always in eval mode (see :mod:`layers`).
     bn_momentum: Flax-convention running-average momentum.
-    bn_axis_name: device axis to synchronise batch statistics over, or None.
-    dtype: compute dtype of the convolutions.
+    freeze_bn, bn_axis_name, dtype: see
+      :class:`circle_jax.models.layers.BatchNormBackbone`.
   """
 
   width: int = 64
   num_blocks: int = 4
   pool_padding: str = "SAME"
-  freeze_bn: bool = False
   bn_momentum: float = 0.9
-  bn_axis_name: Optional[str] = None
-  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
@@ -55,10 +50,7 @@ class Conv4(nn.Module):
       x = nn.Conv(self.width, (3, 3), padding=((1, 1), (1, 1)),
                   dtype=self.dtype, param_dtype=jnp.float32,
                   name=f"block{i + 1}_conv")(x)
-      x = layers.batch_norm(
-          train=train, freeze_bn=self.freeze_bn, name=f"block{i + 1}_bn",
-          momentum=self.bn_momentum, epsilon=1e-5, dtype=self.dtype,
-          axis_name=self.bn_axis_name)(x)
+      x = self.bn(f"block{i + 1}_bn", train, epsilon=1e-5)(x)
       x = nn.relu(x)
       if min(x.shape[1:3]) < 2 and self.pool_padding == "VALID":
         raise ValueError(

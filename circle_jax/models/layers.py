@@ -53,6 +53,30 @@ def batch_norm(
   )
 
 
+class BatchNormBackbone(nn.Module):
+  """The options every backbone with BatchNorm has, and its BatchNorm.
+
+  A subclass declares ``bn_momentum``, the Flax-convention running-average
+  momentum, with its own default (its place among the subclass's options is
+  the backbone's, as ``--config.model.kwargs`` lists them).
+
+  Attributes:
+    freeze_bn: BatchNorm always in eval mode (:func:`batch_norm`).
+    bn_axis_name: device axis to synchronise batch statistics over, or None.
+    dtype: compute dtype of the convolutions.
+  """
+
+  freeze_bn: bool = False
+  bn_axis_name: Optional[str] = None
+  dtype: Any = jnp.float32
+
+  def bn(self, name: str, train: bool, epsilon: float) -> nn.BatchNorm:
+    """The :func:`batch_norm` layer ``name`` with this backbone's options."""
+    return batch_norm(train=train, freeze_bn=self.freeze_bn, name=name,
+                      momentum=self.bn_momentum, epsilon=epsilon,
+                      dtype=self.dtype, axis_name=self.bn_axis_name)
+
+
 def ceil_pool_size(size: int, window: int, stride: int, pad: int) -> int:
   """Output size of a PyTorch ``ceil_mode=True`` pooling along one dimension.
 

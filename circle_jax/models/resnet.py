@@ -79,22 +79,18 @@ class _Bottleneck(nn.Module):
     return nn.relu(shortcut + y)
 
 
-class ResNet(nn.Module):
+class ResNet(layers.BatchNormBackbone):
   """Keras-layout bottleneck ResNet trunk; returns the last feature map.
 
   Attributes:
     stage_sizes: blocks per stage, e.g. ``(3, 4, 6, 3)`` for ResNet-50.
-    freeze_bn: BatchNorm always in eval mode.
     bn_momentum: Flax-convention running-average momentum (Keras: 0.99).
-    bn_axis_name: device axis to synchronise batch statistics over, or None.
-    dtype: compute dtype of the convolutions.
+    freeze_bn, bn_axis_name, dtype: see
+      :class:`circle_jax.models.layers.BatchNormBackbone`.
   """
 
   stage_sizes: Sequence[int] = STAGE_SIZES["resnet50"]
-  freeze_bn: bool = False
   bn_momentum: float = 0.99
-  bn_axis_name: Optional[str] = None
-  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
@@ -102,10 +98,7 @@ class ResNet(nn.Module):
     x = nn.Conv(64, (7, 7), strides=(2, 2), padding=((3, 3), (3, 3)),
                 dtype=self.dtype, param_dtype=jnp.float32,
                 name="conv1_conv")(x)
-    x = layers.batch_norm(
-        train=train, freeze_bn=self.freeze_bn, name="conv1_bn",
-        momentum=self.bn_momentum, epsilon=KERAS_BN_EPSILON, dtype=self.dtype,
-        axis_name=self.bn_axis_name)(x)
+    x = self.bn("conv1_bn", train, epsilon=KERAS_BN_EPSILON)(x)
     x = nn.relu(x)
     # Keras zero-pads before the max pool; after the ReLU (x >= 0) that equals
     # the -inf padding of nn.max_pool.

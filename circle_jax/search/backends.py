@@ -147,8 +147,8 @@ class Searcher:
                                           chunk_size=self.chunk_size,
                                           on_chunk=on_chunk)
     else:
-      from circle_jax.evaluation import retrieval  # pylint: disable=g-import-not-at-top
-      qn = np.ascontiguousarray(retrieval.l2_normalize_rows(q))
+      from circle_jax.evaluation import tiled_ranking  # pylint: disable=g-import-not-at-top
+      qn = np.ascontiguousarray(tiled_ranking.l2_normalize_rows(q))
       scores, pos = self._engine.search(qn, k)
       pos = pos.astype(np.int64)
       scores = np.where(pos >= 0, scores, -np.inf).astype(np.float32)

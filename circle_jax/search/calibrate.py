@@ -161,9 +161,9 @@ def opis(query, query_labels, gallery, gallery_labels, *,
     ``{"opis": float, "num_classes": T, "threshold_low": d_min,
     "threshold_high": d_max}`` (thresholds as cosine similarities).
   """
-  from circle_jax.evaluation import retrieval  # pylint: disable=g-import-not-at-top
-  q = retrieval.l2_normalize_rows(np.asarray(query, np.float32))
-  g = retrieval.l2_normalize_rows(np.asarray(gallery, np.float32))
+  from circle_jax.evaluation import tiled_ranking  # pylint: disable=g-import-not-at-top
+  q = tiled_ranking.l2_normalize_rows(np.asarray(query, np.float32))
+  g = tiled_ranking.l2_normalize_rows(np.asarray(gallery, np.float32))
   ql, gl = np.asarray(query_labels), np.asarray(gallery_labels)
   classes, q_cls = np.unique(ql, return_inverse=True)
   t = classes.size

@@ -137,8 +137,8 @@ def weights_fingerprint(variables) -> str:
 
 def _normalize(x: np.ndarray) -> np.ndarray:
   # The gallery's normalisation in every ranking (one place).
-  from circle_jax.evaluation import retrieval  # pylint: disable=g-import-not-at-top
-  return retrieval.l2_normalize_rows(x)
+  from circle_jax.evaluation import tiled_ranking  # pylint: disable=g-import-not-at-top
+  return tiled_ranking.l2_normalize_rows(x)
 
 
 class GalleryIndex:

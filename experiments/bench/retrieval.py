@@ -133,9 +133,9 @@ def _matmul_floor(q, g, chunk_size, repeats):
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from circle_jax.evaluation import retrieval  # pylint: disable=g-import-not-at-top
+  from circle_jax.evaluation import tiled_ranking  # pylint: disable=g-import-not-at-top
   g = g if g is not None else q
-  tile = retrieval._tile_rows(g.shape[0])  # pylint: disable=protected-access
+  tile = tiled_ranking._tile_rows(g.shape[0])  # pylint: disable=protected-access
   num_tiles = -(-g.shape[0] // tile)
   tiles = np.zeros((num_tiles * tile, g.shape[1]), np.float32)
   tiles[:g.shape[0]] = g
@@ -151,7 +151,7 @@ def _matmul_floor(q, g, chunk_size, repeats):
       s = jnp.matmul(qc, g_t.T, precision=jax.lax.Precision.HIGHEST)
       out = out + jnp.max(s, axis=1)
       if t + 1 < num_tiles:  # ordered like the library's tile matmuls
-        g_t = retrieval._after(tiles[t + 1], s)  # pylint: disable=protected-access
+        g_t = tiled_ranking._after(tiles[t + 1], s)  # pylint: disable=protected-access
     return out
 
   jax.block_until_ready(step(chunks[0], tiles))  # compiles

@@ -6,7 +6,7 @@ seeds, and writes a Markdown table and a bar chart. This is the protocol of
 Musgrave et al., "A Metric Learning Reality Check" (ECCV 2020) where it fits
 this codebase: only the loss and its own hyperparameters change, and those
 are its paper's defaults (``--config.loss.name=NAME`` swaps in the whole
-``config.loss`` section of ``NAME``; ``circle_jax.config.switch_loss``).
+``config.loss`` section of ``NAME``; ``circle_jax.config_flag.switch_loss``).
 
 Each run is the real main job in its own process::
 

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from absl import flags
 
-from circle_jax import config as config_lib
+from circle_jax import config_flag
 from circle_jax import hostenv
 from circle_jax import losses as losses_lib
 from circle_jax.train import workdir as workdir_lib
@@ -142,7 +142,7 @@ def resolve_config(flag_args: Sequence[str]) -> Dict[str, Any]:
   """
   argv = ["experiments.main", *flag_args]
   values = flags.FlagValues()
-  holder = config_lib.DEFINE_config_file("config", None, flag_values=values,
+  holder = config_flag.DEFINE_config_file("config", None, flag_values=values,
                                           sys_argv=argv)
   try:
     values(argv, known_only=True)

@@ -10,6 +10,7 @@ from jax.sharding import Mesh
 
 from circle_jax.evaluation import retrieval_metrics
 from circle_jax.evaluation import retrieval
+from circle_jax.evaluation import tiled_ranking
 from tests.evaluation import reference
 
 ONE_DEVICE = jax.devices()[:1]
@@ -225,7 +226,7 @@ def test_self_retrieval_matches_reference(clustered):
   for key in want:
     np.testing.assert_allclose(got[key], want[key], rtol=1e-12, err_msg=key)
   _assert_facts_equal(
-      retrieval._rank_queries(x, y, x, y, True, 48, tuple(ONE_DEVICE)),
+      tiled_ranking.rank_queries(x, y, x, y, True, 48, tuple(ONE_DEVICE)),
       want_facts)
   # The two code paths for the first relevant item agree.
   assert got["precision@1"] == got["recall@1"]
@@ -256,15 +257,15 @@ def small_tiles(monkeypatch):
   """Gallery tiles of 64 rows, so that 160 items span several tiles, and
   blocks of 4 items, so that the top-k pre-selection picks a few of many
   blocks."""
-  monkeypatch.setattr(retrieval, "_MAX_TILE", 64)
-  monkeypatch.setattr(retrieval, "_BLOCK", 4)
+  monkeypatch.setattr(tiled_ranking, "_MAX_TILE", 64)
+  monkeypatch.setattr(tiled_ranking, "_BLOCK", 4)
 
 
 def _facts(x, y, chunk_size, devices, self_mode=True):
   if self_mode:
-    return retrieval._rank_queries(x, y, x, y, True, chunk_size, devices)
-  return retrieval._rank_queries(x[:70], y[:70], x[70:], y[70:], False,
-                                 chunk_size, devices)
+    return tiled_ranking.rank_queries(x, y, x, y, True, chunk_size, devices)
+  return tiled_ranking.rank_queries(x[:70], y[:70], x[70:], y[70:], False,
+                                    chunk_size, devices)
 
 
 @pytest.mark.parametrize("self_mode", [True, False])
@@ -295,70 +296,6 @@ def test_chunked_tiled_and_sharded_results_are_identical(
     want = reference.rank_queries(x[:70], y[:70], x[70:], y[70:])
     assert reference.min_gap_in_top(want, len(x)) > 1e-5
     _assert_facts_equal(base, want)
-
-
-# ----------------------------------------------------------------------------
-# The one-pass block reduction and the top-k pre-selection.
-# ----------------------------------------------------------------------------
-
-
-def _tied_similarities(rng, shape):
-  """Similarities with many exact ties, -0.0 among them."""
-  s = rng.integers(-6, 7, shape).astype(np.float32) / 6
-  s[rng.random(shape) < 0.1] = -0.0
-  return s
-
-
-def test_block_max_and_count_match_a_naive_loop():
-  rng = np.random.default_rng(0)
-  c, tile, block, start = 5, 24, 4, 48
-  s = _tied_similarities(rng, (c, tile))
-  b = s[np.arange(c), rng.integers(0, tile, c)]     # ties with b exist
-  bi = rng.integers(start, start + tile, c).astype(np.int32)
-  gidx = np.arange(start, start + tile, dtype=np.int32)
-  bmax, count = jax.jit(retrieval._block_max_and_count, static_argnums=4)(
-      s, gidx, b, bi, block)
-  for i in range(c):
-    want = sum(1 for j in range(tile)
-               if s[i, j] > b[i] or (s[i, j] == b[i] and gidx[j] < bi[i]))
-    assert count[i] == want, i
-    for blk in range(tile // block):
-      assert bmax[i, blk] == s[i, blk * block:(blk + 1) * block].max()
-
-
-# 12 blocks: k + 2 <= 9 selects blocks, k = 40 takes every item.
-@pytest.mark.parametrize("k", [1, 3, 7, 40])
-def test_block_preselection_keeps_the_exact_top_k(k):
-  # Two tiles of 24 items (blocks of 4) starting at gallery index 48, the
-  # last 5 of them padding; heavy ties; each query skips its own entry.
-  rng = np.random.default_rng(k)
-  c, tile, block, first, num_gallery = 64, 24, 4, 48, 91
-  s = _tied_similarities(rng, (c, 2 * tile))
-  s[:, num_gallery - first:] = 0.0                  # padding rows: s == 0
-  q_self = rng.integers(first, num_gallery, c).astype(np.int32)
-  q_self[::7] = -1                                  # some have none here
-  s[np.arange(c), np.maximum(q_self - first, 0)] += 2.0 * (q_self >= 0)
-  s_tiles = [s[:, :tile], s[:, tile:]]
-  bmax = [x.reshape(c, -1, block).max(axis=2) for x in s_tiles]
-  extra = 2
-
-  @jax.jit
-  def top(s_tiles, bmax, q_self):
-    cand, idx = retrieval._block_candidates(
-        s_tiles, bmax, first, q_self, num_gallery, k, extra, block)
-    v, at = retrieval._topk_padded(cand, k)
-    return v, jnp.take_along_axis(jnp.broadcast_to(idx, cand.shape), at, 1)
-
-  got_v, got_i = top(s_tiles, bmax, q_self)
-  # Naive reference: sort each row's valid items by (-value, index).
-  for i in range(c):
-    items = [(-float(s[i, j]) + 0.0, first + j) for j in range(2 * tile)
-             if first + j < num_gallery and first + j != q_self[i]]
-    items.sort()
-    n = min(k, len(items))
-    np.testing.assert_array_equal(got_i[i, :n], [j for _, j in items[:n]])
-    np.testing.assert_array_equal(got_v[i, :n], [-v for v, _ in items[:n]])
-    assert np.all(got_v[i, n:] == -np.inf)
 
 
 def test_one_device_equals_eight_devices_metrics(clustered):

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from circle_jax import config as config_lib
+from circle_jax import config_flag
 from circle_jax import losses
 from circle_jax.train import loop
 from circle_jax.train import workdir as workdir_lib
@@ -30,7 +31,7 @@ DIGITS = "experiments/configs/digits.py"
 def parse(*overrides, config=DIGITS):
   """The config that `python -m experiments.main` builds from these flags."""
   return test_config.parse(os.path.join(REPO, config), *overrides,
-                           define=config_lib.DEFINE_config_file)
+                           define=config_flag.DEFINE_config_file)
 
 
 def test_the_digits_config_is_the_trainer_tests_and_old_workdirs_config():
