@@ -44,8 +44,9 @@ def _job(workdir, data_dir):
        "--config=experiments/configs/digits.py", f"--workdir={workdir}",
        "--config.num_train_steps=30", "--config.checkpoint_every_steps=10",
        "--config.eval_every_steps=30", "--config.eval_at_init=false",
-       "--config.eval_clustering=false", f"--config.dataset.data_dir={data_dir}",
-       "--config.compilation_cache_dir=off"],
+       "--config.eval_clustering=false", f"--config.dataset.data_dir={data_dir}"],
+      # The test session's compilation cache (tests/conftest.py), not on the
+      # tmpfs: the resumed job loads the programs the first one compiled.
       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
