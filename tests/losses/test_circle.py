@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 from jax.sharding import Mesh, PartitionSpec as P
-from jax.test_util import check_grads
+from tests.grad_check import check_grads
 
 from circle_jax.losses import (
     circle_loss,

@@ -5,7 +5,7 @@ with miner masks and empty sets, every engine."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.test_util import check_grads
+from tests.grad_check import check_grads
 
 from circle_jax import losses
 from tests.losses import pml_checks

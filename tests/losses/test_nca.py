@@ -4,7 +4,7 @@ gradient, a float64 loop reference with miner masks, every engine."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.test_util import check_grads
+from tests.grad_check import check_grads
 
 from circle_jax import losses
 from tests.losses import pml_checks

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.test_util import check_grads
+from tests.grad_check import check_grads
 
 from circle_jax import losses
 from tests.losses import class_matrix_checks as cmc

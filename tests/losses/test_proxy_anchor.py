@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import Mesh, PartitionSpec as P
-from jax.test_util import check_grads
+from tests.grad_check import check_grads
 
 from circle_jax.losses import (
     proxy_anchor_loss,

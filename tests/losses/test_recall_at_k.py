@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
-from jax.test_util import check_grads
+from tests.grad_check import check_grads
 
 from circle_jax import losses
 from tests.losses.engine_checks import mesh

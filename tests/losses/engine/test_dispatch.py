@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.test_util import check_grads
+from tests.grad_check import check_grads
 
 from circle_jax import config as config_lib
 from circle_jax import losses

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.test_util import check_grads
+from tests.grad_check import check_grads
 
 from circle_jax import losses
 from circle_jax.losses.circle import Circle
