@@ -49,6 +49,7 @@ def test_list_images_walks_the_folder_sorted(tmp_path):
     embed.list_images(str(tmp_path / "a.jpeg"))
 
 
+@pytest.mark.slow  # CI, not the fast tier (CONTRIBUTING.md)
 def test_embed_tool_uses_best_checkpoint_and_eval_preprocessing(saved,
                                                                 tmp_path):
   workdir, trees = saved

@@ -75,6 +75,7 @@ print(len(src), len(test), data.split_labels(src).sum())
 """
 
 
+@pytest.mark.slow  # CI, not the fast tier (CONTRIBUTING.md)
 def test_jobs_sharing_a_data_dir_prepare_a_dataset_once(tmp_path):
   """Two real processes start preparing the same dataset at the same
   instant: one prepares, the other waits for the lock and reads the result

@@ -242,6 +242,7 @@ def test_check_grads_of_the_triplet_loss():
       order=1, modes=("rev",), eps=1e-3, atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.slow  # CI, not the fast tier (CONTRIBUTING.md)
 def test_global_batch_on_8_devices_equals_one_device():
   x, y, raw = _batch(b=16, seed=3)
   key = jax.random.PRNGKey(5)

@@ -233,6 +233,7 @@ def test_per_anchor_and_multiple_reducers_equal_pml():
     engine.MultipleReducers({0: engine.Reduction()})
 
 
+@pytest.mark.slow  # CI, not the fast tier (CONTRIBUTING.md)
 def test_every_reduced_loss_on_eight_devices_equals_one_device():
   """The losses that took the option last (issue 40: pair terms of
   two-stage rules, of dense losses, anchor terms of ranking losses), a
