@@ -159,6 +159,8 @@ def test_the_job_keeps_its_compiled_programs_where_the_config_says(
   proc = _main(f"--config={DIGITS}", f"--workdir={tmp_path / 'w'}",
                "--config.num_train_steps=2", "--config.eval_at_init=false",
                "--config.eval_clustering=false",
+               "--config.model.kwargs.width=8",  # a quarter of the compile
+               "--config.model.kwargs.num_blocks=1",
                f"--config.dataset.data_dir={data_dir}",
                f"--config.compilation_cache_dir={cache}")
   assert proc.returncode == 0, proc.stderr[-2000:]
