@@ -1,5 +1,6 @@
-"""What the ranking surrogates (Smooth-AP, FastAP) share: their block and
-the tiling of its columns.
+"""What the ranking surrogates (Smooth-AP, FastAP, RS@k, PNP) share: their
+block, the tiling of its columns, the anchors' self-similarity and the
+reduction.
 
 A ranking surrogate scores each anchor's whole ranked list of candidates, so
 it is not a pair rule (:mod:`circle_jax.losses.engine.rule`: per-anchor set
