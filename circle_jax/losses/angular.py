@@ -132,10 +132,8 @@ def angular_loss(
     ICCV 2017.
   """
   ranges.check_range(alpha, "alpha", ALPHA_RANGE)
-  if engine.resolve_geometry(options.get("geometry")) not in (
-      None, engine.COSINE):
-    raise ValueError("The angular loss is defined on unit vectors: use the "
-                     "cosine geometry (the default).")
+  engine.require_cosine(options.get("geometry"), "angular loss",
+                        "is defined on unit vectors")
   reduction = engine.as_reduction(options.pop("reduction", None))
   rows, cols, s, pos, neg = engine.dense_block(
       embeddings, labels, loss="angular loss", reason=_NOT_A_RULE,

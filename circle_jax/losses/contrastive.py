@@ -32,9 +32,7 @@ class Contrastive(engine.PairSetMeans):
       pulled.
     neg_margin: ``m_-``, in [0, 2]: negatives farther than this are not
       pushed (distances of unit vectors lie in [0, 2]).
-    on_distance: the block holds distances (static); otherwise the
-      geometry's similarities, turned into its distance (cosine: the
-      Euclidean distance of unit vectors; Poincaré: ``-s``).
+    on_distance: static; see :func:`circle_jax.losses.engine.as_distance`.
   """
 
   pos_margin: float = 0.0
@@ -48,7 +46,7 @@ class Contrastive(engine.PairSetMeans):
       "neg_margin": ranges.DISTANCE_MARGIN_RANGE})
 
   def prepare(self, s):
-    return s if self.on_distance else self.geometry.to_distance(s)
+    return engine.as_distance(self, s)
 
   def values(self, d):
     return (jax.nn.relu(d - self.pos_margin),
@@ -71,10 +69,9 @@ def contrastive_loss_from_distance(distance: Array, labels: Array, *,
   See :func:`contrastive_loss`; ``distance`` replaces the Euclidean distances
   of the normalised embeddings.
   """
-  rule = Contrastive(pos_margin=pos_margin, neg_margin=neg_margin,
-                     on_distance=True)
-  return engine.matrix_loss(rule, distance, labels, pos_mask=pos_mask,
-                            neg_mask=neg_mask, name="distance")
+  return engine.distance_matrix_loss(
+      Contrastive(pos_margin=pos_margin, neg_margin=neg_margin), distance,
+      labels, pos_mask=pos_mask, neg_mask=neg_mask)
 
 
 def contrastive_loss(embeddings: Array, labels: Array, *,

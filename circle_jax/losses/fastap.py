@@ -190,7 +190,7 @@ REGISTRY = (
     entries.entry("fastap", fastap_loss, "pair", rule=FastAP,
         paper="Cakir, He, Xia, Kulis, Sclaroff, \"Deep Metric Learning "
               "to Rank\", CVPR 2019",
-        reduction="mean over anchors with >= 1 positive",
+        reduction=ranking.AP_REDUCTION,
         reduction_note="anchors with >= 1 positive, PML's `element` terms; "
                        "dense and blockwise"),
 )

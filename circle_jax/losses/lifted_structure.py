@@ -29,10 +29,6 @@ Array = jax.Array
 _NO_SET = -jnp.inf
 
 
-def _distance(rule, s):
-  return s if rule.on_distance else rule.geometry.to_distance(s)
-
-
 def _logaddexp(a, b):
   """``log(e^a + e^b)`` with ``-inf`` (zero gradient) when both are ``-inf``;
   ``b`` ``None``: ``a``."""
@@ -54,7 +50,7 @@ class LiftedNegatives(engine.NegativeLogsumexp):
   on_distance: bool = False
 
   def prepare(self, s):
-    return _distance(self, s)
+    return engine.as_distance(self, s)
 
   def logits(self, d):
     return jnp.zeros_like(d), self.margin - d
@@ -70,9 +66,7 @@ class LiftedStructure(engine.PositivePairMean):
     margin: ``m`` (the paper's ``alpha``).
     pos_margin: ``m_p``, subtracted from the positive distance (0 in the
       paper; PML's ``pos_margin``).
-    on_distance: the block holds distances (static); otherwise the
-      geometry's similarities, turned into its distance (cosine: the
-      Euclidean distance of unit vectors; Poincaré: ``-s``).
+    on_distance: static; see :func:`circle_jax.losses.engine.as_distance`.
   """
 
   margin: float = 1.0
@@ -89,7 +83,8 @@ class LiftedStructure(engine.PositivePairMean):
 
   def prepare(self, s, l_row=None, l_col=None):
     # J_ij; -inf where neither anchor has a negative (the pair adds 0).
-    return _logaddexp(l_row, l_col) + _distance(self, s) - self.pos_margin
+    d = engine.as_distance(self, s)
+    return _logaddexp(l_row, l_col) + d - self.pos_margin
 
   def values(self, j):
     some = j != _NO_SET
@@ -107,10 +102,9 @@ def lifted_structure_loss_from_distance(
 
   See :func:`lifted_structure_loss`.
   """
-  rule = LiftedStructure(margin=margin, pos_margin=pos_margin,
-                         on_distance=True)
-  return engine.matrix_loss(rule, distance, labels, pos_mask=pos_mask,
-                            neg_mask=neg_mask, name="distance")
+  return engine.distance_matrix_loss(
+      LiftedStructure(margin=margin, pos_margin=pos_margin), distance, labels,
+      pos_mask=pos_mask, neg_mask=neg_mask)
 
 
 def lifted_structure_loss(embeddings: Array, labels: Array, *,

@@ -43,8 +43,6 @@ import types
 import jax
 import jax.numpy as jnp
 
-from circle_jax.losses import checks
-from circle_jax.losses import engine
 from circle_jax.losses import entries
 from circle_jax.losses import ranges
 from circle_jax.losses import ranking
@@ -178,9 +176,7 @@ def pnp_loss(embeddings: Array, labels: Array, *, b: float = PNP.b,
   hp = PNP(b=b, alpha=alpha, anneal=anneal, variant=variant)
   block = ranking.ranking_block(embeddings, labels, loss="PNP loss",
                                 **options)
-  geometry = engine.resolve_geometry(options.get("geometry")) or engine.COSINE
-  z = geometry.embed(checks.check_embeddings(embeddings))
-  own = jax.vmap(lambda v: geometry.tile(v[None], v[None])[0, 0])(z)
+  own = ranking.self_similarity(embeddings, options.get("geometry"))
   s, pos = block.s, block.pos
   neg = block.cand & ~pos
   t = jnp.concatenate([s, own[:, None]], axis=1)

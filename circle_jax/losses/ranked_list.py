@@ -59,10 +59,7 @@ class RankedList(engine.PairRule):
     t_pos: temperature ``T_p`` of the positive weighting, in [0, 1e4] (0:
       plain mean).
     imbalance: ``lambda``, the weight of the negative term, in [0, 1].
-    on_distance: the block holds distances (static); otherwise the
-      geometry's similarities, turned into its distance (cosine: the
-      Euclidean distance of unit vectors ``sqrt(2 - 2 s)``, 0 with a zero
-      gradient at ``s = 1``; Poincaré: ``-s``).
+    on_distance: static; see :func:`circle_jax.losses.engine.as_distance`.
   """
 
   alpha: float = 1.2
@@ -83,7 +80,7 @@ class RankedList(engine.PairRule):
       "imbalance": ranges.UNIT_INTERVAL})
 
   def prepare(self, s):
-    return s if self.on_distance else self.geometry.to_distance(s)
+    return engine.as_distance(self, s)
 
   def hinges(self, d):
     """``(d - (alpha - m), alpha - d)``: positive and negative violations."""
@@ -159,10 +156,10 @@ def ranked_list_loss_from_distance(
     Wang et al., "Ranked List Loss for Deep Metric Learning", CVPR 2019 and
     TPAMI 2021.
   """
-  return engine.matrix_loss(
+  return engine.distance_matrix_loss(
       RankedList(alpha=alpha, margin=margin, t_neg=t_neg, t_pos=t_pos,
-                 imbalance=imbalance, on_distance=True),
-      distance, labels, pos_mask=pos_mask, neg_mask=neg_mask, name="distance")
+                 imbalance=imbalance),
+      distance, labels, pos_mask=pos_mask, neg_mask=neg_mask)
 
 
 def ranked_list_loss_from_similarity(

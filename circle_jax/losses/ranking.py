@@ -1,5 +1,6 @@
-"""What the ranking surrogates (Smooth-AP, FastAP) share: their block and
-the tiling of its columns.
+"""What the ranking surrogates (Smooth-AP, FastAP, RS@k, PNP) share: their
+block, the tiling of its columns, the anchors' self-similarity and the
+reduction.
 
 A ranking surrogate scores each anchor's whole ranked list of candidates, so
 it is not a pair rule (:mod:`circle_jax.losses.engine.rule`: per-anchor set
@@ -195,8 +196,33 @@ def anchor_loss(per_anchor: Array, valid: Array, block,
       reductions.to_float32_scalar(out))
 
 
+# The registry's reduction of the losses that end in ap_loss (their
+# ``reduction`` fact, written once beside the code it describes).
+AP_REDUCTION = "mean over anchors with >= 1 positive"
+
+
 def ap_loss(ap: Array, block, axis_name=None) -> Array:
   """``1 - AP``, the mean over the (global) anchors of ``block`` (a
   :func:`ranking_block`) with a positive of their per-anchor ``ap`` (or
-  ``block.reduction`` of those terms, :func:`anchor_loss`)."""
+  ``block.reduction`` of those terms, :func:`anchor_loss`); ``ap`` may be
+  any per-anchor score in [0, 1] that a positive makes meaningful (RS@k's
+  smoothed recall)."""
   return anchor_loss(1.0 - ap, jnp.any(block.pos, axis=1), block, axis_name)
+
+
+def varying_scalar(x, block: RankingBlock) -> Array:
+  """The hyperparameter ``x`` as a float32 scalar typed like ``block.s``:
+  device-varying under ``jax.shard_map``, so autodiff sums its cotangent
+  (one per device) over the devices (Smooth-AP's ``tau``, RS@k's
+  ``tau1``)."""
+  return jnp.asarray(x, jnp.float32) + jnp.zeros_like(block.s[0, 0])
+
+
+def self_similarity(embeddings, geometry=None) -> Array:
+  """``s_ii`` ``[B]``: each anchor's similarity with itself in float32
+  under ``geometry`` (a loss's ``geometry`` option; default cosine), as the
+  block's tiles compute it (the anchor's own entry, which
+  :func:`ranking_block` leaves out of the candidates)."""
+  geometry = engine.resolve_geometry(geometry) or engine.COSINE
+  z = geometry.embed(jnp.asarray(embeddings, jnp.float32))
+  return jax.vmap(lambda r: geometry.tile(r[None], r[None])[0, 0])(z)

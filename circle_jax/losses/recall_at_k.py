@@ -350,23 +350,14 @@ def recall_at_k_loss(embeddings: Array, labels: Array, *,
   axis_name = options.get("axis_name")
   if num_real is not None and axis_name is not None:
     num_real = num_real * jax.lax.axis_size(axis_name)
-  # tau1 takes s's device-varying type under shard_map (as Smooth-AP's tau).
-  tau1 = jnp.asarray(tau1, F32) + jnp.zeros_like(block.s[0, 0])
+  tau1 = ranking.varying_scalar(tau1, block)
   ranks = smoothed_ranks(block.s, block.cand, tau1, block.block)
   if rank_counts_query:
-    ranks = ranks + jax.nn.sigmoid(
-        (_self_similarity(embeddings, options)[:, None] - block.s) / tau1)
+    own = ranking.self_similarity(embeddings, options.get("geometry"))
+    ranks = ranks + jax.nn.sigmoid((own[:, None] - block.s) / tau1)
   per_anchor = rs_at_k_per_anchor(ranks, block.pos, k, tau2,
                                   num_real or block.s.shape[1])
-  return ranking.anchor_loss(1.0 - per_anchor, jnp.any(block.pos, axis=1),
-                             block, axis_name)
-
-
-def _self_similarity(embeddings, options) -> Array:
-  """``s_ii`` ``[B]``: each anchor's similarity with itself."""
-  geometry = engine.resolve_geometry(options.get("geometry")) or engine.COSINE
-  z = geometry.embed(embeddings.astype(F32))
-  return jax.vmap(lambda r: geometry.tile(r[None], r[None])[0, 0])(z)
+  return ranking.ap_loss(per_anchor, block, axis_name)
 
 
 REGISTRY = (
@@ -374,7 +365,7 @@ REGISTRY = (
         needs_key=True,
         paper="Patel, Tolias, Matas, \"Recall@k Surrogate Loss with Large "
               "Batches and Similarity Mixup\", CVPR 2022",
-        reduction="mean over anchors with >= 1 positive",
+        reduction=ranking.AP_REDUCTION,
         reduction_note="anchors with >= 1 positive (PML has no RS@k); "
                        "dense and blockwise"),
 )

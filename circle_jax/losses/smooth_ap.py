@@ -223,9 +223,7 @@ def smooth_ap_loss(embeddings: Array, labels: Array, *,
   SmoothAP(tau=tau)  # the range check
   block = ranking.ranking_block(embeddings, labels, loss="Smooth-AP loss",
                                 **options)
-  # tau takes s's device-varying type under shard_map, so its cotangent
-  # (one per device) is summed over the devices by autodiff.
-  tau = jnp.asarray(tau, F32) + jnp.zeros_like(block.s[0, 0])
+  tau = ranking.varying_scalar(tau, block)
   ap = smooth_ap_per_anchor(block.s, block.pos, block.cand, tau, block.block)
   return ranking.ap_loss(ap, block, options.get("axis_name"))
 
@@ -234,7 +232,7 @@ REGISTRY = (
     entries.entry("smooth_ap", smooth_ap_loss, "pair", rule=SmoothAP,
         paper="Brown, Xie, Kalogeiton, Zisserman, \"Smooth-AP: Smoothing "
               "the Path Towards Large-Scale Image Retrieval\", ECCV 2020",
-        reduction="mean over anchors with >= 1 positive",
+        reduction=ranking.AP_REDUCTION,
         reduction_note="anchors with >= 1 positive, PML's `element` (its "
                        "AP groups the batch as the official code); dense "
                        "and blockwise"),

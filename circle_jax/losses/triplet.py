@@ -60,9 +60,7 @@ class BatchHard(engine.PairRule):
 
   Attributes:
     margin: ``m``, >= 0.
-    on_distance: the block holds distances (static); otherwise the
-      geometry's similarities, turned into its distance (cosine: the
-      Euclidean distance of unit vectors; Poincaré: ``-s``).
+    on_distance: static; see :func:`circle_jax.losses.engine.as_distance`.
   """
 
   margin: float = 0.2
@@ -73,7 +71,7 @@ class BatchHard(engine.PairRule):
   ranges = types.MappingProxyType({"margin": ranges_lib.NONNEGATIVE_RANGE})
 
   def prepare(self, s):
-    return s if self.on_distance else self.geometry.to_distance(s)
+    return engine.as_distance(self, s)
 
   def select(self, d, pos, neg, pre):
     hardest_pos, hardest_neg = pre
@@ -241,9 +239,9 @@ def triplet_margin_loss_from_distance(distance: Array, labels: Array, *,
   See :func:`triplet_margin_loss`.
   """
   if _checked_mining(mining) == "batch_hard":
-    return engine.matrix_loss(BatchHard(margin=margin, on_distance=True),
-                              distance, labels, pos_mask=pos_mask,
-                              neg_mask=neg_mask, name="distance")
+    return engine.distance_matrix_loss(BatchHard(margin=margin), distance,
+                                       labels, pos_mask=pos_mask,
+                                       neg_mask=neg_mask)
   dist, _, pos, neg = engine.square_block(distance, labels, pos_mask,
                                           neg_mask, "distance")
   return _dense_core(dist, pos, neg, margin=margin, mining=mining,

@@ -135,10 +135,8 @@ def tuplet_margin_loss(embeddings: Array, labels: Array, *,
   References:
     Yu, Tao, "Deep Metric Learning with Tuplet Margin Loss", ICCV 2019.
   """
-  if engine.resolve_geometry(options.get("geometry")) not in (
-      None, engine.COSINE):
-    raise ValueError("The tuplet margin loss reads angles between unit "
-                     "vectors: use the cosine geometry (the default).")
+  engine.require_cosine(options.get("geometry"), "tuplet margin loss",
+                        "reads angles between unit vectors")
   rule = TupletMargin(margin=margin, scale=scale)
   return engine.embedding_loss(rule, embeddings, labels, **options)
 

@@ -3,8 +3,11 @@ the tiled block equals one tile, and the refused device ring."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
+
+from circle_jax.losses import ranking
 from tests.losses.test_ranking_losses import (
     B, CASES, LABELS, LOSS, close, mesh, ranking_batch, ranking_case,
     ranking_vg)
@@ -33,3 +36,21 @@ def test_the_ring_is_refused_in_one_line(name):
                   out_specs=P())(jnp.asarray(ranking_batch(n=16)),
                                  jnp.zeros(16, jnp.int32))
   assert "\n" not in str(err.value)
+
+
+def test_self_similarity_is_the_geometry_of_each_row_with_itself():
+  """Hand values: cosine 1 for every non-zero row, the dot geometry the
+  squared norm; float32 from bfloat16."""
+  x = jnp.array([[3.0, 4.0], [1.0, 0.0]])
+  np.testing.assert_allclose(ranking.self_similarity(x), [1.0, 1.0],
+                             rtol=1e-6)
+  np.testing.assert_allclose(ranking.self_similarity(x, "dot"), [25.0, 1.0],
+                             rtol=1e-6)
+  assert ranking.self_similarity(x.astype(jnp.bfloat16)).dtype == jnp.float32
+
+
+def test_varying_scalar_is_x_as_a_float32_scalar():
+  block = ranking.RankingBlock(jnp.zeros((2, 2)), jnp.eye(2, dtype=bool),
+                               jnp.ones((2, 2), bool), 2)
+  v = ranking.varying_scalar(0.25, block)
+  assert v.shape == () and v.dtype == jnp.float32 and float(v) == 0.25

@@ -36,7 +36,9 @@ Imports go one way: ``rule`` <- ``geometry``, ``reductions``; ``tiles`` <- ``rul
 Adding a pair loss: write its rule (a :func:`rule_dataclass` subclass of
 :class:`PairRule`) and its public functions in its own module, calling
 :func:`embedding_loss` (``**options``: the shared keywords, documented
-there once) and :func:`matrix_loss`, and its ``REGISTRY`` entry
+there once) and :func:`matrix_loss` (a distance form: a static
+``on_distance`` field read by :func:`as_distance`, and
+:func:`distance_matrix_loss`), and its ``REGISTRY`` entry
 (:mod:`circle_jax.losses.entries`) next to it; add the module to
 :mod:`circle_jax.losses.registry`'s list and export the loss from
 :mod:`circle_jax.losses`. Three files, no engine touched. A pair term that
@@ -67,6 +69,7 @@ from circle_jax.losses.engine.dispatch import (
     check_collective,
     class_level_loss,
     dense_block,
+    distance_matrix_loss,
     embedding_loss,
     matrix_loss,
     reduce_per_anchor,
@@ -96,6 +99,7 @@ from circle_jax.losses.engine.rule import (
     PairRule,
     PairSetMeans,
     PositivePairMean,
+    as_distance,
     both_sets_nonempty,
     rule_dataclass,
     with_geometry,

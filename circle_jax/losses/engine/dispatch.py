@@ -16,6 +16,7 @@ ring, travelling with the column shard. The engines differentiate through
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Optional
 
@@ -275,6 +276,21 @@ def matrix_loss(rule, matrix, labels, *, pos_mask=None, neg_mask=None,
     aux = (t, t if rule.column_stage else None)
   return reduce_per_anchor(rule, *dense.dense_per_anchor(rule, matrix, pos,
                                                          neg, aux))
+
+
+def distance_matrix_loss(rule, distance, labels, *, pos_mask=None,
+                         neg_mask=None) -> Array:
+  """A pair loss of a square ``[B, B]`` distance matrix (the
+  ``*_from_distance`` forms): :func:`matrix_loss` of ``rule`` with its
+  static field ``on_distance`` set, so its ``prepare`` reads the block as
+  distances, and with bad input named ``distance``.
+  """
+  if "on_distance" not in {f.name for f in dataclasses.fields(rule)}:
+    raise ValueError(f"{type(rule).__name__} has no `on_distance` field: it "
+                     "reads similarities only; use matrix_loss.")
+  return matrix_loss(dataclasses.replace(rule, on_distance=True), distance,
+                     labels, pos_mask=pos_mask, neg_mask=neg_mask,
+                     name="distance")
 
 
 def class_level_loss(rule, embeddings, labels, class_weights) -> Array:

@@ -253,3 +253,16 @@ def with_geometry(rule, geometry: geometry_lib.Geometry):
         f"or losses.engine.COSINE, or a name in {geometry_lib.names()}; got "
         f"{geometry!r}.")
   return dataclasses.replace(rule, geometry=geometry)
+
+
+def as_distance(rule, s: jax.Array) -> jax.Array:
+  """The block ``s`` as distances for a rule with the static field
+  ``on_distance`` (the rules of the ``*_from_distance`` forms).
+
+  ``rule.on_distance``: ``s`` already holds distances and is returned as it
+  is. Otherwise ``s`` holds the geometry's similarities, turned into its
+  distance by ``rule.geometry.to_distance`` (cosine: the Euclidean distance
+  of unit vectors ``sqrt(2 - 2 s)``, 0 with a zero gradient at ``s = 1``;
+  Poincaré: ``-s``).
+  """
+  return s if rule.on_distance else rule.geometry.to_distance(s)

@@ -136,3 +136,21 @@ def test_unified_loss_by_name_through_the_registry_and_the_config():
     losses.validate_hyper("unified", gamma=0.0)
   c = config_lib.loss_config("unified", margin=0.3)
   assert (c.name, c.gamma, c.margin) == ("unified", 80.0, 0.3)
+
+
+def test_distance_matrix_loss_reads_distances_and_names_them():
+  """A rule with ``on_distance`` on a given distance matrix (hand-computed
+  contrastive: positives ``[0.3 - 0]_+`` twice, negatives ``[1 - d]_+`` =
+  0.1, 0.1, 0.2, 0.2: 0.3 + 0.15); bad input is named ``distance``; a rule
+  without the field is refused."""
+  from circle_jax.losses.circle import Circle
+  from circle_jax.losses.contrastive import Contrastive
+  d = jnp.array([[0.0, 0.3, 0.9], [0.3, 0.0, 0.8], [0.9, 0.8, 0.0]])
+  labels = jnp.array([0, 0, 1])
+  rule = Contrastive(neg_margin=1.0)
+  np.testing.assert_allclose(
+      losses.engine.distance_matrix_loss(rule, d, labels), 0.45, rtol=1e-6)
+  with pytest.raises(ValueError, match="distance"):
+    losses.engine.distance_matrix_loss(rule, d[:2], labels)
+  with pytest.raises(ValueError, match="on_distance"):
+    losses.engine.distance_matrix_loss(Circle(), d, labels)

@@ -227,3 +227,14 @@ def test_rule_checks_its_hyperparameters_once_for_every_form():
     losses.multi_similarity_miner(x, labels, epsilon=-1.0)
   with pytest.raises(ValueError, match="imbalance"):
     losses.ranked_list_loss(x, labels, imbalance=2.0, block_size=4)
+
+
+def test_as_distance_reads_the_on_distance_flag():
+  """``on_distance``: the block as it is; otherwise the geometry's distance
+  (cosine: ``sqrt(2 - 2 s)``; hand values)."""
+  from circle_jax.losses.contrastive import Contrastive
+  s = jnp.array([[1.0, 0.5], [0.0, -1.0]])
+  np.testing.assert_array_equal(
+      losses.engine.as_distance(Contrastive(on_distance=True), s), s)
+  np.testing.assert_allclose(losses.engine.as_distance(Contrastive(), s),
+                             [[0.0, 1.0], [np.sqrt(2.0), 2.0]], rtol=1e-6)
