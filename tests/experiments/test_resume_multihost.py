@@ -24,14 +24,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
 STEPS = 24
 
 
-# A one-block conv4 of width 8: the same job, a quarter of the compile.
-SMALL_MODEL = ("--config.model.kwargs.width=8",
-               "--config.model.kwargs.num_blocks=1")
-
-
 def _command(workdir, data_dir, *extra):
-  return check_determinism.short_run_command(workdir, data_dir, STEPS,
-                                             SMALL_MODEL + extra)
+  return check_determinism.short_run_command(workdir, data_dir, STEPS, extra)
 
 
 def _env(devices):
