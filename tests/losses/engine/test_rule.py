@@ -227,3 +227,15 @@ def test_rule_checks_its_hyperparameters_once_for_every_form():
     losses.multi_similarity_miner(x, labels, epsilon=-1.0)
   with pytest.raises(ValueError, match="imbalance"):
     losses.ranked_list_loss(x, labels, imbalance=2.0, block_size=4)
+
+
+def test_far_apart_classes_large_margins_are_finite():
+  # Antipodal classes, huge raw norms: exp(margin - d) and exp(s) stay in
+  # range thanks to the max-shifted log-sum-exps.
+  x = jnp.array([[1.0, 0.0], [1.0, 1e-3], [-1.0, 0.0], [-1.0, 1e-3]]) * 1e3
+  y = jnp.array([0, 0, 1, 1])
+  f = lambda x: (losses.lifted_structure_loss(x, y, margin=50.0)
+                 + losses.n_pair_loss(x, y))
+  v, g = jax.jit(jax.value_and_grad(f))(x)
+  assert np.isfinite(float(v)) and float(v) > 0
+  assert np.all(np.isfinite(np.asarray(g)))
