@@ -46,7 +46,7 @@ paper's). Differences:
 * PML normalises the embeddings (``LpDistance(power=2)``), reduces by the
   mean over the anchors with positives, and takes no references (``ref``);
   on a batch with an anchor without positives its value and gradient equal
-  ours to float32 rounding (tests/losses/test_ranking_losses.py).
+  ours to float32 rounding (tests/losses/test_fastap.py).
 
 We follow the formula above with autodiff (exact gradient of the value),
 L2-normalised embeddings, label-defined sets (miner masks and references

@@ -51,7 +51,7 @@ and pytorch-metric-learning 2.9.0's ``SmoothAPLoss`` (a port of it) differ:
   classes (the samples per class) but uses it as the number of groups, so
   its groups hold as many samples as there are classes: the classes only
   when the two counts are equal (checked in
-  tests/losses/test_ranking_losses.py: with 4 classes of 4 its value is the
+  tests/losses/test_smooth_ap.py: with 4 classes of 4 its value is the
   official form's, with 2 classes of 3 it is not; the benchmark builds
   square batches);
 * the ``[j, k]`` mask removes only ``k = j``, so the anchor itself is both

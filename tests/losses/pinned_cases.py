@@ -119,8 +119,9 @@ def _miners():
 # Registry names added after the numbers were pinned; their functions are
 # pinned under their own names below ("unified" is `unified_loss`), or
 # checked against float64 references instead (the contrastive family:
-# tests/losses/test_contrastive_family.py; the ranking losses:
-# tests/losses/test_ranking_losses.py; SubCenter-ArcFace:
+# tests/losses/test_supcon.py and the files of nt_xent, pairwise_ce and
+# pairwise_sigmoid; the ranking losses: tests/losses/test_smooth_ap.py and
+# test_fastap.py; SubCenter-ArcFace:
 # tests/losses/test_sharded_classes.py).
 _REGISTERED_AFTER_PINNING = ("unified", "supcon", "nt_xent", "pairwise_ce",
                              "pairwise_sigmoid", "smooth_ap", "fastap",

@@ -6,8 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from circle_jax import losses
 from circle_jax.losses import validate_labels
 from circle_jax.losses import checks
+from tests.losses.engine import cases
 
 
 def test_valid_labels_pass_and_come_back_as_numpy():
@@ -86,3 +88,26 @@ def test_class_matrix_losses_refuse_multi_hot_labels_in_one_line():
                                          "sample") as info:
       call()
     assert "\n" not in str(info.value), name
+
+
+@pytest.mark.slow
+def test_bad_inputs_of_the_pair_baselines_raise_clear_errors():
+  x, y = cases.pair_batch(19, b=4)
+  with pytest.raises(ValueError, match="mining"):
+    losses.triplet_margin_loss(x, y, mining="hardest")
+  with pytest.raises(ValueError, match="margin"):
+    losses.triplet_margin_loss(x, y, margin=-1.0)
+  with pytest.raises(ValueError, match="embeddings"):
+    losses.contrastive_loss(x[0], y)
+  with pytest.raises(TypeError, match="labels"):
+    losses.lifted_structure_loss(x, y.astype(np.float32))
+  with pytest.raises(ValueError, match="pos_mask"):
+    losses.n_pair_loss(x, y, pos_mask=np.ones((4, 3), bool))
+  with pytest.raises(ValueError, match="beta"):
+    losses.margin_loss(x, y, np.ones((2, 2), np.float32))
+  with pytest.raises(TypeError, match="beta"):
+    losses.margin_loss(x, y, np.ones((4,), np.int32))
+  with pytest.raises(ValueError, match="pair_weights"):
+    losses.margin_loss(x, y, 1.2, pair_weights=np.ones((4, 5)))
+  with pytest.raises(ValueError, match="square"):
+    losses.contrastive_loss_from_distance(np.ones((4, 3)), y)

@@ -1,13 +1,16 @@
-"""Tests of the contrastive loss (circle_jax/losses/contrastive.py); the checks shared by the pair baselines are in test_pair_baselines.py."""
+"""Tests of the contrastive loss (circle_jax/losses/contrastive.py); the checks
+shared by the pair baselines are in engine/test_dispatch.py."""
 
 
 import jax
 import numpy as np
+import pytest
 
 from circle_jax import losses
 from tests.losses.conftest import DPN
 from tests.losses.reference import dist64
-from tests.losses.test_pair_baselines import pair_batch
+from tests.losses.conftest import check_pair_case
+from tests.losses.engine.cases import pair_batch
 
 
 def test_contrastive_hand_computed(tiny):
@@ -32,3 +35,9 @@ def test_general_pair_weighting_of_contrastive_is_the_hinge_indicator():
                              rtol=1e-6)
   np.testing.assert_allclose(np.asarray(w_neg), act_n / act_n.sum(),
                              rtol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["contrastive", "contrastive_masked"])
+def test_matches_float64_reference(case_values, name):
+  check_pair_case(case_values, name)

@@ -1,14 +1,17 @@
 """Tests of FastAP (circle_jax/losses/fastap.py); the checks it shares with
 Smooth-AP (references, tiles, devices, masks, memory) are in
-test_ranking_losses.py."""
+test_ranking.py."""
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from circle_jax import losses
-from tests.losses.test_ranking_losses import (
-    LABELS, close, ranking_batch, ranking_vg)
+from tests.losses.engine import cases
+from tests.losses.engine.cases import RANKING_LABELS as LABELS
+from tests.losses.engine.cases import ranking_close as close
+from tests.losses.engine.cases import ranking_batch
+from tests.losses.engine.cases import ranking_vg
 
 
 def test_hand_computed_fastap_on_bin_centres():
@@ -44,3 +47,9 @@ def test_reductions_equal_pmls_reducers_on_its_anchors():
       lambda x, y, **kw: losses.fastap_loss(x, y, L=6, **kw),
       lambda r: pml.FastAPLoss(num_bins=6, reducer=r),
       pml_checks.batch(11), pml_checks.LABELS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["fastap", "fastap_coarse"])
+def test_value_and_gradient_equal_the_float64_reference(case):
+  cases.check_ranking_float64_reference(case)

@@ -9,7 +9,11 @@ import pytest
 
 from circle_jax import losses
 from tests.losses.reference import mobius_distance_ref, poincare_ref
-from tests.losses.test_contrastive_family import B, FNS, LABELS, family_batch, vg
+from tests.losses.engine.cases import FAMILY_B as B
+from tests.losses.engine.cases import FAMILY_FNS as FNS
+from tests.losses.engine.cases import FAMILY_LABELS as LABELS
+from tests.losses.engine.cases import family_batch
+from tests.losses.engine.cases import family_vg as vg
 
 
 def test_poincare_distance_equals_the_float64_mobius_form():

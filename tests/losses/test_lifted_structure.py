@@ -1,9 +1,10 @@
-"""Tests of the lifted structure loss (circle_jax/losses/lifted_structure.py); the checks shared by the pair baselines are in test_pair_baselines.py."""
+"""Tests of the lifted structure loss (circle_jax/losses/lifted_structure.py);
+the checks shared by the pair baselines are in engine/test_dispatch.py."""
 
 
 import numpy as np
 import pytest
-from tests.losses.conftest import DPN, S2
+from tests.losses.conftest import DPN, S2, check_pair_case
 
 
 
@@ -44,3 +45,9 @@ def test_reductions_equal_pmls_reducers_on_its_positive_pairs():
       lambda r: pml.LiftedStructureLoss(neg_margin=1.3, pos_margin=0.1,
                                         reducer=r),
       pml_checks.batch(1), pml_checks.LABELS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["lifted", "lifted_masked"])
+def test_matches_float64_reference(case_values, name):
+  check_pair_case(case_values, name)

@@ -1,8 +1,14 @@
-"""Tests of the margin loss (circle_jax/losses/margin.py); the checks shared by the pair baselines are in test_pair_baselines.py."""
+"""Tests of the margin loss (circle_jax/losses/margin.py); the checks shared by
+the pair baselines are in engine/test_dispatch.py."""
 
 
 import numpy as np
-from tests.losses.conftest import DPN, S2
+import pytest
+
+from circle_jax import losses
+from tests.losses.conftest import (DPN, PAIR_BETA, PAIR_DW_KEY, PAIR_X,
+                                   PAIR_Y, S2, check_pair_case)
+from tests.losses.reference import margin_ref
 
 
 
@@ -29,3 +35,23 @@ def test_reductions_of_its_pair_terms_equal_the_loops():
           x, y, np.asarray(beta, np.float32), margin=0.3, nu=0.1, **kw),
       reference.margin_terms_ref(x, y, beta, 0.3, 0.1), x, y,
       sets_of=lambda x: reference.margin_terms_ref(x, y, beta, 0.3, 0.1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["margin", "margin_masked", "margin_scalar_beta"])
+def test_matches_float64_reference(case_values, name):
+  check_pair_case(case_values, name)
+
+
+@pytest.mark.slow
+def test_margin_with_key_equals_weighted_form_of_the_sampler(case_values):
+  w = case_values["dw_weights"]
+  assert w.max() >= 1 and np.all(w == np.round(w))
+  np.testing.assert_allclose(
+      float(case_values["margin_dw"]),
+      margin_ref(PAIR_X, PAIR_Y, PAIR_BETA, 0.2, 0.05, weights=w), rtol=2e-5)
+  np.testing.assert_allclose(float(case_values["margin_dw_weights"]),
+                             float(case_values["margin_dw"]), rtol=1e-6)
+  with pytest.raises(ValueError, match="not both"):
+    losses.margin_loss(PAIR_X, PAIR_Y, PAIR_BETA, key=PAIR_DW_KEY,
+                       pair_weights=w)

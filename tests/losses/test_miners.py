@@ -3,6 +3,7 @@
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import Mesh, PartitionSpec as P
@@ -10,6 +11,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 from circle_jax import losses
 from circle_jax.losses import miners
 from tests.losses import reference as ref
+from tests.losses.engine import cases
 
 _LABELS = np.array([0, 1, 2, 3, 0, 1, 2, 4, 0, 1, 3, 4, 5, 2, 6, 3])
 _RNG = np.random.default_rng(0)
@@ -316,3 +318,20 @@ def test_bad_inputs_raise_clear_errors():
     miners.pair_margin_miner(_X[0], _LABELS)
   with pytest.raises(ValueError, match="cutoff"):
     miners.distance_weighted_miner(_X, _LABELS, _KEY, cutoff=-1.0)
+
+
+@pytest.mark.slow
+def test_miner_masks_on_devices_match_single_device_blocks():
+  x, y = (jnp.asarray(a) for a in cases.pair_batch(21))
+  mesh = Mesh(np.array(jax.devices()), ("d",))
+
+  def mined_loss(x, y, axis_name=None):
+    pm, nm = miners.semi_hard_miner(x, y, margin=0.5, axis_name=axis_name)
+    return losses.contrastive_loss(x, y, pos_mask=pm, neg_mask=nm,
+                                   axis_name=axis_name)
+
+  got = jax.jit(jax.shard_map(lambda x, y: mined_loss(x, y, "d"), mesh=mesh,
+                              in_specs=(P("d"), P("d")), out_specs=P()))(x, y)
+  want = jax.jit(mined_loss)(x, y)
+  assert float(want) > 0
+  np.testing.assert_allclose(float(got), float(want), rtol=1e-5)

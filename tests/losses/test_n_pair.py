@@ -1,10 +1,13 @@
-"""Tests of the N-pair loss (circle_jax/losses/n_pair.py); the checks shared by the pair baselines are in test_pair_baselines.py."""
+"""Tests of the N-pair loss (circle_jax/losses/n_pair.py); the checks shared by
+the pair baselines are in engine/test_dispatch.py."""
 
 
 import numpy as np
+import pytest
 
 from circle_jax import losses
-from tests.losses.test_pair_baselines import jitted
+from tests.losses.conftest import check_pair_case
+from tests.losses.engine_checks import jitted
 
 
 def test_n_pair_with_pair_layout_masks_is_sohn():
@@ -51,3 +54,9 @@ def test_reductions_of_the_tuplet_term_equal_the_loops():
   np.testing.assert_allclose(  # "none": the pair terms, no penalty
       np.asarray(terms), reference.reduce_ref(sets, y, "none"), rtol=2e-5,
       atol=2e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["n_pair", "n_pair_masked"])
+def test_matches_float64_reference(case_values, name):
+  check_pair_case(case_values, name)

@@ -1,10 +1,13 @@
 """Tests of NT-Xent / InfoNCE (circle_jax/losses/nt_xent.py); the checks it
 shares with SupCon, pairwise CE and the pairwise sigmoid (engines, geometries,
-float64 references) are in test_contrastive_family.py."""
+float64 references) are in engine/test_dispatch.py,
+engine/test_backward.py, engine/test_sides.py and test_supcon.py."""
 
 import numpy as np
+import pytest
 
 from circle_jax import losses
+from tests.losses.engine import cases
 
 
 def test_nt_xent_hand_computed_on_two_views_of_two_samples():
@@ -45,3 +48,9 @@ def test_reductions_equal_pmls_reducers_on_its_positive_pairs():
       lambda x, y, **kw: losses.nt_xent_loss(x, y, tau=0.3, **kw),
       lambda r: pml.NTXentLoss(temperature=0.3, reducer=r),
       pml_checks.batch(3, n=12), np.arange(12) % 6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["nt_xent", "nt_xent_poincare"])
+def test_value_and_gradient_equal_the_float64_reference(case):
+  cases.check_family_float64_reference(case)

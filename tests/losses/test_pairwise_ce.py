@@ -1,13 +1,16 @@
 """Tests of Hyp-ViT's pairwise cross-entropy (circle_jax/losses/pairwise_ce.py);
 the checks it shares with SupCon, NT-Xent and the pairwise sigmoid (engines,
-geometries, float64 references) are in test_contrastive_family.py."""
+geometries, float64 references) are in engine/test_dispatch.py,
+engine/test_backward.py, engine/test_sides.py and test_supcon.py."""
 
 import inspect
 
 import numpy as np
+import pytest
 
 from circle_jax import losses
 from circle_jax.losses import pairwise_ce
+from tests.losses.engine import cases
 
 X = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
 Y = np.array([0, 1, 2, 3, 0, 1, 2, 3])
@@ -46,3 +49,9 @@ def test_reductions_equal_the_loops_on_its_positive_pairs():
                                                  **kw),
       reference.nt_xent_terms_ref(x, y, 0.2), x, y,
       sets_of=lambda x: reference.nt_xent_terms_ref(x, y, 0.2))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["pairwise_ce", "pairwise_ce_cosine"])
+def test_value_and_gradient_equal_the_float64_reference(case):
+  cases.check_family_float64_reference(case)

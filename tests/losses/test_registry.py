@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from circle_jax import losses
+from tests.losses.engine import cases
+from tests.losses.reference import loss_ref
 
 
 # The names and the paper defaults each loss must expose.
@@ -272,3 +274,58 @@ def test_the_rule_based_losses_are_checked_by_the_test_above(monkeypatch):
   assert {"circle", "unified", "circle_class_level", "multi_similarity",
           "ranked_list", "contrastive", "supcon", "nt_xent", "pairwise_ce",
           "pairwise_sigmoid"} <= set(with_rule)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(cases.FAMILY_FNS))
+def test_contrastive_family_registered_with_paper_defaults_and_ranges(name):
+  entry = losses.get_loss(name)
+  assert entry.fn is cases.FAMILY_FNS[name] and entry.kind == "pair"
+  assert entry.execution_options == ("block_size", "collective")
+  assert {"c", "r"} <= set(entry.field_ranges())
+  defaults = dict(entry.defaults)
+  assert entry.geometry == ("poincare" if name == "pairwise_ce"
+                            else "cosine")
+  assert entry.geometry_defaults() == {
+      "geometry": entry.geometry, "c": 0.1, "r": 2.3, "p": 2.0, "power": 1.0,
+      "normalize_embeddings": True}
+  with pytest.raises(ValueError, match="`c`"):
+    losses.validate_hyper(name, c=-1.0)
+  x, labels = cases.family_batch(), cases.FAMILY_LABELS
+  np.testing.assert_allclose(
+      float(entry.apply(jnp.asarray(x), jnp.asarray(labels))),
+      loss_ref(name, x, labels, defaults), rtol=2e-5)
+
+
+@pytest.mark.slow
+def test_registry_apply_runs_both_ranking_losses():
+  x = jnp.asarray(cases.ranking_batch())
+  labels = jnp.asarray(cases.RANKING_LABELS)
+  for name, (fn, _, key) in cases.RANKING_LOSS.items():
+    entry = losses.get_loss(name)
+    assert entry.kind == "pair" and entry.supports_ref
+    assert key in entry.hyper_ranges
+    np.testing.assert_allclose(
+        float(entry.apply(x, labels, block_size=4)), float(fn(x, labels)),
+        rtol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,bad,message", [
+    ("smooth_ap", {"tau": 1e-4}, "config.loss.tau: must be in [0.001, "
+     "10000] for loss 'smooth_ap'"),
+    ("fastap", {"L": 0}, "config.loss.L: must be in [1, 1000] for loss "
+     "'fastap'"),
+])
+def test_the_trainer_takes_the_ranking_losses_by_name_and_checks_ranges(
+    name, bad, message):
+  from circle_jax import config as config_lib
+  from circle_jax.train import config_checks
+  from tests.train import helpers
+  c = helpers.digits_config()
+  c.loss = config_lib.loss_config(name, **bad)
+  with pytest.raises(config_checks.ConfigError) as err:
+    config_checks.check_config(c, device_count=8, process_count=1)
+  assert str(err.value).startswith(message)
+  c.loss = config_lib.loss_config(name, block_size=16)
+  config_checks.check_config(c, device_count=8, process_count=1)

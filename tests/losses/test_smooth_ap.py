@@ -1,16 +1,19 @@
 """Tests of Smooth-AP (circle_jax/losses/smooth_ap.py); the checks it shares
 with FastAP (references, tiles, devices, masks, memory) are in
-test_ranking_losses.py."""
+test_ranking.py."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tests.grad_check import check_grads
 
 from circle_jax import losses
 from circle_jax.losses import engine
 from tests.losses.reference import unit64, smooth_ap_ref
-from tests.losses.test_ranking_losses import (
-    LABELS, ranking_batch)
+from tests.losses.engine import cases
+from tests.losses.engine.cases import RANKING_LABELS as LABELS
+from tests.losses.engine.cases import ranking_batch
 
 
 def test_hand_computed_smooth_ap_is_the_exact_ap_at_a_small_temperature():
@@ -82,3 +85,18 @@ def test_reductions_of_its_anchor_terms_equal_the_loops():
   pml_checks.reductions_equal_reference(
       lambda x, y, **kw: losses.smooth_ap_loss(x, y, tau=0.1, **kw),
       ((terms, np.arange(10) < 9),), x, y)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["smooth_ap", "smooth_ap_default"])
+def test_value_and_gradient_equal_the_float64_reference(case):
+  cases.check_ranking_float64_reference(case)
+
+
+@pytest.mark.slow
+def test_the_temperature_gradient_is_exact():
+  x, labels = jnp.asarray(ranking_batch(seed=4)), jnp.asarray(LABELS)
+  f = jax.jit(lambda tau: losses.smooth_ap_loss(x, labels, tau=tau,
+                                                block_size=5))
+  check_grads(f, (jnp.float32(0.3),), order=1, modes=("rev",), eps=1e-3,
+              atol=2e-3, rtol=2e-3)

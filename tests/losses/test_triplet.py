@@ -1,4 +1,5 @@
-"""Tests of the triplet margin loss (circle_jax/losses/triplet.py); the checks shared by the pair baselines are in test_pair_baselines.py."""
+"""Tests of the triplet margin loss (circle_jax/losses/triplet.py); the checks
+shared by the pair baselines are in engine/test_dispatch.py."""
 
 
 import jax
@@ -7,7 +8,9 @@ import numpy as np
 import pytest
 
 from circle_jax import losses
-from tests.losses.conftest import DPN, S2
+from tests.losses.conftest import DPN, S2, check_pair_case
+from tests.losses.engine.cases import pair_batch
+from tests.losses.reference import triplet_ref
 
 
 def test_triplet_hand_computed(tiny):
@@ -125,3 +128,24 @@ def test_bad_options_are_one_line(kw, match):
   with pytest.raises(ValueError, match=match) as err:
     losses.triplet_margin_loss(x, y, **kw)
   assert "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [
+    f"triplet_{m}{s}" for m in ("all", "batch_hard", "semi_hard")
+    for s in ("", "_masked")])
+def test_matches_float64_reference(case_values, name):
+  check_pair_case(case_values, name)
+
+
+@pytest.mark.slow
+def test_jit_and_vmap_equal_eager():
+  _, y = pair_batch(17)
+  xs = np.stack([pair_batch(17)[0], pair_batch(18)[0]])
+  f = lambda x: losses.triplet_margin_loss(x, jnp.asarray(y), mining="all")
+  eager = float(f(xs[0]))
+  np.testing.assert_allclose(float(jax.jit(f)(xs[0])), eager, rtol=1e-6)
+  got = np.asarray(jax.jit(jax.vmap(f))(xs))
+  np.testing.assert_allclose(got[0], eager, rtol=1e-6)
+  np.testing.assert_allclose(got[1], triplet_ref(xs[1], y, 0.2, "all"),
+                             rtol=2e-5)

@@ -9,8 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import Mesh, PartitionSpec as P
+from tests.grad_check import check_grads
 
 import circle_jax.losses as losses
+from tests.losses.engine import cases
 from tests.losses.engine.cases import B, LABELS, PUBLIC, embeddings, miner_masks
 
 
@@ -107,3 +109,18 @@ def test_traced_hyperparameters_run_blockwise_without_gradient():
   np.testing.assert_allclose(float(f(32.0)), float(
       losses.circle_loss(x, labels, gamma=32.0)), rtol=1e-6)
   assert float(jax.grad(f)(32.0)) == 0.0  # hyperparameters are constants
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["supcon", "nt_xent_poincare",
+                                  "pairwise_ce", "pairwise_sigmoid"])
+def test_contrastive_family_check_grads_dense_and_blockwise(case):
+  _, fn, hyper = cases.family_case(case)
+  x = jnp.asarray(cases.family_batch(seed=3))
+  labels = jnp.asarray(cases.FAMILY_LABELS)
+  hyper = cases.geometry_kw(hyper)
+  for block_size in (None, 4):
+    f = jax.jit(lambda x, bs=block_size: fn(x, labels, block_size=bs,
+                                            **hyper))
+    check_grads(f, (x,), order=1, modes=("rev",), eps=1e-3, atol=2e-3,
+                rtol=2e-3)

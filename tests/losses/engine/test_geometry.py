@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from circle_jax import losses
-from tests.losses.test_contrastive_family import close_to
+from tests.losses.engine_checks import close as close_to
 from tests.losses.reference import mobius_distance_ref, poincare_ref
-from tests.losses.test_contrastive_family import sharded_vg
-from tests.losses.test_contrastive_family import vg
+from tests.losses.engine.cases import family_sharded_vg as sharded_vg
+from tests.losses.engine.cases import family_vg as vg
 
 # Slow (every engine compiled per rule): not in the fast tier (CONTRIBUTING.md).
 pytestmark = pytest.mark.slow
@@ -79,7 +79,7 @@ def test_every_pair_loss_takes_the_option():
   assert all(losses.LOSSES[n].geometry for n in pair)
   assert "geometry" in losses.engine.OPTIONS
   # Every pair loss is tested with the ball: here, in the margin test below
-  # and (the contrastive family) in test_contrastive_family.py; TCM and PNP
+  # and (the contrastive family) in their own test files; TCM and PNP
   # in their own test files.
   assert {_registry_name(c) for c in CASES} | {
       "margin", "supcon", "nt_xent", "pairwise_ce", "pairwise_sigmoid",

@@ -238,3 +238,13 @@ def test_as_distance_reads_the_on_distance_flag():
       losses.engine.as_distance(Contrastive(on_distance=True), s), s)
   np.testing.assert_allclose(losses.engine.as_distance(Contrastive(), s),
                              [[0.0, 1.0], [np.sqrt(2.0), 2.0]], rtol=1e-6)
+def test_far_apart_classes_large_margins_are_finite():
+  # Antipodal classes, huge raw norms: exp(margin - d) and exp(s) stay in
+  # range thanks to the max-shifted log-sum-exps.
+  x = jnp.array([[1.0, 0.0], [1.0, 1e-3], [-1.0, 0.0], [-1.0, 1e-3]]) * 1e3
+  y = jnp.array([0, 0, 1, 1])
+  f = lambda x: (losses.lifted_structure_loss(x, y, margin=50.0)
+                 + losses.n_pair_loss(x, y))
+  v, g = jax.jit(jax.value_and_grad(f))(x)
+  assert np.isfinite(float(v)) and float(v) > 0
+  assert np.all(np.isfinite(np.asarray(g)))

@@ -20,6 +20,9 @@ from tests.grad_check import check_grads
 
 import circle_jax.losses as losses
 from tests.losses import reference as ref
+from tests.losses.engine import cases
+from tests.losses.engine_checks import close, with_references
+from tests.losses.reference import loss_ref
 
 # Slow (many compiled cases): not in the fast tier (CONTRIBUTING.md).
 pytestmark = pytest.mark.slow
@@ -460,3 +463,23 @@ def test_bad_inputs_give_one_line_errors(name):
   with pytest.raises(TypeError, match="`ref` must be a circle_jax.losses."
                                       "Candidates"):
     _loss(name, x, Y, ref=(r, RY))
+
+
+@pytest.mark.parametrize("case", sorted(cases.FAMILY_CASES))
+def test_contrastive_family_reference_embeddings_on_every_engine(case):
+  name, fn, hyper = cases.family_case(case)
+  rng = np.random.default_rng(7)
+  mem = rng.normal(size=(16, 5)).astype(np.float32)
+  mem_labels = rng.integers(0, 6, 16).astype(np.int32)
+  x, labels = cases.family_batch(seed=4), jnp.asarray(cases.FAMILY_LABELS)
+
+  want, *others = with_references(fn, x, labels, mem, mem_labels,
+                                  **cases.geometry_kw(hyper))
+  np.testing.assert_allclose(
+      float(want[0]),
+      loss_ref(name, x, cases.FAMILY_LABELS, hyper, cols=mem,
+               col_y=mem_labels),
+      rtol=2e-5)
+  for got in others:
+    for k in (0, 1):
+      close((got[0], got[1][k]), (want[0], want[1][k]))
