@@ -34,23 +34,6 @@ if _MADE_CACHE:
   os.environ["CIRCLE_JAX_TEST_CACHE"] = tempfile.mkdtemp(
       prefix="circle_jax_test_cache_")
 os.environ["CIRCLE_JAX_COMPILATION_CACHE"] = os.environ["CIRCLE_JAX_TEST_CACHE"]
-# The test processes have a cache too: many tests compile the same program
-# in several test functions (a dense reference beside each engine, a loss at
-# each parametrisation of another argument), and a fresh jitted function
-# misses JAX's in-memory cache but finds the program here (about a tenth
-# less CPU over tests/losses/engine and test_extremes). It is a folder of its
-# own: the jobs evict from theirs (circle_jax.hostenv's size limit), and an
-# eviction that met this cache's entries half-written warned on the jobs'
-# stderr. A limit no session reaches turns on JAX's file lock, so the xdist
-# workers never read an entry the other is writing.
-import jax  # noqa: E402  (after the XLA flags above)
-_IN_PROCESS_CACHE = os.path.join(os.environ["CIRCLE_JAX_TEST_CACHE"],
-                                 "in_process")
-os.makedirs(_IN_PROCESS_CACHE, exist_ok=True)
-jax.config.update("jax_compilation_cache_dir", _IN_PROCESS_CACHE)
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-jax.config.update("jax_compilation_cache_max_size", 64 * 2**30)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 OMNIGLOT_DIR = REPO_ROOT / "circle_jax" / "data" / "archives" / "omniglot_small"
