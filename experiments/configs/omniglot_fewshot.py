@@ -52,17 +52,33 @@ an idle 2-core CPU.
 
 The ``round3`` variant is the previous recipe (3,300 steps, no evaluation
 shift); the notes compare its table with this recipe's.
+
+The ``hier`` variant adds HIER (Kim, Jeong, Kwak, "HIER: Metric Learning
+Beyond Class Labels via Hierarchical Regularization", CVPR 2023) as a
+``config.more_losses`` term with its paper's defaults and weight 0.5, for
+the row "HIER on Proxy-Anchor" of the comparison::
+
+  python -m experiments.compare.losses \
+      --config experiments/configs/omniglot_fewshot.py:hier \
+      --losses proxy_anchor --seeds 3
+
+Its 512 hierarchical proxies get the recipe's learning rate, as Proxy-Anchor's
+class proxies do here (the ViT recipe experiments/configs/hier.py scales both:
+x1e4 and x50 on a base of 1e-5): only the loss changes between the table's
+rows.
 """
 
+from circle_jax import config as config_lib
+from experiments.configs import hier
 from experiments.configs import omniglot_small
 
 
 def get_config(variant: str = ""):
   """The recipe; ``variant='selection'``: its validation protocol;
-  ``'round3'``: the previous recipe."""
-  if variant not in ("", "selection", "round3"):
+  ``'round3'``: the previous recipe; ``'hier'``: HIER added to the loss."""
+  if variant not in ("", "selection", "round3", "hier"):
     raise ValueError(f"omniglot_fewshot.py: unknown variant {variant!r}; "
-                     "use ':selection', ':round3' or nothing.")
+                     "use ':selection', ':round3', ':hier' or nothing.")
   c = omniglot_small.get_config()  # conv4 64-d, Circle, P x K = 16 x 4, adam
   c.dataset.rotations = 4
   c.dataset.mirror_classes = True  # x 8 classes: the square's symmetries
@@ -81,6 +97,8 @@ def get_config(variant: str = ""):
   c.fewshot.ways = (5, 20)
   c.fewshot.shots = (1, 5)
   c.best_metric = ""               # the last step: nothing to select on
+  if variant == "hier":
+    c.more_losses.hier = config_lib.more_loss("hier", weight=hier.HIER_WEIGHT)
   if variant == "round3":
     c.num_train_steps = 3300
     c.eval_shift = 0

@@ -3,6 +3,7 @@
 import pytest
 
 from circle_jax import data
+from circle_jax import config as config_lib
 from circle_jax import config_facts
 from circle_jax.train import config_checks
 from circle_jax.train import run as run_lib
@@ -63,3 +64,21 @@ def test_round3_is_the_previous_recipe():
   assert (base.num_train_steps, base.eval_shift) == (8000, 1)
   old.num_train_steps, old.eval_shift = base.num_train_steps, base.eval_shift
   assert old.to_dict() == base.to_dict()
+
+
+def test_hier_variant_adds_only_hier_to_the_loss():
+  """':hier' is the recipe plus HIER as a more_losses term at the paper's
+  weight (the comparison's "HIER on Proxy-Anchor" row), nothing else."""
+  with_hier = omniglot_fewshot.get_config("hier")
+  with_hier.loss = config_lib.loss_config("proxy_anchor")
+  config_checks.check_config(with_hier, device_count=1)
+  assert set(with_hier.more_losses.keys()) == {"hier"}
+  assert with_hier.more_losses.hier.name == "hier"
+  assert with_hier.more_losses.hier.weight == 0.5
+  base = omniglot_fewshot.get_config()
+  base.loss = config_lib.loss_config("proxy_anchor")
+  without = with_hier.to_dict()
+  without.pop("more_losses")
+  expected = base.to_dict()
+  assert expected.pop("more_losses") == {}
+  assert without == expected
