@@ -242,6 +242,8 @@ def parsed():
   return out, proc.stderr
 
 
+# Slow tier (CI): parses every documented command's flags.
+@pytest.mark.slow
 @pytest.mark.parametrize("module", sorted(PARSEABLE))
 def test_command_flags_parse(module, parsed):
   results, stderr = parsed

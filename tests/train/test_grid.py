@@ -89,6 +89,8 @@ def test_check_grid_refuses_a_sharded_class_matrix():
 # ----------------------------------------------------------------------------
 
 
+# Slow tier (CI): the vmapped sweep's equivalences; not daily-work checks.
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(LOSS_GRIDS))
 def test_traced_hyperparameters_give_the_constant_loss(name):
   """jit(vmap) over hyperparameter arrays = the Python-constant calls.
@@ -124,6 +126,8 @@ def test_traced_hyperparameters_give_the_constant_loss(name):
 # ----------------------------------------------------------------------------
 
 
+# Slow tier (CI): the vmapped sweep's equivalences; not daily-work checks.
+@pytest.mark.slow
 @pytest.mark.parametrize("kwargs", [
     dict(window_strides=(1, 1), padding=((1, 1), (1, 1))),
     dict(window_strides=(2, 2), padding="SAME"),
@@ -169,6 +173,8 @@ def test_unrolled_interceptor_leaves_the_model_unchanged():
 # ----------------------------------------------------------------------------
 
 
+# Slow tier (CI): the vmapped sweep's equivalences; not daily-work checks.
+@pytest.mark.slow
 def test_stacked_state_copies_every_array():
   model = models_lib.get_model("conv4", embedding_dim=4, width=8, num_blocks=2)
   state = helpers.initial_state(

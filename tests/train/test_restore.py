@@ -49,6 +49,8 @@ def test_restore_run_takes_the_best_checkpoint_unless_asked(saved):
       workdir_lib.config_to_dict(config))
 
 
+# Slow tier (CI): embeds a whole saved run.
+@pytest.mark.slow
 def test_a_restored_run_embeds_as_its_model_does(saved):
   _, workdir, _ = saved
   run = restore_lib.restore_run(workdir)  # the config's placement: shard_map
