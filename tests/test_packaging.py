@@ -115,9 +115,9 @@ def test_pip_install_dot_installs_the_package_and_its_data(
   pkg = _where(build_python, tmp_path, PYTHONPATH=str(target))
   assert pkg == str(target / "circle_jax")
   assert os.path.exists(os.path.join(pkg, "py.typed"))
-  assert os.path.exists(os.path.join(
-      pkg, "data", "archives", "omniglot_small",
-      "images_background_small1.zip"))
+  for folder, name in (("omniglot_small", "images_background_small1.zip"),
+                       ("omniglot_oneshot", "all_runs.zip")):
+    assert os.path.exists(os.path.join(pkg, "data", "archives", folder, name))
   dist = [d for d in os.listdir(target) if d.endswith(".dist-info")]
   assert dist == [f"circle_jax-{_version()}.dist-info"]
 

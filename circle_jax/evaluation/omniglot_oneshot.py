@@ -16,7 +16,9 @@ people at 4.5% error). Here the classifier is 1-nearest neighbour by cosine
 similarity of the embeddings of a trained model (ties go to the first training
 image in sorted file order, the order of the repository's demo).
 
-Without the official runs (they are not shipped here),
+:func:`official_runs` reads the copy of ``all_runs.zip`` shipped with the
+package (``circle_jax/data/archives/omniglot_oneshot``, MIT, checked by md5).
+For model selection, which must not look at the evaluation alphabets,
 :func:`within_alphabet_runs` draws runs by the same protocol from an Omniglot
 images archive: each run takes 20 characters of one alphabet, one drawer's
 image of each as the training images and another drawer's as the test
@@ -42,7 +44,9 @@ References:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
+import pathlib
 import re
 import tarfile
 import zipfile
@@ -56,6 +60,10 @@ from circle_jax.data.builders import sources as builders_sources
 from circle_jax.errors import UserError
 
 LABELS_FILE = "class_labels.txt"
+# The official runs, shipped with the package (MIT), and their md5.
+OFFICIAL_RUNS = (pathlib.Path(__file__).resolve().parents[1] / "data"
+                 / "archives" / "omniglot_oneshot" / "all_runs.zip")
+OFFICIAL_RUNS_MD5 = "e8996daecdf12afeeb4a53a179f06b19"
 _RUN = re.compile(r"^(.*?)(run\d+)/" + re.escape(LABELS_FILE) + "$")
 
 
@@ -179,6 +187,34 @@ def read_runs(path: str) -> List[OneShotRun]:
         training_images=tuple(images[n] for n in training),
         test_images=tuple(images[n] for n in test)))
   return runs
+
+
+def official_runs(path: Optional[str] = None) -> List[OneShotRun]:
+  """The 20 official runs, from the copy shipped with the package.
+
+  Args:
+    path: another copy of ``all_runs.zip`` to check and read (default:
+      :data:`OFFICIAL_RUNS`).
+
+  Returns:
+    :func:`read_runs` of the archive, ``run01`` .. ``run20``.
+
+  Raises:
+    OneShotRunsError: the archive is missing or its md5 is not the official
+      archive's (one line naming the fix).
+  """
+  path = pathlib.Path(path or OFFICIAL_RUNS)
+  if not path.is_file():
+    raise OneShotRunsError(
+        f"the official one-shot runs {path} are missing; reinstall circle_jax "
+        "or pass --runs <all_runs.zip of the Omniglot repository>.")
+  got = hashlib.md5(path.read_bytes()).hexdigest()
+  if got != OFFICIAL_RUNS_MD5:
+    raise OneShotRunsError(
+        f"{path} has md5 {got}, not the official all_runs.zip's "
+        f"{OFFICIAL_RUNS_MD5} (corrupt or modified); restore it from the "
+        "repository, or pass --runs <folder or zip> for other runs.")
+  return read_runs(str(path))
 
 
 def oneshot_errors(embed: Callable[[Sequence[bytes]], np.ndarray],

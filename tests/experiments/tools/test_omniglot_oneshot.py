@@ -74,3 +74,28 @@ def test_an_ensemble_on_the_stand_in_runs(workdir):
   assert lines[3:] == [f"{n}  {e:6.2f}%" for n, e in zip(
       result.runs, result.errors)] + [
           f"mean   {result.mean_error:6.2f}% over 20 runs"]
+
+
+def test_default_runs_are_the_official_runs_and_eval_shift_overrides(workdir):
+  """Without --runs or --stand_in: the official runs shipped with the
+  package; --eval_shift replaces the run's test-time shift, and one out of
+  range is refused in one line."""
+  proc = _cli(f"--workdir={workdir}", "--which=latest", "--eval_shift=1")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  run = restore_lib.restore_run(workdir, "latest")
+  assert run.config.eval_shift == 0
+  run.config.eval_shift = 1
+  result, _ = omniglot_oneshot.evaluate_run(run,
+                                            omniglot_oneshot.official_runs())
+  lines = proc.stdout.strip().splitlines()
+  assert lines[0].endswith("official runs: 1-NN (cosine) one-shot error")
+  assert lines[1:] == [f"{n}  {e:6.2f}%" for n, e in zip(
+      result.runs, result.errors)] + [
+          f"mean   {result.mean_error:6.2f}% over 20 runs"]
+  size = run.info.get_preprocess(
+      train=False, **dict(run.config.dataset.preprocess)).image_size
+  proc = _cli(f"--workdir={workdir}", "--which=latest", f"--eval_shift={size}")
+  assert proc.returncode == 1
+  assert proc.stderr.strip().splitlines() == [
+      f"error: --eval_shift must be in [0, {(size - 1) // 2}] for {workdir}'s "
+      f"{size} px images; got {size}."]
