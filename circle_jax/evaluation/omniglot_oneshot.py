@@ -44,6 +44,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 import pathlib
@@ -365,6 +366,14 @@ def stand_in_runs(seed: int = 0, folder: Optional[str] = None
       os.path.join(folder, "images_background_small2.zip"), seed=seed,
       exclude_alphabets=sorted(omniglot_builder.alphabets_of(
           small1, "images_background_small1")))
+
+
+def cached_embedder(embed: Callable[[Sequence[bytes]], np.ndarray]
+                    ) -> Callable[[Sequence[bytes]], np.ndarray]:
+  """``embed`` that remembers its last answer: scoring a model alone and
+  then inside an ensemble on the same images embeds them once."""
+  last = functools.lru_cache(maxsize=1)(lambda images: embed(list(images)))
+  return lambda images: last(tuple(images))
 
 
 def ensemble_embedder(embedders: Sequence[Callable[[Sequence[bytes]],

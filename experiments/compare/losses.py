@@ -73,6 +73,17 @@ of each image: ``--ablation "two_views@nt_xent:--config.batch.sampler=views
 and per ablation. ``--notes FILE`` follows the report's results tables. ``--jobs N``
 trains N runs at once (their timings then include the contention).
 
+The official Omniglot one-shot runs (Lake et al. 2015), single models and
+ensembles in one command (``experiments/compare/oneshot.py``): ``--oneshot
+M`` scores the finished runs of each loss on the 20 official runs as
+ensembles of ``M`` seeds taken in order, and reports each ensemble's error
+per run and their mean and spread::
+
+  # 3 independent ensembles of 3 Circle models (9 runs)
+  python -m experiments.compare.losses --config experiments/configs/omniglot_fewshot.py \
+      --losses circle --seeds 9 --oneshot 3 --jobs 2 \
+      --out experiments/results/compare/oneshot_omniglot_fewshot
+
 Writes ``OUT.md`` and ``OUT.png`` (default ``OUT``:
 ``experiments/results/compare/losses_<config name>``); the runs live under
 ``--workdir`` (default ``/tmp/circle_jax_compare/<config name>``).
@@ -93,6 +104,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from circle_jax import losses as losses_lib
+from experiments.compare import oneshot as compare_oneshot
 from experiments.compare import report as compare_report
 from experiments.compare import runs as compare_runs
 from experiments.compare.runs import Run
@@ -184,6 +196,8 @@ def canonical_command(args, overrides: Sequence[str]) -> str:
     cmd += ["--ablation-loss", args.ablation_loss]
   if args.notes:
     cmd += ["--notes", args.notes]
+  if args.oneshot:
+    cmd += ["--oneshot", str(args.oneshot)]
   return shlex.join(cmd + list(overrides))
 
 
@@ -270,6 +284,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   p.add_argument("--jobs", type=int, default=1,
                  help="runs trained at the same time (each a process; their "
                       "timings then include the contention)")
+  p.add_argument("--oneshot", type=int, default=0, metavar="M",
+                 help="also score the runs on the 20 official Omniglot "
+                      "one-shot runs, as ensembles of M seeds (seeds in "
+                      "order, M at a time; 1: each run alone)")
   p.add_argument("--dry-run", action="store_true",
                  help="list the runs (reused / to train / conflicting) and "
                       "their commands; train nothing, write nothing")
@@ -292,6 +310,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ablations = parse_ablations(args.ablation, losses)
     if args.jobs < 1:
       raise ValueError(f"--jobs must be >= 1; got {args.jobs}.")
+    if args.oneshot:
+      compare_oneshot.check_members(args.oneshot, len(seeds))
     if args.notes and not os.path.isfile(args.notes):
       raise ValueError(f"--notes {args.notes}: no such file.")
     runs = build_runs(args, overrides, ablations,
@@ -345,10 +365,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("\n[compare] interrupted; run the same command again to resume:\n"
           f"  {canonical_command(args, overrides)}", file=sys.stderr)
     return 130
+  sections = []
+  if args.oneshot:
+    sections = compare_oneshot.oneshot_lines(runs, losses, args.oneshot)
+    for line in sections:
+      if line.startswith("- `"):
+        print(f"[compare] one-shot {line[2:]}", flush=True)
   md_path, png_path = compare_report.report(
       args.out, command=canonical_command(args, overrides),
       config_name=args.config, losses=losses, seeds=seeds, runs=runs,
-      elapsed=time.time() - started, ablations=ablations, notes=args.notes)
+      elapsed=time.time() - started, ablations=ablations, notes=args.notes,
+      sections=sections)
   print(f"[compare] wrote {md_path} and {png_path}")
   failed = [r for r in runs if r.status == "failed"]
   if failed:

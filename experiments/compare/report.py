@@ -247,12 +247,13 @@ def write_markdown(path: pathlib.Path, *, command: str, config_name: str,
                    runs: Sequence[Any], elapsed: float,
                    plot_name: Optional[str] = None,
                    ablations: Sequence[Tuple[str, Sequence[str]]] = (),
-                   notes: str = "") -> str:
+                   notes: str = "", sections: Sequence[str] = ()) -> str:
   """Writes the comparison's Markdown file and returns its text.
 
   ``runs`` holds the ablations' runs too (``run.variant`` their name);
-  ``ablations`` is ``[(NAME, overrides)]``; ``notes`` a Markdown file
-  placed after the results tables.
+  ``ablations`` is ``[(NAME, overrides)]``; ``sections`` Markdown lines
+  after the few-shot table (``experiments/compare/oneshot.py``); ``notes`` a
+  Markdown file placed after the results tables.
   """
   every_run, runs = runs, [r for r in runs if not _variant(r)]
   cfg = runs[0].config
@@ -307,6 +308,7 @@ def write_markdown(path: pathlib.Path, *, command: str, config_name: str,
     shown = " and ".join(t for _, t in chart_panels(runs))
     lines += [f"![{shown} per loss]({plot_name})", ""]
   lines += _fewshot_lines(every_run, losses, ablations)
+  lines += list(sections)
   if notes:
     lines += [pathlib.Path(notes).read_text().rstrip(), ""]
   lines += ["## Hyperparameters", "",
@@ -356,12 +358,14 @@ def write_markdown(path: pathlib.Path, *, command: str, config_name: str,
 def report(out: str, *, command: str, config_name: str,
            losses: Sequence[str], seeds: Sequence[int], runs: Sequence[Any],
            elapsed: float, ablations: Sequence[Tuple[str, Sequence[str]]] = (),
-           notes: str = "") -> Tuple[pathlib.Path, pathlib.Path]:
+           notes: str = "", sections: Sequence[str] = ()
+           ) -> Tuple[pathlib.Path, pathlib.Path]:
   """Writes ``OUT.md`` and ``OUT.png``; returns their paths."""
   md_path, png_path = pathlib.Path(out + ".md"), pathlib.Path(out + ".png")
   write_markdown(md_path, command=command, config_name=config_name,
                  losses=losses, seeds=seeds, runs=runs, elapsed=elapsed,
-                 plot_name=png_path.name, ablations=ablations, notes=notes)
+                 plot_name=png_path.name, ablations=ablations, notes=notes,
+                 sections=sections)
   runs = [r for r in runs if not _variant(r)]
   from experiments.figures import plots  # pylint: disable=g-import-not-at-top
   cfg = runs[0].config

@@ -23,7 +23,6 @@ paper reports them (and each member's mean first, for an ensemble).
 """
 
 import argparse
-import functools
 import sys
 from typing import Optional, Sequence
 
@@ -32,12 +31,6 @@ from circle_jax.errors import UserError
 from circle_jax.evaluation import omniglot_oneshot
 from circle_jax.train import console
 from circle_jax.train import restore as restore_lib
-
-
-def _embed_once(embed):
-  """``embed`` remembering its last answer (the same images again)."""
-  last = functools.lru_cache(maxsize=1)(lambda images: embed(list(images)))
-  return lambda images: last(tuple(images))
 
 
 def _run(args):
@@ -59,8 +52,8 @@ def _run(args):
       run.config.eval_shift = args.eval_shift
   # Each model embeds the runs' images once: an ensemble's members are
   # scored alone and then together on the same images.
-  embedders = [_embed_once(omniglot_oneshot.run_embedder(r))
-               for r in restored]
+  embedders = [omniglot_oneshot.cached_embedder(
+      omniglot_oneshot.run_embedder(r)) for r in restored]
   what = ("official runs" if not args.stand_in else
           f"stand-in runs (seed {args.stand_in_seed}), not the official runs")
   if len(restored) > 1:

@@ -9,6 +9,8 @@ import textwrap
 
 import pytest
 
+from circle_jax.evaluation import omniglot_oneshot
+from circle_jax.train import restore as restore_lib
 from experiments.compare import losses as compare
 from experiments.compare import runs as compare_runs
 from experiments.compare import report as compare_report
@@ -286,6 +288,7 @@ def test_cli_end_to_end_on_digits(tmp_path):
   out = tmp_path / "cmp"
   cmd = [sys.executable, "-m", "experiments.compare.losses", "--config", DIGITS,
          "--losses", "circle,multi_similarity", "--seeds", "2",
+         "--oneshot", "2",
          "--workdir", str(tmp_path / "runs"), "--out", str(out),
          "--config.num_train_steps=3", "--config.eval_every_steps=0",
          "--config.checkpoint_every_steps=0", "--config.eval_at_init=False",
@@ -307,6 +310,21 @@ def test_cli_end_to_end_on_digits(tmp_path):
   assert "| `circle` | 2 | " in md and "| `multi_similarity` | 2 | " in md
   assert "`alpha=2.0`, `base=0.5`, `beta=50.0`" in md
   assert pathlib.Path(str(out) + ".png").read_bytes()[:8] == PNG_SIGNATURE
+  # --oneshot 2: each loss's two seeds as one ensemble on the official
+  # one-shot runs, as the library scores them.
+  official = omniglot_oneshot.official_runs()
+  for loss in ("circle", "multi_similarity"):
+    embedders = [omniglot_oneshot.run_embedder(restore_lib.restore_run(
+        str(tmp_path / "runs" / loss / f"seed_{seed}"))) for seed in (0, 1)]
+    alone = [omniglot_oneshot.oneshot_errors(e, official).mean_error
+             for e in embedders]
+    both = omniglot_oneshot.oneshot_errors(
+        omniglot_oneshot.ensemble_embedder(embedders), official)
+    assert (f"| `{loss}` | 0, 1 | {alone[0]:.2f}, {alone[1]:.2f} | "
+            f"**{both.mean_error:.2f}** | "
+            + " | ".join(f"{e:.0f}" for e in both.errors) + " |") in md
+    assert f"- `{loss}`: {both.mean_error:.2f} % over 1 ensemble of 2 runs" in md
+  assert "one-shot `circle`: " in proc.stdout
   # The same command again trains nothing.
   proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True,
                         text=True, timeout=120)
@@ -318,7 +336,8 @@ def test_cli_end_to_end_on_digits(tmp_path):
   ckpts = {str(p): p.stat().st_mtime_ns
            for p in (workdir / "checkpoints").rglob("*") if p.is_file()}
   wall = json.loads((workdir / "compare_run.json").read_text())["wall_seconds"]
-  cmd2 = [a for a in cmd if a not in ("circle,multi_similarity", "2")]
+  cmd2 = [a for a in cmd
+          if a not in ("circle,multi_similarity", "2", "--oneshot")]
   cmd2[cmd2.index("--losses") + 1:cmd2.index("--losses") + 1] = ["circle"]
   cmd2[cmd2.index("--seeds") + 1:cmd2.index("--seeds") + 1] = ["1"]
   proc = subprocess.run(cmd2 + ["--config.eval_shift=1"], cwd=tmp_path,
