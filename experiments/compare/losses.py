@@ -82,7 +82,7 @@ per run and their mean and spread::
   # 3 independent ensembles of 3 Circle models (9 runs)
   python -m experiments.compare.losses --config experiments/configs/omniglot_fewshot.py \
       --losses circle --seeds 9 --oneshot 3 --jobs 2 \
-      --out experiments/results/compare/oneshot_omniglot_fewshot
+      --out experiments/results/compare/losses_omniglot_fewshot_oneshot
 
 Writes ``OUT.md`` and ``OUT.png`` (default ``OUT``:
 ``experiments/results/compare/losses_<config name>``); the runs live under
