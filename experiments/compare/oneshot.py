@@ -52,7 +52,8 @@ def oneshot_lines(runs: Sequence[Any], losses: Sequence[str],
       "scored by 1-NN (cosine) with each run's eval preprocessing and "
       f"test-time shift; an ensemble of {members} runs (seeds in order, "
       f"{members} at a time) ranks by the mean of its members' cosine "
-      "similarities. Errors in %; people: 4.5 % (Lake et al. 2015). Summary: "
+      f"similarities. Errors in %; people: {HUMAN_ERROR} % (Lake et al. "
+      "2015). Summary: "
       "mean over the ensembles ± the half-width of the 95 % Student-t "
       "interval of that mean, and the sample standard deviation.", ""]
   header = "| loss | seeds | members' errors | error | " + " | ".join(
@@ -60,13 +61,11 @@ def oneshot_lines(runs: Sequence[Any], losses: Sequence[str],
   table = [header, "| --- | --- | --- | ---: |" + " ---: |" * len(official)]
   summary = []
   for loss in losses:
-    done = [r for r in runs if not r.variant and r.loss == loss
-            and r.metrics is not None]
-    group_runs = [r for r in runs if not r.variant and r.loss == loss]
+    own = [r for r in runs if not r.variant and r.loss == loss]
     errors = []
-    for start in range(0, len(group_runs), members):
-      group = group_runs[start:start + members]
-      if any(r not in done for r in group):
+    for start in range(0, len(own), members):
+      group = own[start:start + members]
+      if any(r.metrics is None for r in group):  # a run did not finish
         continue
       embedders = [omniglot_oneshot.cached_embedder(
           omniglot_oneshot.run_embedder(
@@ -88,12 +87,12 @@ def oneshot_lines(runs: Sequence[Any], losses: Sequence[str],
                 f" ± {ci.std:.2f} (95 % interval; std {stat.std:.2f}, "
                 f"range {min(errors):.2f}-{max(errors):.2f})")
       upper = stat.mean + (ci.std or 0.0)
-      verdict = ("its whole 95 % interval is below people's 4.5 %"
+      people = f"people's {HUMAN_ERROR} %"
+      verdict = (f"its whole 95 % interval is below {people}"
                  if stat.n > 1 and upper < HUMAN_ERROR else
-                 "below people's 4.5 % on average only"
-                 if stat.mean < HUMAN_ERROR else "not below people's 4.5 %")
+                 f"below {people} on average only"
+                 if stat.mean < HUMAN_ERROR else f"not below {people}")
       summary.append(f"- `{loss}`: {stat.mean:.2f}{spread} % over "
                      f"{compare_report.plural(stat.n, 'ensemble')} of "
                      f"{compare_report.plural(members, 'run')}: {verdict}.")
   return lines + summary + [""] + table + [""]
-

@@ -18,8 +18,9 @@ by 1-nearest neighbour (cosine) among its run's training images, embedded
 with the workdir's model and eval preprocessing
 (:mod:`circle_jax.evaluation.omniglot_oneshot`); ``--eval_shift`` replaces
 the runs' test-time shift (``config.eval_shift``); several ``--workdir``
-make one ensemble, the mean of their cosine similarities. Prints the error of each run and their mean, in %, as the
-paper reports them (and each member's mean first, for an ensemble).
+make one ensemble, the mean of their cosine similarities. Prints the error
+of each run and their mean, in %, as the paper reports them (and each
+member's mean first, for an ensemble).
 """
 
 import argparse
@@ -31,6 +32,7 @@ from circle_jax.errors import UserError
 from circle_jax.evaluation import omniglot_oneshot
 from circle_jax.train import console
 from circle_jax.train import restore as restore_lib
+from circle_jax.train import run as run_lib
 
 
 def _run(args):
@@ -43,8 +45,7 @@ def _run(args):
   restored = [restore_lib.restore_run(w, args.which) for w in args.workdir]
   if args.eval_shift is not None:
     for run in restored:
-      size = run.info.get_preprocess(
-          train=False, **dict(run.config.dataset.preprocess)).image_size
+      size = run_lib.eval_preprocess(run.config, run.info).image_size
       if not 0 <= args.eval_shift <= (size - 1) // 2:
         raise UserError(f"--eval_shift must be in [0, {(size - 1) // 2}] for "
                         f"{run.workdir}'s {size} px images; got "

@@ -8,7 +8,6 @@ repository's own published baseline (Modified Hausdorff Distance, 38.8 %).
 """
 
 import hashlib
-
 import io
 import os
 import shutil
