@@ -401,15 +401,31 @@ def _check_steps(config) -> None:
       _fail(field, f"must be an int >= 0 (0 disables); got {v!r}.")
 
 
-def _check_evaluation(config, info, held_out: int) -> None:
-  """The test-time shift, the few-shot settings and the selection metric."""
-  shift = config.eval_shift
-  size = info.get_preprocess(train=False,
-                             **dict(config.dataset.preprocess)).image_size
+def check_eval_shift(shift, size: int, *, name: str = "config.eval_shift"
+                     ) -> None:
+  """Checks a test-time shift (``config.eval_shift``) for ``size`` px
+  evaluation images: an int in ``[0, (size - 1) // 2]``, so that every
+  shifted view keeps more than half the image.
+
+  Args:
+    shift: the shift in pixels (0: off).
+    size: the evaluation image's side in pixels.
+    name: what the message calls the value (a config field or a flag).
+
+  Raises:
+    ConfigError: one line naming ``name``, the allowed range and the value.
+  """
   if (isinstance(shift, bool) or not isinstance(shift, int) or shift < 0
       or 2 * shift >= size):
-    _fail("eval_shift", f"must be an int in [0, {(size - 1) // 2}] (pixels of "
-          f"the {size} px evaluation image; 0: off); got {shift!r}.")
+    raise ConfigError(
+        f"{name}: must be an int in [0, {(size - 1) // 2}] (pixels of the "
+        f"{size} px evaluation image; 0: off); got {shift!r}.")
+
+
+def _check_evaluation(config, info, held_out: int) -> None:
+  """The test-time shift, the few-shot settings and the selection metric."""
+  check_eval_shift(config.eval_shift, info.get_preprocess(
+      train=False, **dict(config.dataset.preprocess)).image_size)
   ks = tuple(config.eval_ks or info.ks)
   _check_fewshot(config, info, held_out)
   metrics = facts.retrieval_metrics(config)

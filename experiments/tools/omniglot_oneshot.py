@@ -28,8 +28,8 @@ import sys
 from typing import Optional, Sequence
 
 from circle_jax import hostenv
-from circle_jax.errors import UserError
 from circle_jax.evaluation import omniglot_oneshot
+from circle_jax.train import config_checks
 from circle_jax.train import console
 from circle_jax.train import restore as restore_lib
 from circle_jax.train import run as run_lib
@@ -45,11 +45,10 @@ def _run(args):
   restored = [restore_lib.restore_run(w, args.which) for w in args.workdir]
   if args.eval_shift is not None:
     for run in restored:
-      size = run_lib.eval_preprocess(run.config, run.info).image_size
-      if not 0 <= args.eval_shift <= (size - 1) // 2:
-        raise UserError(f"--eval_shift must be in [0, {(size - 1) // 2}] for "
-                        f"{run.workdir}'s {size} px images; got "
-                        f"{args.eval_shift}.")
+      config_checks.check_eval_shift(
+          args.eval_shift,
+          run_lib.eval_preprocess(run.config, run.info).image_size,
+          name=f"--eval_shift (for {run.workdir})")
       run.config.eval_shift = args.eval_shift
   # Each model embeds the runs' images once: an ensemble's members are
   # scored alone and then together on the same images.

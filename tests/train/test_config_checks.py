@@ -47,6 +47,21 @@ def test_bad_values_name_the_field(overrides, field):
     config_checks.check_config(c, device_count=8, process_count=1)
 
 
+@pytest.mark.parametrize("size, good, bad", [
+    (16, (0, 1, 7), (-1, 8, True, 1.0)), (28, (13,), (14,)), (3, (0, 1), (2,)),
+    (2, (0,), (1,))])
+def test_eval_shift_keeps_more_than_half_the_image(size, good, bad):
+  """The one rule of the test-time shift, shared by the config check and
+  the one-shot tool's --eval_shift: 2 * shift < size."""
+  for shift in good:
+    config_checks.check_eval_shift(shift, size)
+  for shift in bad:
+    with pytest.raises(config_checks.ConfigError, match=(
+        rf"^--flag: must be an int in \[0, {(size - 1) // 2}\] \(pixels of "
+        rf"the {size} px evaluation image; 0: off\); got {shift!r}\.$")):
+      config_checks.check_eval_shift(shift, size, name="--flag")
+
+
 @pytest.mark.parametrize("path, close", [
     ("loss.gama", "config.loss.gamma"),
     ("optim.lr_multipliers.proxy", "the fields are backbone, head, loss"),

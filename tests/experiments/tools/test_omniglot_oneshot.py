@@ -97,5 +97,6 @@ def test_default_runs_are_the_official_runs_and_eval_shift_overrides(workdir):
   proc = _cli(f"--workdir={workdir}", "--which=latest", f"--eval_shift={size}")
   assert proc.returncode == 1
   assert proc.stderr.strip().splitlines() == [
-      f"error: --eval_shift must be in [0, {(size - 1) // 2}] for {workdir}'s "
-      f"{size} px images; got {size}."]
+      f"error: --eval_shift (for {workdir}): must be an int in "
+      f"[0, {(size - 1) // 2}] (pixels of the {size} px evaluation image; "
+      f"0: off); got {size}."]
