@@ -310,17 +310,20 @@ def test_every_placement_trains_and_evaluates_the_same_run(data_dir,
                                                             tmp_path):
   """shard_map, pmap and one device reach the same parameters (to float32
   reduction order) and, each evaluating with its own placement, the same
-  metrics at init. After these 6 large SGD steps the 4-d embedding has so
-  many near-ties that float32 rounding alone moves R@1 by a few percent
-  (measured: one tree evaluated on one device vs. sharded, 0.651 vs 0.622),
-  so the final metrics only agree loosely. SGD: Adam would scale the float
-  noise of the conv biases' zero gradients (BatchNorm follows) up to lr."""
+  metrics at init and at the end. Six SGD steps at lr 0.01 (mAP@R 0.14 ->
+  0.33): at lr 0.05 the digits job's 4-d embedding ends with so many
+  near-ties that float32 rounding alone moved R@1 by up to 0.07 between
+  placements whose parameters agreed to 1e-4, so the test could not tell a
+  placement's bug from rounding; at 0.01 they agree within 0.01 (measured
+  with the tests' compile flags and with XLA's defaults). SGD: Adam would
+  scale the float noise of the conv biases' zero gradients (BatchNorm
+  follows) up to lr."""
   results, trees = {}, {}
   for mode in ("shard_map", "pmap", "none"):
     c = short_config(data_dir, num_train_steps=6, eval_every_steps=0,
                      checkpoint_every_steps=0, eval_clustering=False,
                      parallelism=mode, **{"optim.name": "sgd",
-                                          "optim.learning_rate": 0.05,
+                                          "optim.learning_rate": 0.01,
                                           "optim.momentum": 0.9})
     results[mode] = loop.train_and_evaluate(c, str(tmp_path / mode))
     ckpts = restore_lib.open_checkpoints(c, str(tmp_path / mode))
@@ -335,4 +338,4 @@ def test_every_placement_trains_and_evaluates_the_same_run(data_dir,
     for k, v in ref["init"].items():
       assert results[mode]["init"][k] == pytest.approx(v, abs=1e-3), (mode, k)
     for k, v in ref["final"].items():
-      assert results[mode]["final"][k] == pytest.approx(v, abs=0.05), (mode, k)
+      assert results[mode]["final"][k] == pytest.approx(v, abs=0.02), (mode, k)
