@@ -450,9 +450,11 @@ def _fewshot_section() -> ml_collections.ConfigDict:
 
 def optim_config() -> ml_collections.ConfigDict:
   """``config.optim``: the keyword arguments of
-  :func:`circle_jax.train.optim.make_optimizer` (but ``num_train_steps``,
-  from ``config.num_train_steps``), whose signature defaults are read from
-  here."""
+  :func:`circle_jax.train.optim.make_schedule` (but ``num_train_steps``,
+  from ``config.num_train_steps``) and of
+  :func:`circle_jax.train.optim.make_optimizer`, whose signature defaults
+  are read from here (:func:`circle_jax.train.optim.optimizer_from_config`
+  passes the schedule to the optimiser)."""
   c = Config()
   c.name = "adam"            # adam, adamw, sgd, rmsprop
   c.learning_rate = 1e-3     # base learning rate

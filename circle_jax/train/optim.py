@@ -28,7 +28,7 @@ from __future__ import annotations
 import fnmatch
 import inspect
 import types
-from typing import Any, Callable, Mapping, NamedTuple, Optional
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -222,18 +222,12 @@ def _scale_transform(name: str, *, b1, b2, eps, momentum, nesterov, rms_decay):
 def make_optimizer(
     *,
     name: str = DEFAULTS.name,
-    learning_rate: float = DEFAULTS.learning_rate,
+    learning_rate: Union[float, optax.Schedule] = DEFAULTS.learning_rate,
     weight_decay: float = DEFAULTS.weight_decay,
     lr_multipliers: Optional[Mapping[str, float]] = types.MappingProxyType(
         DEFAULTS.lr_multipliers.to_dict()),
     freeze_backbone_steps: int = DEFAULTS.freeze_backbone_steps,
     frozen_paths=(),
-    schedule: str = DEFAULTS.schedule,
-    num_train_steps: int = 1,
-    lr_warmup_steps: int = DEFAULTS.lr_warmup_steps,
-    decay_every_steps: int = DEFAULTS.decay_every_steps,
-    decay_factor: float = DEFAULTS.decay_factor,
-    cosine_final_fraction: float = DEFAULTS.cosine_final_fraction,
     grad_clip_norm: float = DEFAULTS.grad_clip_norm,
     grad_clip_value: float = DEFAULTS.grad_clip_value,
     b1: float = DEFAULTS.b1,
@@ -250,7 +244,9 @@ def make_optimizer(
 
   Args:
     name: ``adam``, ``adamw``, ``sgd`` or ``rmsprop`` (PyTorch semantics).
-    learning_rate: base learning rate (of the backbone group).
+    learning_rate: the base learning rate (of the backbone group): a
+      constant, or an optax schedule ``step -> lr`` (:func:`make_schedule`
+      builds the config's; :func:`optimizer_from_config` passes it).
     weight_decay: L2 (coupled) for adam/sgd/rmsprop, decoupled for adamw.
     lr_multipliers: multipliers by group, keys among ``backbone``, ``head``,
       ``loss`` (missing groups get 1; default: 1 for every group), or by
@@ -270,8 +266,6 @@ def make_optimizer(
       BatchNorm affine parameters of a ``freeze_bn`` model, the ViT
       parameters that its ``tune`` (BitFit, prompt tuning) leaves fixed
       (:func:`circle_jax.models.frozen_module_paths`).
-    schedule, num_train_steps, lr_warmup_steps, decay_every_steps,
-      decay_factor, cosine_final_fraction: see :func:`make_schedule`.
     grad_clip_norm: if > 0, clip the global gradient norm to this value.
     grad_clip_value: if > 0, clip each gradient entry to ``[-v, v]``
       (PyTorch's ``clip_grad_value_``, used by the Proxy-Anchor code).
@@ -299,10 +293,8 @@ def make_optimizer(
     raise ValueError(f"`optim.weight_decay` must be >= 0; got {weight_decay}.")
   if name not in OPTIMIZERS:
     raise ValueError(f"Unknown `optim.name` {name!r}; use one of {OPTIMIZERS}.")
-  base = make_schedule(
-      learning_rate, schedule=schedule, num_train_steps=num_train_steps,
-      lr_warmup_steps=lr_warmup_steps, decay_every_steps=decay_every_steps,
-      decay_factor=decay_factor, cosine_final_fraction=cosine_final_fraction)
+  base = (learning_rate if callable(learning_rate)
+          else make_schedule(learning_rate, schedule="constant"))
 
   def group_tx(label):
     scale = _scale_transform(name, b1=b1, b2=b2, eps=eps, momentum=momentum,
@@ -339,13 +331,18 @@ def optimizer_from_config(optim_config, *, num_train_steps: int,
                           frozen_paths=()):
   """:func:`make_optimizer` from an ``ml_collections`` ``config.optim``.
 
-  ``config.optim`` holds :func:`make_optimizer`'s keyword arguments except
-  ``num_train_steps``, which comes from ``config.num_train_steps``.
+  ``config.optim`` holds :func:`make_schedule`'s keyword arguments (but
+  ``num_train_steps``, which comes from ``config.num_train_steps``) and
+  :func:`make_optimizer`'s (but ``frozen_paths``); its ``learning_rate`` is
+  the schedule's peak.
   """
   kwargs = dict(optim_config)
   kwargs["lr_multipliers"] = dict(kwargs.get("lr_multipliers") or {})
-  return make_optimizer(num_train_steps=num_train_steps,
-                        frozen_paths=frozen_paths, **kwargs)
+  schedule = make_schedule(kwargs.pop("learning_rate"),
+                           num_train_steps=num_train_steps,
+                           **{k: kwargs.pop(k) for k in SCHEDULE_FIELDS})
+  return make_optimizer(learning_rate=schedule, frozen_paths=frozen_paths,
+                        **kwargs)
 
 
 def learning_rates(optim_config, num_train_steps: int) -> Callable[[int], dict]:

@@ -1,7 +1,9 @@
 """Optimisers: PyTorch semantics, parameter groups, warm-up freeze, schedules."""
 
+import functools
 import inspect
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -208,9 +210,10 @@ def test_schedules():
   np.testing.assert_allclose([float(s(t)) for t in (0, 5, 10, 60, 110)],
                              [0, 1, 2, 1, 0], atol=1e-6)
   # The schedule follows the global step, also for a frozen backbone.
-  tx = optim.make_optimizer(name="sgd", learning_rate=1.0, schedule="step",
-                            decay_every_steps=1, decay_factor=0.5,
-                            freeze_backbone_steps=2)
+  tx = optim.make_optimizer(
+      name="sgd", learning_rate=optim.make_schedule(
+          1.0, schedule="step", decay_every_steps=1, decay_factor=0.5),
+      freeze_backbone_steps=2)
   hist = _run(tx, 3)
   np.testing.assert_allclose(
       hist[3]["model"]["backbone"]["w"] - hist[2]["model"]["backbone"]["w"],
@@ -221,12 +224,30 @@ def test_schedules():
     (dict(name="lamb"), "optim.name"),
     (dict(schedule="poly"), "optim.schedule"),
     (dict(schedule="step"), "decay_every_steps"),
+    (dict(learning_rate=-1.0), "learning_rate"),
     (dict(lr_multipliers={"proxies": 100.0}), "lr_multipliers"),
     (dict(weight_decay=-1.0), "weight_decay"),
 ])
 def test_bad_settings_name_the_field(kwargs, match):
+  """Through the config (schedule and optimiser fields together), and
+  through the function that reads each field."""
+  c = config_lib.optim_config()
+  c.update(kwargs)
   with pytest.raises(ValueError, match=match):
-    optim.make_optimizer(**kwargs)
+    optim.optimizer_from_config(c, num_train_steps=10)
+  fn = (optim.make_optimizer if set(kwargs) - set(optim.SCHEDULE_FIELDS)
+        else functools.partial(optim.make_schedule, 1e-3))
+  with pytest.raises(ValueError, match=match):
+    fn(**kwargs)
+
+
+def test_a_constant_equals_its_constant_schedule():
+  """A float learning rate is the constant schedule at that value."""
+  for name in optim.OPTIMIZERS:
+    a = _run(optim.make_optimizer(name=name, learning_rate=0.1), 2)
+    b = _run(optim.make_optimizer(name=name, learning_rate=optim.make_schedule(
+        0.1, schedule="constant")), 2)
+    chex.assert_trees_all_close(a, b, rtol=0, atol=0)
 
 
 def test_one_set_of_defaults_the_configs():
@@ -235,11 +256,16 @@ def test_one_set_of_defaults_the_configs():
   fields = config_lib.base_config().optim.to_dict()
   assert fields == config_lib.optim_config().to_dict()
   assert (fields["name"], fields["learning_rate"]) == ("adam", 1e-3)
-  for fn, own in [(optim.make_optimizer, ("num_train_steps", "frozen_paths")),
+  keywords = set()
+  for fn, own in [(optim.make_optimizer, ("frozen_paths",)),
                   (optim.make_schedule, ("learning_rate", "num_train_steps"))]:
     params = inspect.signature(fn).parameters
     defaults = {k: p.default for k, p in params.items() if k not in own}
     if fn is optim.make_optimizer:
-      assert set(defaults) == set(fields)  # every field is a keyword
       defaults["lr_multipliers"] = dict(defaults["lr_multipliers"])
     assert defaults == {k: fields[k] for k in defaults}, fn.__name__
+    assert not keywords & set(defaults), fn.__name__  # each default once
+    keywords |= set(defaults)
+  assert keywords == set(fields)  # every field is a keyword of one of them
+  assert set(optim.SCHEDULE_FIELDS) == keywords - set(
+      inspect.signature(optim.make_optimizer).parameters)
