@@ -259,13 +259,35 @@ def _sample_triplets(key, pos: Array, neg: Array, rows: Array, t: int,
         return order[jnp.arange(t) % jnp.maximum(jnp.sum(mask), 1)]
       return cyc(p), cyc(n), jnp.zeros((2, t, num_proxies), jnp.float32)
     k_p, k_n, k_g = jax.random.split(jax.random.fold_in(key, row), 3)
-
-    def draw(k, mask):
-      return jax.random.categorical(k, jnp.where(mask, 0.0, -jnp.inf),
-                                    shape=(t,))
-    return (draw(k_p, p), draw(k_n, n),
+    return (draw_members(k_p, p, t), draw_members(k_n, n, t),
             jax.random.gumbel(k_g, (2, t, num_proxies), jnp.float32))
   return jax.vmap(one)(pos, neg, rows)
+
+
+def draw_members(key: Array, mask: Array, num: int) -> Array:
+  """``num`` indices drawn uniformly with replacement from the True entries
+  of ``mask``.
+
+  Each draw is a uniform integer ``u`` below the member count, mapped to the
+  position of the ``u``-th member through the mask's cumulative sum: O(N)
+  for the mask and O(log N) a draw, where ``jax.random.categorical`` on
+  masked logits draws an N-wide Gumbel vector per draw (HIER's proxies: 50
+  draws from 512-wide masks for each of 512 anchors, about a third of a
+  step's time on a CPU).
+
+  Args:
+    key: PRNG key.
+    mask: ``[N]`` bool.
+    num: the number of draws.
+
+  Returns:
+    ``[num]`` int32 indices into ``mask``; with no member, all ``N - 1``
+    (callers give such draws zero weight).
+  """
+  count = jnp.cumsum(mask.astype(jnp.int32))
+  u = jax.random.randint(key, (num,), 0, jnp.maximum(count[-1], 1))
+  idx = jnp.searchsorted(count, u, side="right")
+  return jnp.minimum(idx, mask.shape[0] - 1).astype(jnp.int32)
 
 
 def _level_loss(key, dist_pts, pos, neg, rows, *, t, delta, tau, use_noise,

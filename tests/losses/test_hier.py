@@ -243,6 +243,30 @@ def test_check_grads_of_the_triplet_loss():
       order=1, modes=("rev",), eps=1e-3, atol=1e-2, rtol=1e-2)
 
 
+def test_triplet_draws_are_uniform_over_the_mask_members():
+  """The positives and negatives of a triplet are drawn uniformly with
+  replacement from the anchor's set, and never outside it."""
+  mask = np.zeros(512, bool)
+  mask[[0, 3, 4, 200, 511]] = True
+  draws = np.asarray(jax.jit(hier.draw_members, static_argnums=2)(
+      jax.random.PRNGKey(0), jnp.asarray(mask), 50_000))
+  assert draws.dtype == np.int32 and set(draws) == {0, 3, 4, 200, 511}
+  counts = np.bincount(draws, minlength=512)[mask]
+  # 10,000 expected per member; binomial std 89: 5 sigma is 450.
+  assert np.abs(counts - 10_000).max() < 450, counts
+  # A single member, a full mask, and none (all N - 1; weight 0 upstream).
+  one = np.zeros(7, bool)
+  one[2] = True
+  keys = jax.random.split(jax.random.PRNGKey(1), 3)
+  got = jax.vmap(hier.draw_members, (0, 0, None))(
+      keys, jnp.asarray(np.stack([one, np.ones(7, bool), np.zeros(7, bool)])),
+      4000)
+  assert set(np.asarray(got[0])) == {2}
+  assert np.abs(np.bincount(np.asarray(got[1]), minlength=7) - 4000 / 7
+                ).max() < 5 * np.sqrt(4000 / 7)
+  assert set(np.asarray(got[2])) == {6}
+
+
 @pytest.mark.slow  # CI, not the fast tier (CONTRIBUTING.md)
 def test_global_batch_on_8_devices_equals_one_device():
   x, y, raw = _batch(b=16, seed=3)
