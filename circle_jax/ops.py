@@ -252,6 +252,22 @@ def varying_axes(x) -> frozenset:
   return getattr(aval, "vma", frozenset())  # earlier jax
 
 
+def vary_as(x: Array, *refs: Array) -> Array:
+  """``x`` typed device-varying over every mapped axis that any of ``refs``
+  varies over (``jax.lax.pcast``, whose transpose sums the cotangent over
+  those axes).
+
+  Autodiff inserts this cast itself where an invariant value meets a
+  varying one; a ``custom_vjp`` must receive its inputs already cast,
+  since its backward pass has to return each cotangent with its input's
+  type. Under ``jax.pmap`` and outside a mapped function nothing varies and
+  ``x`` is returned as is.
+  """
+  varying = frozenset().union(*(varying_axes(r) for r in refs))
+  missing = tuple(sorted(varying - varying_axes(x)))
+  return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+
 def global_sum(x: Array, axis_name) -> Array:
   """``psum`` over ``axis_name`` whose backward pass is the identity.
 

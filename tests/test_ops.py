@@ -191,3 +191,27 @@ def test_global_sum_backward_is_the_identity(mode):
   np.testing.assert_allclose(float(v), float(jnp.sum(x ** 2)), rtol=1e-6)
   # Exact: d/dx of the global sum is 2x, not 2x times the device count.
   np.testing.assert_allclose(np.asarray(g), 2 * np.asarray(x), rtol=1e-6)
+
+
+def test_vary_as_casts_an_invariant_value_where_a_reference_varies():
+  """Inside shard_map, ``vary_as`` makes ``x`` vary where a reference does,
+  and its transpose sums the cotangent over the devices: the gradient of
+  sum_d <w_d, x> with respect to an invariant ``x`` is sum_d w_d."""
+  n = jax.device_count()
+  w = jnp.arange(3.0 * n).reshape(n, 3)
+  x = jnp.asarray([1.0, -2.0, 0.5])
+
+  def local(x, w):
+    assert ops.varying_axes(x) == frozenset()
+    cast = ops.vary_as(x, w)
+    assert ops.varying_axes(cast) == {"d"} and ops.varying_axes(w) == {"d"}
+    assert ops.vary_as(cast, w) is cast  # already varying: unchanged
+    assert ops.vary_as(x) is x  # no reference: unchanged
+    return jax.grad(lambda x: ops.global_sum(
+        jnp.sum(ops.vary_as(x, w) * w), "d"))(x)
+
+  g = jax.jit(jax.shard_map(local, mesh=_mesh(), in_specs=(P(), P("d")),
+                            out_specs=P()))(x, w.reshape(-1))
+  np.testing.assert_allclose(np.asarray(g), np.asarray(w.sum(0)), rtol=1e-6)
+  # Outside a mapped function nothing varies: x itself.
+  assert ops.vary_as(x, w) is x

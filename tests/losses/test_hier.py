@@ -243,6 +243,58 @@ def test_check_grads_of_the_triplet_loss():
       order=1, modes=("rev",), eps=1e-3, atol=1e-2, rtol=1e-2)
 
 
+def _autodiff_triplet_loss(dist, i, j, k, g, w, delta=0.1, tau=0.1):
+  """The straight-through form, differentiated by jax: one-hot plus softmax
+  minus its stopped value, ``<d, p>`` as sums over the proxies."""
+  def choice(m, noise):
+    z = -m / tau + noise
+    soft = jax.nn.softmax(z, -1)
+    hard = jax.nn.one_hot(jnp.argmax(z, -1), z.shape[-1])
+    return hard + soft - jax.lax.stop_gradient(soft)
+
+  d_i, d_j, d_k = dist[i], dist[j], dist[k]
+  m_ij = jnp.maximum(d_i, d_j)
+  p_ij = choice(m_ij, g[0])
+  p_ijk = choice(jnp.maximum(d_k, m_ij), g[1])
+  at = lambda d, p: jnp.sum(d * p, -1)  # noqa: E731
+  per = (jax.nn.relu(at(d_i, p_ij) - at(d_i, p_ijk) + delta)
+         + jax.nn.relu(at(d_j, p_ij) - at(d_j, p_ijk) + delta)
+         + jax.nn.relu(at(d_k, p_ijk) - at(d_k, p_ij) + delta))
+  differ = jnp.argmax(p_ij, -1) != jnp.argmax(p_ijk, -1)
+  return jnp.sum(jnp.where(differ & (w > 0), w * per, 0.0)) / jnp.sum(w)
+
+
+@pytest.mark.parametrize("noise", [True, False])
+def test_written_out_gradient_equals_autodiff_of_the_straight_through_form(
+    noise):
+  """hier_triplet_loss's hand-written backward pass against jax's autodiff
+  of the one-hot + softmax - stop(softmax) form, with ties in both maxima
+  (equal rows, a negative equal to the anchor), repeated rows and zero
+  weights."""
+  rng = np.random.default_rng(5)
+  n, m, t = 12, 9, 80
+  dist = rng.uniform(0.5, 3.0, (n, m))
+  dist[4] = dist[7]  # max(d_i, d_j) ties where (i, j) = (4, 7)
+  dist = jnp.asarray(dist, jnp.float32)
+  i, j, k = (rng.integers(0, n, t) for _ in range(3))
+  i[:6], j[:6], k[6:9] = 4, 7, i[6:9]  # ties in m_ij and in max(d_k, m_ij)
+  g = (rng.gumbel(size=(2, t, m)) if noise else np.zeros((2, t, m)))
+  g = jnp.asarray(g, jnp.float32)
+  w = rng.uniform(0.2, 2.0, t) * (rng.uniform(size=t) > 0.25)
+  w = jnp.asarray(w, jnp.float32)
+  i, j, k = (jnp.asarray(a) for a in (i, j, k))
+  want, want_g = jax.value_and_grad(_autodiff_triplet_loss)(
+      dist, i, j, k, g, w)
+  got, got_g = jax.jit(jax.value_and_grad(
+      lambda d: hier.hier_triplet_loss(d, i, j, k, weights=w,
+                                       gumbel=g if noise else None)))(dist)
+  assert float(want) > 0.05
+  np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
+  assert np.abs(np.asarray(want_g)).max() > 0.01
+  np.testing.assert_allclose(np.asarray(got_g), np.asarray(want_g),
+                             rtol=1e-5, atol=1e-6)
+
+
 def test_triplet_draws_are_uniform_over_the_mask_members():
   """The positives and negatives of a triplet are drawn uniformly with
   replacement from the anchor's set, and never outside it."""
