@@ -187,8 +187,9 @@ def _triplet_sum(dist, anchors, positives, negatives, gumbel, coef, delta,
   partials). Written by hand, the backward pass builds no ``[T, M]``
   one-hot and no products ``d * p``: the regulariser's value and gradient
   at the omniglot recipe's size (25,600 proxy triplets over 512 proxies)
-  take about 0.7 of the time of autodiff through the straight-through
-  form. tests/losses/test_hier.py checks the two agree, ties included.
+  take about 0.7 of the time of autodiff through the straight-through form
+  (``python -m experiments.bench.hier``, figures in its docstring).
+  tests/losses/test_hier.py checks the two agree, ties included.
   """
   return _triplet_sum_fwd(dist, anchors, positives, negatives, gumbel, coef,
                           delta, tau)[0]
