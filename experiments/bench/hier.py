@@ -13,10 +13,12 @@ Usage:
       --triplets 50 --repeats 10
 
 Figures, the default size, on this project's idle 2-core Xeon (two runs of
-each, alternating): 679 / 671 ms, 3.92 GFLOP, 7.66 GB before the triplet
-loss's backward pass was written out by hand (676b19f's parent, 3e8bfb0),
-471 / 514 ms, 2.90 GFLOP, 5.31 GB after; 89.3 M transcendentals both
-(mostly the 26 M Gumbel draws of the proxies' LCA choices).
+each): 679 / 671 ms, 3.92 GFLOP, 7.66 GB at 3e8bfb0; 471 / 514 ms, 2.90
+GFLOP, 5.31 GB once the triplet loss's backward pass was written out by
+hand (676b19f); 404 / 372 ms, 2.26 GFLOP, 4.72 GB once the Gumbel noise
+took two words per Threefry hash (``hier.gumbel_noise``). 89.3 M
+transcendentals in all three, mostly the 26 M Gumbel draws of the proxies'
+LCA choices.
 """
 
 from __future__ import annotations
