@@ -392,7 +392,7 @@ def _train(job: Job) -> None:
           _evaluate_and_save(job, do_eval, do_ckpt)
         job.writer.flush()
         if watch.should_stop(done):
-          _interrupted(job, preempted_by=watch.signal_name)
+          _interrupted(job, preempted_by=watch.preempted_by)
     except TrainingInterrupted:
       raise
     except KeyboardInterrupt:
@@ -458,7 +458,7 @@ def _interrupted(job: Job, preempted_by: Optional[str] = None):
   except UserError:
     raise  # a full disk, a non-finite step: their own one-line errors
   except Exception:  # pylint: disable=broad-except
-    # E.g. Ctrl-C inside a step whose input buffers were donated.
+    # E.g. a second Ctrl-C inside a step whose input buffers were donated.
     logging.exception("Could not save the interrupted step.")
   job.reporter.finish()
   job.close()

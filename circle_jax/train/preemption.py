@@ -1,4 +1,4 @@
-"""Preemption: SIGTERM asks the training loop to stop after the current step.
+"""Preemption and Ctrl-C: the training loop stops after the current step.
 
 Cloud and TPU preemption, ``kill``, SLURM and Kubernetes all send SIGTERM and
 then, after a grace period, SIGKILL. The default action of SIGTERM ends the
@@ -16,11 +16,21 @@ becomes true at that step on every host at once, which is the sync point the
 JAX documentation describes. The watch asks it at every step and installs its
 own signal handler only in single-process runs, where that service is off and
 the call returns False.
+
+Ctrl-C (SIGINT) is caught the same way in single-process runs. Python's
+default raises ``KeyboardInterrupt`` wherever the main thread is, also
+inside the call of a train step whose input buffers were donated to it: the
+state is then gone and the steps since the last periodic checkpoint are lost
+(seen on a GPU, where the loop spends most of its time dispatching). The
+first Ctrl-C therefore only sets the flag; the loop saves the step in flight
+when it completes, and the job exits with 130 as after any Ctrl-C. A second
+Ctrl-C raises ``KeyboardInterrupt`` at once, for a step that hangs.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from typing import Optional
 
@@ -38,13 +48,20 @@ class PreemptionWatch:
     signal_name: the signal that was received (None until one is).
   """
 
-  def __init__(self, signals=(signal.SIGTERM,)):
+  def __init__(self, signals=(signal.SIGTERM, signal.SIGINT)):
     self._signals = tuple(signals)
     self._previous = {}
     self.signal_name: Optional[str] = None
 
   def _handler(self, signum, frame):  # pylint: disable=unused-argument
-    self.signal_name = signal.Signals(signum).name
+    if signum == signal.SIGINT and self.signal_name is not None:
+      raise KeyboardInterrupt  # asked twice: stop now, unsaved
+    if self.signal_name is None:
+      self.signal_name = signal.Signals(signum).name
+    if signum == signal.SIGINT:
+      print("\nCtrl-C: stopping after the step in flight, which is saved "
+            "(Ctrl-C again to stop at once, unsaved).", file=sys.stderr,
+            flush=True)
 
   def __enter__(self) -> "PreemptionWatch":
     # Signal handlers can only be set from the main thread; JAX's preemption
@@ -59,6 +76,11 @@ class PreemptionWatch:
     for s, previous in self._previous.items():
       signal.signal(s, previous)
     self._previous = {}
+
+  @property
+  def preempted_by(self) -> Optional[str]:
+    """The signal to report as a preemption; None for Ctrl-C or none yet."""
+    return None if self.signal_name in (None, "SIGINT") else self.signal_name
 
   def should_stop(self, step: int) -> bool:
     """Whether to save ``step`` (the step just completed) and stop.

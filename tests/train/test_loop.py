@@ -6,6 +6,7 @@ Kill-and-resume and multi-process runs are in ``test_resume_multihost.py``.
 import json
 import os
 import shutil
+import signal
 
 import chex
 import jax
@@ -192,6 +193,48 @@ def test_ctrl_c_saves_the_last_step_and_resumes_exactly(data_dir, tmp_path):
     loop.train_and_evaluate(c, str(tmp_path / "a"), reporter=_InterruptAt(5))
   assert err.value.saved_step == 5     # not only the periodic step 4
   assert isinstance(err.value, KeyboardInterrupt)
+  loop.train_and_evaluate(short_config(data_dir, **kw), str(tmp_path / "a"))
+  loop.train_and_evaluate(short_config(data_dir, **kw), str(tmp_path / "b"))
+  trees = []
+  for run in ("a", "b"):
+    ckpts = ckpt_lib.Checkpoints(str(tmp_path / run / "checkpoints"))
+    assert ckpts.latest_step() == 8
+    trees.append(ckpts.restore()[0])
+    ckpts.close()
+  for x, y in zip(jax.tree.leaves(trees[0]), jax.tree.leaves(trees[1])):
+    np.testing.assert_array_equal(x, y)
+
+
+def test_ctrl_c_inside_a_donating_step_saves_that_step(data_dir, tmp_path,
+                                                    monkeypatch):
+  # A real SIGINT delivered inside the call of step 5, after the step has
+  # consumed (donated) its input state: Python's default KeyboardInterrupt
+  # there lost the state and with it every step since the last checkpoint
+  # (a compare run on a GPU, interrupted by `timeout -s INT`, saved nothing).
+  real = loop.step_lib.make_train_step
+  calls = []
+
+  def make_train_step(*args, **kwargs):
+    step = real(*args, **kwargs)
+
+    def signalled(state, batch):
+      out = step(state, batch)
+      calls.append(1)
+      if len(calls) == 5:
+        assert all(x.is_deleted() for x in jax.tree.leaves(state)
+                   if isinstance(x, jax.Array))  # donated: gone
+        os.kill(os.getpid(), signal.SIGINT)
+      return out
+    return signalled
+
+  monkeypatch.setattr(loop.step_lib, "make_train_step", make_train_step)
+  kw = dict(num_train_steps=8, eval_every_steps=0, checkpoint_every_steps=0,
+            eval_clustering=False, eval_at_init=False, best_metric="")
+  with pytest.raises(loop.TrainingInterrupted) as err:
+    loop.train_and_evaluate(short_config(data_dir, **kw), str(tmp_path / "a"))
+  assert not isinstance(err.value, loop.TrainingPreempted)  # exits 130
+  assert err.value.saved_step == 5
+  monkeypatch.undo()
   loop.train_and_evaluate(short_config(data_dir, **kw), str(tmp_path / "a"))
   loop.train_and_evaluate(short_config(data_dir, **kw), str(tmp_path / "b"))
   trees = []

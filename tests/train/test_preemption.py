@@ -1,4 +1,4 @@
-"""SIGTERM is caught while a PreemptionWatch is active, and only then."""
+"""SIGTERM and Ctrl-C are caught while a PreemptionWatch is active, and only then."""
 
 import os
 import signal
@@ -21,7 +21,30 @@ def test_sigterm_sets_the_flag_and_the_handler_is_restored():
     os.kill(os.getpid(), signal.SIGTERM)  # a real signal to this process
     assert watch.should_stop(4)
     assert watch.signal_name == "SIGTERM"
+    assert watch.preempted_by == "SIGTERM"
   assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_first_ctrl_c_sets_the_flag_a_second_one_interrupts_at_once(capsys):
+  before = signal.getsignal(signal.SIGINT)
+  with preemption.PreemptionWatch() as watch:
+    assert watch.preempted_by is None and not watch.should_stop(1)
+    os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C: no exception
+    assert watch.should_stop(2)
+    assert watch.signal_name == "SIGINT"
+    assert watch.preempted_by is None  # Ctrl-C, not a preemption (130, not 75)
+    assert "stopping after the step in flight" in capsys.readouterr().err
+    with pytest.raises(KeyboardInterrupt):
+      os.kill(os.getpid(), signal.SIGINT)
+  assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_ctrl_c_after_sigterm_interrupts_at_once_and_stays_a_preemption():
+  with preemption.PreemptionWatch() as watch:
+    os.kill(os.getpid(), signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+      os.kill(os.getpid(), signal.SIGINT)
+    assert watch.preempted_by == "SIGTERM"
 
 
 def test_without_a_watch_sigterm_still_ends_the_process():
