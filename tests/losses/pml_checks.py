@@ -143,11 +143,20 @@ def _pml_dense_terms(loss_dict, shape):
 
 
 def threshold_bounds(terms):
-  """``(low, high)`` near the quartiles of the non-zero ``terms``, halfway
-  between two of them (so float32 rounding keeps a term on its side)."""
+  """``(low, high)`` near the quartiles of the non-zero ``terms``, each
+  halfway across the widest gap between neighbouring terms within an
+  eighth of the terms of its quartile, so that float32 rounding keeps every
+  term on its side (two terms 1e-7 apart once straddled a bound on one CPU
+  and not on another)."""
   t = np.unique(np.asarray(terms, np.float64)[np.asarray(terms) > 0])
-  i, j = len(t) // 4, (3 * len(t)) // 4
-  return (t[i] + t[i + 1]) / 2, (t[j - 1] + t[j]) / 2
+  half = max(len(t) // 8, 1)
+
+  def split(q):
+    lo, hi = max(q - half, 0), min(q + half, len(t) - 1)
+    k = lo + int(np.argmax(np.diff(t[lo:hi + 1])))
+    return (t[k] + t[k + 1]) / 2
+
+  return split(len(t) // 4), split((3 * len(t)) // 4 - 1)
 
 
 def _flat_class_weighted():
