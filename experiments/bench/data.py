@@ -8,6 +8,11 @@ Measures, on this machine:
   shared archives (4,840 PNGs) and of ``digits``;
 * train-pipeline throughput (images/s, after 3 warm-up batches) for
   - ``omniglot_small`` + ``grayscale`` 28x28, P x K = 32 x 4;
+  - ``omniglot_small`` + ``grayscale_affine`` 28x28, P x K = 16 x 4 (the
+    train input of experiments/configs/omniglot_fewshot.py): small images
+    whose decoding and warping hold Python's GIL, so threads do not add
+    throughput and worker processes do (on a lent H200's 16-core host this
+    input, not the GPU, bounded the recipe to 24-35 steps/s per run);
   - CUB-like JPEGs (500x375, quality 90, an in-memory source) +
     ``bninception`` train 224 (random-resized-crop + flip), batch 60 x 2;
   with worker threads and processes varied.
@@ -80,6 +85,15 @@ def main():
                        num_workers=workers)
       rows.append((f"omniglot_small grayscale-28, PxK 32x4, threads={threads} "
                    f"workers={workers}", ips))
+    affine = data.get_preprocess("grayscale_affine", train=True,
+                                 image_size=28)
+    pk = data.PKSampler(data.split_labels(src), classes_per_batch=16,
+                        images_per_class=4, seed=0)
+    for threads, workers in ((0, 0), (4, 0), (0, 2)):
+      ips = throughput(src, pk, affine, args.steps * 2, num_threads=threads,
+                       num_workers=workers)
+      rows.append((f"omniglot_small grayscale_affine-28, PxK 16x4, "
+                   f"threads={threads} workers={workers}", ips))
     jpegs = jpeg_source()
     pk = data.PKSampler([r["label"] for r in jpegs], classes_per_batch=60,
                         images_per_class=2, seed=0)
@@ -93,7 +107,7 @@ def main():
   lines = [
       "# Input pipeline throughput",
       "",
-      f"{timing.machine_line()} (shared with other jobs while measured)",
+      timing.machine_line(),
       "Command: `python -m experiments.bench.data --out "
       "experiments/results/bench/data_cpu.md`",
       "",

@@ -16,6 +16,12 @@ from circle_jax import config as config_lib
 def get_config():
   c = config_lib.base_config()
   c.dataset.name = "omniglot_small"
+  # Decode and warp in the loop's own thread: for 28-pixel images the work
+  # holds Python's GIL, and decoding threads halve the input's throughput
+  # (the omniglot_small rows of `python -m experiments.bench.data`); the
+  # batches are the same either way. Worker processes
+  # (--config.dataset.num_workers) are what scales it, e.g. on a GPU.
+  c.dataset.num_threads = 0
   c.model.name = "conv4"
   c.model.embedding_dim = 64
   c.model.sync_bn = True

@@ -48,6 +48,7 @@ def omniglot_small_config(**overrides):
   """The omniglot_small job's config (experiments/configs/omniglot_small.py)."""
   c = config_lib.base_config()
   c.dataset.name = "omniglot_small"
+  c.dataset.num_threads = 0
   c.model.sync_bn = True
   c.loss = config_lib.loss_config("circle", gamma=80.0, margin=0.4)
   c.batch.classes_per_batch = 16
