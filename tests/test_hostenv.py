@@ -49,8 +49,7 @@ def test_reexec_is_a_no_op_when_disabled_or_already_set(monkeypatch):
   assert hostenv.malloc_setting() == "malloc: default (4 KiB pages)"
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux")
-                    or not hostenv._glibc_supports_hugetlb(),
+@pytest.mark.skipif(not hostenv.hugepage_malloc_supported(),
                     reason="needs glibc >= 2.35")
 def test_reexec_appends_the_tunable_and_keeps_the_command(monkeypatch):
   calls = []

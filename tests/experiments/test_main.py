@@ -9,6 +9,7 @@ import pytest
 
 from circle_jax import config as config_lib
 from circle_jax import config_flag
+from circle_jax import hostenv
 from circle_jax import losses
 from circle_jax.train import loop
 from circle_jax.train import workdir as workdir_lib
@@ -101,8 +102,10 @@ def test_blockwise_loss_from_the_command_line(data_dir, tmp_path):
   assert result["config"]["loss"]["block_size"] == 16
 
 
-def _main(*args, cwd=REPO, pythonpath=True):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+def _main(*args, cwd=REPO, pythonpath=True, env=None):
+  base = {k: v for k, v in os.environ.items()
+          if k not in ("GLIBC_TUNABLES", "CIRCLE_JAX_NO_HUGEPAGES")}
+  env = dict(base, JAX_PLATFORMS="cpu", XLA_FLAGS="", **(env or {}))
   env.pop("PYTHONPATH", None)
   if pythonpath:
     env["PYTHONPATH"] = (REPO + os.pathsep
@@ -150,6 +153,18 @@ def test_user_errors_print_one_line_without_traceback(tmp_path):
       f"error: Dataset 'cub200': 'CUB_200_2011.tgz' not found in manual_dir "
       f"'{tmp_path}'")
   assert line.endswith("(--verbose for details)")
+
+
+@pytest.mark.skipif(not hostenv.hugepage_malloc_supported(),
+                    reason="glibc < 2.35 has no huge-page malloc tunable")
+def test_the_job_runs_with_huge_page_malloc_unless_told_not_to(tmp_path):
+  args = (f"--config={DIGITS}", f"--workdir={tmp_path}",
+          "--config.batch.images_per_class=1", "--verbose")  # fails fast
+  proc = _main(*args)
+  assert "malloc: GLIBC_TUNABLES=" in proc.stderr, proc.stderr[-2000:]
+  assert "glibc.malloc.hugetlb=1" in proc.stderr
+  proc = _main(*args, env={"CIRCLE_JAX_NO_HUGEPAGES": "1"})
+  assert "malloc: default (4 KiB pages)" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_the_job_keeps_its_compiled_programs_where_the_config_says(
