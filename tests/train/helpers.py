@@ -25,6 +25,7 @@ from circle_jax import config as config_lib
 from circle_jax.losses.engine import reductions
 from circle_jax.losses import engine
 from circle_jax.train import checkpoint as ckpt_lib
+from circle_jax.train import loop
 from circle_jax.train import state as state_lib
 
 
@@ -194,6 +195,20 @@ def saved_tree(workdir: str, step: int):
   tree = ckpts.restore()[0]
   ckpts.close()
   return tree
+
+
+def assert_resumes_exactly(make_config: Callable, tmp_path, steps: int):
+  """Finishes the interrupted run in ``tmp_path / 'a'`` with
+  ``make_config()``, trains the same config uninterrupted in
+  ``tmp_path / 'b'``, and checks that both end at ``steps`` with bitwise
+  equal checkpoints."""
+  trees = []
+  for run in ("a", "b"):
+    workdir = str(tmp_path / run)
+    loop.train_and_evaluate(make_config(), workdir)
+    trees.append(saved_tree(workdir, steps))
+  for x, y in zip(jax.tree.leaves(trees[0]), jax.tree.leaves(trees[1])):
+    np.testing.assert_array_equal(x, y)
 
 
 def write_run(config, workdir: str, *, latest: int = 4,

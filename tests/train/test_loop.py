@@ -193,16 +193,8 @@ def test_ctrl_c_saves_the_last_step_and_resumes_exactly(data_dir, tmp_path):
     loop.train_and_evaluate(c, str(tmp_path / "a"), reporter=_InterruptAt(5))
   assert err.value.saved_step == 5     # not only the periodic step 4
   assert isinstance(err.value, KeyboardInterrupt)
-  loop.train_and_evaluate(short_config(data_dir, **kw), str(tmp_path / "a"))
-  loop.train_and_evaluate(short_config(data_dir, **kw), str(tmp_path / "b"))
-  trees = []
-  for run in ("a", "b"):
-    ckpts = ckpt_lib.Checkpoints(str(tmp_path / run / "checkpoints"))
-    assert ckpts.latest_step() == 8
-    trees.append(ckpts.restore()[0])
-    ckpts.close()
-  for x, y in zip(jax.tree.leaves(trees[0]), jax.tree.leaves(trees[1])):
-    np.testing.assert_array_equal(x, y)
+  helpers.assert_resumes_exactly(lambda: short_config(data_dir, **kw),
+                                 tmp_path, 8)
 
 
 def test_ctrl_c_inside_a_donating_step_saves_that_step(data_dir, tmp_path,
@@ -235,16 +227,8 @@ def test_ctrl_c_inside_a_donating_step_saves_that_step(data_dir, tmp_path,
   assert not isinstance(err.value, loop.TrainingPreempted)  # exits 130
   assert err.value.saved_step == 5
   monkeypatch.undo()
-  loop.train_and_evaluate(short_config(data_dir, **kw), str(tmp_path / "a"))
-  loop.train_and_evaluate(short_config(data_dir, **kw), str(tmp_path / "b"))
-  trees = []
-  for run in ("a", "b"):
-    ckpts = ckpt_lib.Checkpoints(str(tmp_path / run / "checkpoints"))
-    assert ckpts.latest_step() == 8
-    trees.append(ckpts.restore()[0])
-    ckpts.close()
-  for x, y in zip(jax.tree.leaves(trees[0]), jax.tree.leaves(trees[1])):
-    np.testing.assert_array_equal(x, y)
+  helpers.assert_resumes_exactly(lambda: short_config(data_dir, **kw),
+                                 tmp_path, 8)
 
 
 def test_validation_split_selects_the_step_and_reports_its_test_numbers(

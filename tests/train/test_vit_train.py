@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from circle_jax import config as config_lib
-from circle_jax.train import checkpoint as ckpt_lib
 from circle_jax.train import loop
 from circle_jax.train import writers
 from tests.train import helpers
@@ -69,16 +68,8 @@ def test_tiny_vit_resumes_exactly(data_dir, tmp_path):
     loop.train_and_evaluate(vit_config(data_dir, **kw), str(tmp_path / "a"),
                             reporter=_InterruptAt(4))
   assert err.value.saved_step == 4
-  loop.train_and_evaluate(vit_config(data_dir, **kw), str(tmp_path / "a"))
-  loop.train_and_evaluate(vit_config(data_dir, **kw), str(tmp_path / "b"))
-  trees = []
-  for run in ("a", "b"):
-    ckpts = ckpt_lib.Checkpoints(str(tmp_path / run / "checkpoints"))
-    assert ckpts.latest_step() == 6
-    trees.append(ckpts.restore()[0])
-    ckpts.close()
-  for x, y in zip(jax.tree.leaves(trees[0]), jax.tree.leaves(trees[1])):
-    np.testing.assert_array_equal(x, y)
+  helpers.assert_resumes_exactly(lambda: vit_config(data_dir, **kw),
+                                 tmp_path, 6)
 
 
 def test_frozen_patch_embedding_never_moves_under_adamw_weight_decay(data_dir):
