@@ -20,11 +20,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from circle_jax import config_facts
 from circle_jax import ops
 from circle_jax import config as config_lib
 from circle_jax.losses.engine import reductions
 from circle_jax.losses import engine
 from circle_jax.train import checkpoint as ckpt_lib
+from circle_jax.train import console
 from circle_jax.train import loop
 from circle_jax.train import state as state_lib
 
@@ -230,7 +232,7 @@ def write_run(config, workdir: str, *, latest: int = 4,
   info = data_lib.get_dataset_info(config.dataset.name)
   model = run_lib.build_model(config, parallel.SingleDevice())
   state, *_ = run_lib.init_state(
-      config, model, info, run_lib.train_preprocess(config, info).output_shape)
+      config, model, info, config_facts.train_preprocess(config, info).output_shape)
   tree = parallel.SingleDevice().to_host(state_lib.state_to_tree(state))
   workdir_lib.record(workdir, workdir_lib.config_to_dict(config), step=0,
                      changes=[])
@@ -245,3 +247,15 @@ def write_run(config, workdir: str, *, latest: int = 4,
   ckpts.wait()
   ckpts.close()
   return saved
+
+
+class InterruptAt(console.LogReporter):
+  """A reporter that raises KeyboardInterrupt, as Ctrl-C would, after step
+  ``at`` (the loop's exact-resume tests)."""
+
+  def __init__(self, at):
+    self.at = at
+
+  def advance(self, done):
+    if done == self.at:
+      raise KeyboardInterrupt

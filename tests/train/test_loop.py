@@ -17,7 +17,6 @@ from circle_jax import data as data_lib
 from circle_jax import parallel
 from circle_jax.train import checkpoint as ckpt_lib
 from circle_jax import config_facts
-from circle_jax.train import console
 from circle_jax.train import evaluate as evaluate_lib
 from circle_jax.train import loop
 from circle_jax.train import run as run_lib
@@ -174,23 +173,13 @@ def test_nonfinite_loss_before_any_checkpoint_says_there_is_none(
   assert "None" not in msg
 
 
-class _InterruptAt(console.LogReporter):
-  """Raises KeyboardInterrupt (as Ctrl-C would) after step `at`."""
-
-  def __init__(self, at):
-    self.at = at
-
-  def advance(self, done):
-    if done == self.at:
-      raise KeyboardInterrupt
-
-
 def test_ctrl_c_saves_the_last_step_and_resumes_exactly(data_dir, tmp_path):
   kw = dict(num_train_steps=8, eval_every_steps=0, checkpoint_every_steps=4,
             eval_clustering=False, eval_at_init=False, best_metric="")
   c = short_config(data_dir, **kw)
   with pytest.raises(loop.TrainingInterrupted) as err:
-    loop.train_and_evaluate(c, str(tmp_path / "a"), reporter=_InterruptAt(5))
+    loop.train_and_evaluate(c, str(tmp_path / "a"),
+                            reporter=helpers.InterruptAt(5))
   assert err.value.saved_step == 5     # not only the periodic step 4
   assert isinstance(err.value, KeyboardInterrupt)
   helpers.assert_resumes_exactly(lambda: short_config(data_dir, **kw),

@@ -13,7 +13,6 @@ from circle_jax import config as config_lib
 from circle_jax.train import loop
 from circle_jax.train import writers
 from tests.train import helpers
-from tests.train.test_loop import _InterruptAt  # pylint: disable=protected-access
 
 # Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md).
 pytestmark = pytest.mark.slow
@@ -66,7 +65,7 @@ def test_tiny_vit_resumes_exactly(data_dir, tmp_path):
             eval_clustering=False, eval_at_init=False, best_metric="")
   with pytest.raises(loop.TrainingInterrupted) as err:
     loop.train_and_evaluate(vit_config(data_dir, **kw), str(tmp_path / "a"),
-                            reporter=_InterruptAt(4))
+                            reporter=helpers.InterruptAt(4))
   assert err.value.saved_step == 4
   helpers.assert_resumes_exactly(lambda: vit_config(data_dir, **kw),
                                  tmp_path, 6)

@@ -51,23 +51,6 @@ def _shift(x, axis_name, n):
   return jax.lax.ppermute(x, axis_name, [(i, (i + 1) % n) for i in range(n)])
 
 
-def _varying_like(tree, ref, axis_name):
-  """``tree`` with every leaf typed device-varying where ``ref`` is.
-
-  Inside ``jax.shard_map`` a loop carry must keep its type, and a shard that
-  went through ``ppermute`` varies over the axis; parts computed from
-  constants (the padding mask) are cast to match. Under ``jax.pmap`` types
-  record no axis and nothing changes.
-  """
-  axes = [a for a in ops.axis_names(axis_name) if a in ops.varying_axes(ref)]
-
-  def cast(x):
-    missing = tuple(a for a in axes if a not in ops.varying_axes(x))
-    return jax.lax.pcast(x, missing, to="varying") if missing else x
-
-  return jax.tree.map(cast, tree)
-
-
 def _ring_pass(axis_name, visit, state, shard):
   """Visits the ``n`` column shards in turn, passing ``shard`` on between.
 
@@ -81,7 +64,10 @@ def _ring_pass(axis_name, visit, state, shard):
     state, shard = visit(*carry, k)
     return state, _shift(shard, axis_name, n)
 
-  shard = _varying_like(shard, shard["z"], axis_name)
+  # A loop carry keeps its type, and a shard that went through ppermute
+  # varies over the axis: parts computed from constants (the padding mask)
+  # are cast to vary as the embeddings do.
+  shard = jax.tree.map(lambda x: ops.vary_as(x, shard["z"]), shard)
   state, shard = jax.lax.fori_loop(0, n - 1, body, (state, shard))
   return visit(state, shard, n - 1)
 
