@@ -23,6 +23,18 @@ CLUSTERING_METRICS = ("nmi", "ami")
 VALIDATION_BY = ("class", "superclass")
 
 
+def eval_preprocess(config, info):
+  """The evaluation preprocessing of ``config.dataset`` on the dataset of
+  ``info`` (the preset's deterministic variant)."""
+  return info.get_preprocess(train=False, **dict(config.dataset.preprocess))
+
+
+def train_preprocess(config, info):
+  """The training preprocessing (augmentation included) of
+  ``config.dataset`` on the dataset of ``info``."""
+  return info.get_preprocess(train=True, **dict(config.dataset.preprocess))
+
+
 def validation_superclasses(config, info) -> Optional[Tuple[int, ...]]:
   """The class counts of the train superclasses that the validation split
   holds out whole (``dataset.validation_by='superclass'``), else None."""

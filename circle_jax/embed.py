@@ -31,6 +31,7 @@ from absl import logging
 import ml_collections
 import numpy as np
 
+from circle_jax import config_facts
 from circle_jax import hostenv
 from circle_jax import paths as paths_lib
 from circle_jax.errors import UserError
@@ -131,10 +132,9 @@ def embed_files(run, folder: str, paths: Sequence[str], *,
   """
   from circle_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   from circle_jax.evaluation import embedding as embedding_lib  # pylint: disable=g-import-not-at-top
-  from circle_jax.train import run as run_lib  # pylint: disable=g-import-not-at-top
 
   config, placement = run.config, run.placement
-  preprocess = run_lib.eval_preprocess(config, run.info)
+  preprocess = config_facts.eval_preprocess(config, run.info)
   embed = placement.embed_fn(embedding_lib.eval_apply(run.config, run.model))
   variables = placement.replicate(run.variables)
   decoded, kept, skipped = [], [], []

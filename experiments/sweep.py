@@ -119,7 +119,7 @@ def setup(config, grid: Grid) -> Setup:
   train_source = run_lib.load_split(config, info, info.train_split)
   test_source = run_lib.load_split(config, info, info.eval_splits[0])
   model = run_lib.build_model(config, grid_lib.PLACEMENT)
-  train_pre = run_lib.train_preprocess(config, info)
+  train_pre = config_facts.train_preprocess(config, info)
   state, entry, hyper, base_key = run_lib.init_state(config, model, info,
                                                      train_pre.output_shape)
   grid_lib.check_grid(entry, grid, hyper,
@@ -136,7 +136,7 @@ def read_batches(s: Setup, num_steps: int) -> List[dict]:
   config = s.config
   it = data_lib.train_iterator(
       s.train_source, sampler=run_lib.make_sampler(config, s.train_source),
-      preprocess=run_lib.train_preprocess(config, s.info),
+      preprocess=config_facts.train_preprocess(config, s.info),
       num_workers=config.dataset.num_workers,
       num_threads=config.dataset.num_threads)
   try:
@@ -152,7 +152,7 @@ def embed_test_split(s: Setup, states: state_lib.TrainState, *,
   return embedding_lib.embed_split(
       state_lib.model_variables(states),
       grid_lib.make_sweep_embed(s.model.apply, conv=conv), s.test_source,
-      run_lib.eval_preprocess(s.config, s.info), placement=grid_lib.PLACEMENT,
+      config_facts.eval_preprocess(s.config, s.info), placement=grid_lib.PLACEMENT,
       batch_size=s.config.batch.eval_batch_size,
       num_threads=s.config.dataset.num_threads)
 

@@ -120,3 +120,12 @@ def test_train_label_superclasses_follow_the_holdout_and_the_copies():
   assert got.size == config_facts.data_classes(c, info)
   assert len(set(got)) == 4                         # one alphabet held out
 
+
+def test_preprocessing_is_the_datasets_eval_and_train_preset():
+  c = _config()
+  c.dataset.preprocess.image_size = 20
+  info = data_lib.get_dataset_info("digits")
+  ev = config_facts.eval_preprocess(c, info)
+  tr = config_facts.train_preprocess(c, info)
+  assert not ev.train and tr.train
+  assert tuple(ev.output_shape) == tuple(tr.output_shape) == (20, 20, 1)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from circle_jax import config_facts
 from circle_jax import data as data_lib
 from circle_jax import embed
 from circle_jax.train import restore as restore_lib
@@ -78,7 +79,7 @@ def test_embed_tool_uses_best_checkpoint_and_eval_preprocessing(saved,
   # latest ones give other embeddings.
   config = embed.load_run_config(workdir)
   info = data_lib.get_dataset_info("digits")
-  pre = run_lib.eval_preprocess(config, info)
+  pre = config_facts.eval_preprocess(config, info)
   model = run_lib.build_model(config)
   x = np.stack([pre((folder / f"{i}.png").read_bytes()) for i in picks])
   for which, close in (("best", True), ("latest", False)):

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 
+from circle_jax import config_facts
 from circle_jax import config as config_lib
 from circle_jax import data as data_lib
 from circle_jax import parallel
@@ -123,7 +124,7 @@ def test_the_three_modes_embed_a_split_alike(digits_test_split):
   """A pmap run evaluates the pmap way, a one-device run on one device: the
   embeddings agree (to float32 rounding) and come back in record order."""
   c, info, source = digits_test_split
-  preprocess = run_lib.eval_preprocess(c, info)
+  preprocess = config_facts.eval_preprocess(c, info)
   images = np.zeros((1,) + tuple(preprocess.output_shape), np.float32)
   out = {}
   for mode in MODES:

@@ -93,7 +93,7 @@ def embed_split(variables, apply_fn: Callable, source, preprocess, *,
       eval mode (:func:`model_apply`; any trailing shape).
     source: a random-access source (``circle_jax.data.load_split``).
     preprocess: the eval preset (e.g.
-      :func:`circle_jax.train.run.eval_preprocess`).
+      :func:`circle_jax.config_facts.eval_preprocess`).
     placement: where the forward pass runs (the run's placement).
     batch_size: global batch size (a multiple of the devices).
     num_threads: decoding threads.

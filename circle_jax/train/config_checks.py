@@ -178,7 +178,7 @@ def _check_dataset(config) -> Tuple[object, int]:
     _fail("dataset.rotations", f"must be one of {data_lib.ROTATIONS} "
           f"(rotations by multiples of 90 degrees; 1: off); got {rotations!r}.")
   try:
-    info.get_preprocess(train=True, **dict(config.dataset.preprocess))
+    facts.train_preprocess(config, info)
   except (TypeError, ValueError) as e:
     _fail("dataset.preprocess", f"{str(e).rstrip('.')} (the arguments of "
           "circle_jax.data.get_preprocess).")
@@ -199,9 +199,9 @@ def _check_model(config, info) -> None:
   if config.model.dtype not in ("float32", "bfloat16"):
     _fail("model.dtype", "must be 'float32' or 'bfloat16'; got "
           f"{config.model.dtype!r}.")
-  for train in (True, False):  # the model's options, and the images it gets
-    size = info.get_preprocess(train=train, **dict(
-        config.dataset.preprocess)).image_size
+  # the model's options, and the images it gets
+  for preprocess in (facts.train_preprocess, facts.eval_preprocess):
+    size = preprocess(config, info).image_size
     problem = models_lib.check_input(config.model.name,
                                      dict(config.model.kwargs), (size, size))
     if problem:
@@ -424,8 +424,8 @@ def check_eval_shift(shift, size: int, *, name: str = "config.eval_shift"
 
 def _check_evaluation(config, info, held_out: int) -> None:
   """The test-time shift, the few-shot settings and the selection metric."""
-  check_eval_shift(config.eval_shift, info.get_preprocess(
-      train=False, **dict(config.dataset.preprocess)).image_size)
+  check_eval_shift(config.eval_shift,
+                   facts.eval_preprocess(config, info).image_size)
   ks = tuple(config.eval_ks or info.ks)
   _check_fewshot(config, info, held_out)
   metrics = facts.retrieval_metrics(config)

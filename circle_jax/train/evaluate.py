@@ -42,7 +42,7 @@ class Evaluator:
     self.config, self.info = config, info
     self.placement = placement
     self.apply_fn = embedding_lib.eval_apply(config, model)
-    self.preprocess = run_lib.eval_preprocess(config, info)
+    self.preprocess = config_facts.eval_preprocess(config, info)
     self.sources = {split: run_lib.load_split(config, info, split)
                     for split in info.eval_splits}
     self.validation_source = validation_source

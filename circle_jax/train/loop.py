@@ -252,7 +252,7 @@ def _build(config, workdir, reporter, force_resume) -> Job:
   job.info = data_lib.get_dataset_info(config.dataset.name)
   train_source, job.val_source = run_lib.load_sources(config, job.info,
                                                       reporter)
-  train_pre = run_lib.train_preprocess(config, job.info)
+  train_pre = config_facts.train_preprocess(config, job.info)
   model = run_lib.build_model(config, job.placement)
   state, job.entry, hyper, step_key = run_lib.init_state(
       config, model, job.info, train_pre.output_shape)

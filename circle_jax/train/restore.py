@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from circle_jax import config_facts
 from circle_jax import config as config_lib
 from circle_jax import data as data_lib
 from circle_jax import parallel
@@ -139,7 +140,7 @@ class Run:
                                   split or self.info.eval_splits[0])
     return embedding_lib.embed_split(
         self.variables, embedding_lib.eval_apply(self.config, self.model),
-        source, run_lib.eval_preprocess(self.config, self.info),
+        source, config_facts.eval_preprocess(self.config, self.info),
         placement=self.placement,
         batch_size=self.config.batch.eval_batch_size,
         num_threads=self.config.dataset.num_threads)
@@ -183,7 +184,7 @@ def restore_run(workdir: str, which: Optional[str] = None, *,
   finally:
     ckpts.close()
   variables = state_lib.model_variables(tree)
-  shape = (1,) + tuple(run_lib.eval_preprocess(config, info).output_shape)
+  shape = (1,) + tuple(config_facts.eval_preprocess(config, info).output_shape)
   template = jax.eval_shape(
       lambda: model.init(jax.random.PRNGKey(0), jnp.zeros(shape), train=False))
   check_restored(variables, dict(template), meta.get("step"),

@@ -38,14 +38,6 @@ def default_data_dir() -> str:
 # ----------------------------------------------------------------------------
 
 
-def eval_preprocess(config, info):
-  return info.get_preprocess(train=False, **dict(config.dataset.preprocess))
-
-
-def train_preprocess(config, info):
-  return info.get_preprocess(train=True, **dict(config.dataset.preprocess))
-
-
 def load_split(config, info, split: str):
   """The random-access source of ``split`` of the config's dataset."""
   return data_lib.load_split(

@@ -25,6 +25,7 @@ from typing import Optional, Sequence
 import jax
 import numpy as np
 
+from circle_jax import config_facts
 from circle_jax import config as config_lib
 from circle_jax import data as data_lib
 from circle_jax import hostenv
@@ -44,7 +45,7 @@ def build_step(config, size: int):
   config = config.copy_and_resolve_references()
   config.xbm.size = size
   info = data_lib.get_dataset_info(config.dataset.name)
-  shape = run_lib.train_preprocess(config, info).output_shape
+  shape = config_facts.train_preprocess(config, info).output_shape
   placement = parallel.from_config(config)
   model = run_lib.build_model(config, placement)
   state, entry, hyper, key = run_lib.init_state(config, model, info, shape)

@@ -27,12 +27,12 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
+from circle_jax import config_facts
 from circle_jax import hostenv
 from circle_jax.evaluation import omniglot_oneshot
 from circle_jax.train import config_checks
 from circle_jax.train import console
 from circle_jax.train import restore as restore_lib
-from circle_jax.train import run as run_lib
 
 
 def _run(args):
@@ -47,7 +47,7 @@ def _run(args):
     for run in restored:
       config_checks.check_eval_shift(
           args.eval_shift,
-          run_lib.eval_preprocess(run.config, run.info).image_size,
+          config_facts.eval_preprocess(run.config, run.info).image_size,
           name=f"--eval_shift (for {run.workdir})")
       run.config.eval_shift = args.eval_shift
   # Each model embeds the runs' images once: an ensemble's members are

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from circle_jax import config_facts
 from circle_jax import data as data_lib
 from circle_jax import parallel
 from circle_jax.evaluation import embedding as embedding_lib
@@ -123,7 +124,7 @@ def test_embed_split_returns_every_record_once_in_order(tmp_path):
   c = helpers.digits_config(**{"dataset.data_dir": str(tmp_path)})
   info = data_lib.get_dataset_info("digits")
   source = run_lib.load_split(c, info, info.eval_splits[0])
-  preprocess = run_lib.eval_preprocess(c, info)
+  preprocess = config_facts.eval_preprocess(c, info)
 
   def apply_fn(variables, images):  # any trailing shape is kept
     return images[:, ::4, ::4, 0] * variables["scale"]

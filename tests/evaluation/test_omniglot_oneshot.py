@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from circle_jax import config_facts
 from circle_jax.evaluation import omniglot_oneshot as oneshot
 from tests.evaluation.oneshot_fixture import (
     ERRORS,
@@ -120,7 +121,6 @@ def trained_workdir(tmp_path_factory):
 def test_workdir_model_errors(trained_workdir, tmp_path):
   """The workdir's model: the errors equal a 1-NN over the model applied
   directly to each preprocessed image; the copied images are wrong."""
-  from circle_jax.train import run as run_lib  # pylint: disable=g-import-not-at-top
   from circle_jax.train import restore as restore_lib  # pylint: disable=g-import-not-at-top
   _, path = make_runs(tmp_path, as_zip=True, top_folder=True,
                       run_relative=False)
@@ -128,7 +128,7 @@ def test_workdir_model_errors(trained_workdir, tmp_path):
   result, info = oneshot.evaluate_run(run, oneshot.read_runs(path))
   assert (info["which"], info["step"], info["dataset"]) == ("latest", 2,
                                                             "digits")
-  preprocess = run_lib.eval_preprocess(run.config, run.info)
+  preprocess = config_facts.eval_preprocess(run.config, run.info)
 
   def direct(images):
     x = np.stack([preprocess(b, None, "image") for b in images])

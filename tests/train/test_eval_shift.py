@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from circle_jax import config_facts
 from circle_jax import evaluation as eval_lib
 from circle_jax.train import loop
 from circle_jax.evaluation import embedding as embedding_lib
@@ -37,7 +38,7 @@ def test_trainer_evaluates_with_the_shifted_views(tmp_path):
   run = restore_lib.restore_run(workdir)
   emb, labels = run.embed_split()
   source = run_lib.load_split(run.config, run.info, run.info.eval_splits[0])
-  pre = run_lib.eval_preprocess(run.config, run.info)
+  pre = config_facts.eval_preprocess(run.config, run.info)
   kw = dict(placement=run.placement, batch_size=64, num_threads=1)
   views = []
   plain_apply = jax.jit(functools.partial(run.model.apply, train=False))

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 
+from circle_jax import config_facts
 from circle_jax import data as data_lib
 from circle_jax import parallel
 from circle_jax.train import restore as restore_lib
@@ -58,7 +59,7 @@ def test_a_restored_run_embeds_as_its_model_does(saved):
   source = run_lib.load_split(run.config, run.info, "test")
   records = [source[i] for i in range(11)]
   emb, labels = run.embed_split(source=records)
-  pre = run_lib.eval_preprocess(run.config, run.info)
+  pre = config_facts.eval_preprocess(run.config, run.info)
   x = np.stack([pre(r["image"]) for r in records])
   want = run.model.apply(run.variables, x, train=False)
   np.testing.assert_allclose(emb, want, atol=1e-5)

@@ -97,14 +97,6 @@ def test_build_model_reads_the_model_section():
   assert not run_lib.build_model(c, parallel.SingleDevice()).normalize
 
 
-def test_preprocessing_is_the_datasets_eval_and_train_preset():
-  c = helpers.digits_config(**{"dataset.preprocess.image_size": 20})
-  info = data_lib.get_dataset_info("digits")
-  ev, tr = run_lib.eval_preprocess(c, info), run_lib.train_preprocess(c, info)
-  assert not ev.train and tr.train
-  assert tuple(ev.output_shape) == tuple(tr.output_shape) == (20, 20, 1)
-
-
 def _init(c):
   info = data_lib.get_dataset_info("digits")
   model = run_lib.build_model(c, parallel.SingleDevice())

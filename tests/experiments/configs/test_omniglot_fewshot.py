@@ -6,7 +6,6 @@ from circle_jax import data
 from circle_jax import config as config_lib
 from circle_jax import config_facts
 from circle_jax.train import config_checks
-from circle_jax.train import run as run_lib
 from experiments.configs import omniglot_fewshot
 
 # Slow (whole training jobs): not in the fast tier (CONTRIBUTING.md).
@@ -23,10 +22,10 @@ def test_recipe_is_valid_and_trains_rotation_and_mirror_classes():
   assert c.dataset.validation_fraction == 0.0 and c.best_metric == ""
   assert config_facts.num_classes(c, info) == 136 * 8
   assert c.model.pooling == "flatten"
-  assert run_lib.train_preprocess(c, info).preset == "grayscale_affine"
-  assert run_lib.train_preprocess(c, info).affine_shift > 0
+  assert config_facts.train_preprocess(c, info).preset == "grayscale_affine"
+  assert config_facts.train_preprocess(c, info).affine_shift > 0
   # Evaluation images are not distorted: the plain grayscale output.
-  ev = run_lib.eval_preprocess(c, info)
+  ev = config_facts.eval_preprocess(c, info)
   assert not ev.train and ev.output_shape == (28, 28, 1)
   assert tuple(c.fewshot.ways) == (5, 20) and tuple(c.fewshot.shots) == (1, 5)
   assert "python -m experiments.main --config experiments/configs/" \

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
+from circle_jax import config_facts
 from circle_jax.evaluation import omniglot_oneshot
 from circle_jax.train import restore as restore_lib
-from circle_jax.train import run as run_lib
 from tests.evaluation.oneshot_fixture import make_runs, train_tiny_workdir
 
 # Slow (whole jobs or benchmarks): not in the fast tier (CONTRIBUTING.md).
@@ -93,7 +93,7 @@ def test_default_runs_are_the_official_runs_and_eval_shift_overrides(workdir):
   assert lines[1:] == [f"{n}  {e:6.2f}%" for n, e in zip(
       result.runs, result.errors)] + [
           f"mean   {result.mean_error:6.2f}% over 20 runs"]
-  size = run_lib.eval_preprocess(run.config, run.info).image_size
+  size = config_facts.eval_preprocess(run.config, run.info).image_size
   proc = _cli(f"--workdir={workdir}", "--which=latest", f"--eval_shift={size}")
   assert proc.returncode == 1
   assert proc.stderr.strip().splitlines() == [
