@@ -162,45 +162,60 @@ def _fmt_value(v) -> str:
   return f'"{v}"' if isinstance(v, str) else repr(v)
 
 
+def _hyperparameter_row(label: str, hyper: Mapping[str, Any]) -> str:
+  """The row of one loss term: ``hyper`` is its config section (``name``
+  and its hyperparameters; a ``more_losses`` term's ``weight`` and
+  ``miner`` are left out)."""
+  # pylint: disable=g-import-not-at-top  (the codec needs no JAX)
+  from circle_jax import config as config_lib
+  from circle_jax import losses as losses_lib
+  hyper = dict(hyper)
+  entry = losses_lib.get_loss(hyper.pop("name"))
+  for k in ("weight", "miner"):
+    hyper.pop(k, None)
+  parts = []
+  # The geometry, the class matrix's layout and the regularizers: shown
+  # where not the default.
+  geometry = {**entry.geometry_defaults(),
+              **config_lib.class_layout_defaults(entry),
+              **config_lib.regularizer_fields(entry)}
+  for k, v in hyper.items():
+    if k in geometry:
+      if v != geometry[k]:
+        parts.append(f"`{k}={_fmt_value(v)}`")
+    elif k in entry.defaults:
+      text = f"`{k}={_fmt_value(v)}`"
+      if v != entry.defaults[k]:
+        text += f" (paper default {_fmt_value(entry.defaults[k])})"
+      parts.append(text)
+    elif v is not None:  # execution options such as block_size
+      parts.append(f"`{k}={_fmt_value(v)}`")
+  learnable = (f"`{entry.param_name}`: {entry.param_init}"
+               if entry.param_name else "none")
+  return (f"| {label} | {', '.join(parts) or 'none'} | {learnable} "
+          f"| {entry.paper} |")
+
+
 def hyperparameter_lines(configs: Mapping[str, Mapping[str, Any]]
                          ) -> List[str]:
   """One table row per loss: its hyperparameters, those that differ from the
-  registry (paper) default marked, its learnable array and its source.
+  registry (paper) default marked, its learnable array and its source; then
+  a row per term its config adds (``config.more_losses``, labelled
+  ``+ WEIGHT x `NAME```).
 
   Args:
     configs: ``{loss registry name: the (JSON) config of one of its runs}``,
       in row order.
   """
-  # pylint: disable=g-import-not-at-top  (the codec needs no JAX)
-  from circle_jax import config as config_lib
-  from circle_jax import losses as losses_lib
   lines = ["| loss | hyperparameters | learnable | source |",
            "| --- | --- | --- | --- |"]
   for loss, cfg in configs.items():
-    entry = losses_lib.get_loss(loss)
-    hyper = dict(cfg.get("loss", {}))
-    hyper.pop("name", None)
-    parts = []
-    # The geometry, the class matrix's layout and the regularizers: shown
-    # where not the default.
-    geometry = {**entry.geometry_defaults(),
-                **config_lib.class_layout_defaults(entry),
-                **config_lib.regularizer_fields(entry)}
-    for k, v in hyper.items():
-      if k in geometry:
-        if v != geometry[k]:
-          parts.append(f"`{k}={_fmt_value(v)}`")
-      elif k in entry.defaults:
-        text = f"`{k}={_fmt_value(v)}`"
-        if v != entry.defaults[k]:
-          text += f" (paper default {_fmt_value(entry.defaults[k])})"
-        parts.append(text)
-      elif v is not None:  # execution options such as block_size
-        parts.append(f"`{k}={_fmt_value(v)}`")
-    learnable = (f"`{entry.param_name}`: {entry.param_init}"
-                 if entry.param_name else "none")
-    lines.append(f"| `{loss}` | {', '.join(parts) or 'none'} | {learnable} "
-                 f"| {entry.paper} |")
+    lines.append(_hyperparameter_row(
+        f"`{loss}`", {**cfg.get("loss", {}), "name": loss}))
+    for key, term in (cfg.get("more_losses") or {}).items():
+      lines.append(_hyperparameter_row(
+          f"+ {term['weight']:g} x `{term['name']}` (more_losses.{key})",
+          term))
   return lines
 
 
@@ -231,6 +246,18 @@ def describe_batch(cfg: Mapping[str, Any]) -> str:
     return (f"{p} images x {k} augmented views = {p * k} (each image its "
             f"own label)")
   return f"P x K = {p} classes x {k} images = {p * k}"
+
+
+def describe_more_losses(cfg: Mapping[str, Any]) -> str:
+  """The terms that a (JSON) run config adds to every loss of a results file
+  (``config.more_losses``), e.g. ``0.5 x `hier` (Kim, Jeong & Kwak, ...)``;
+  ``""`` when it adds none."""
+  # pylint: disable=g-import-not-at-top  (the codec needs no JAX)
+  from circle_jax import losses as losses_lib
+  return "; ".join(
+      f"{term['weight']:g} x `{term['name']}` "
+      f"({losses_lib.get_loss(term['name']).paper})"
+      for term in (cfg.get("more_losses") or {}).values())
 
 
 def describe_optim(cfg: Mapping[str, Any]) -> str:

@@ -199,6 +199,32 @@ def test_hyperparameter_lines_mark_values_off_the_paper_default():
 
 
 
+
+def test_terms_added_to_the_loss_get_their_own_rows_and_protocol_line():
+  """A config with ``more_losses`` (HIER on Proxy-Anchor) names the added
+  term in the protocol and lists its hyperparameters under the loss's, so
+  a table of such runs cannot read as the loss alone."""
+  cfg = {"loss": {"name": "proxy_anchor", "alpha": 32.0, "margin": 0.1},
+         "more_losses": {"hier": {
+             "name": "hier", "weight": 0.5, "miner": {"name": ""},
+             "topk": 20, "delta": 0.2, "num_proxies": 512}}}
+  lines = results.hyperparameter_lines({"proxy_anchor": cfg})
+  loss, term = lines[2:]
+  assert loss.startswith("| `proxy_anchor` | `alpha=32.0`, `margin=0.1` |")
+  assert term.startswith(
+      "| + 0.5 x `hier` (more_losses.hier) | `topk=20`, `delta=0.2` (paper "
+      "default 0.1), `num_proxies=512` | `proxies`:")
+  assert "weight" not in term and "miner" not in term
+  assert term.endswith("| Kim, Jeong & Kwak, \"HIER: Metric Learning Beyond "
+                       "Class Labels via Hierarchical Regularization\", CVPR "
+                       "2023 |")
+  assert results.describe_more_losses(cfg) == (
+      "0.5 x `hier` (Kim, Jeong & Kwak, \"HIER: Metric Learning Beyond Class "
+      "Labels via Hierarchical Regularization\", CVPR 2023)")
+  assert results.describe_more_losses({"loss": cfg["loss"]}) == ""
+  assert len(results.hyperparameter_lines({"proxy_anchor": {
+      "loss": cfg["loss"]}})) == 3
+
 def test_describe_data_names_class_copies_and_held_out_alphabets():
   cfg = {"dataset": {"name": "omniglot_small", "rotations": 4,
                      "mirror_classes": True}}

@@ -288,6 +288,12 @@ def write_markdown(path: pathlib.Path, *, command: str, config_name: str,
       f"- model: {results.describe_model(cfg)}",
       f"- batch: {results.describe_batch(cfg)}",
       f"- optimiser: {results.describe_optim(cfg)}",
+  ]
+  more = results.describe_more_losses(cfg)
+  if more:
+    lines.append(f"- added to every loss (config.more_losses; its "
+                 f"hyperparameters below): {more}")
+  lines += [
       f"- steps: {cfg['num_train_steps']}{every}",
       f"- seeds: {', '.join(map(str, seeds))} (model and loss-parameter "
       "initialisation, batch order, augmentation)",
