@@ -162,17 +162,14 @@ def _fmt_value(v) -> str:
   return f'"{v}"' if isinstance(v, str) else repr(v)
 
 
-def _hyperparameter_row(label: str, hyper: Mapping[str, Any]) -> str:
-  """The row of one loss term: ``hyper`` is its config section (``name``
-  and its hyperparameters; a ``more_losses`` term's ``weight`` and
-  ``miner`` are left out)."""
+def _hyperparameter_row(label: str, name: str,
+                        hyper: Mapping[str, Any]) -> str:
+  """The row of the loss ``name`` with the hyperparameters ``hyper`` (its
+  config section without ``name``)."""
   # pylint: disable=g-import-not-at-top  (the codec needs no JAX)
   from circle_jax import config as config_lib
   from circle_jax import losses as losses_lib
-  hyper = dict(hyper)
-  entry = losses_lib.get_loss(hyper.pop("name"))
-  for k in ("weight", "miner"):
-    hyper.pop(k, None)
+  entry = losses_lib.get_loss(name)
   parts = []
   # The geometry, the class matrix's layout and the regularizers: shown
   # where not the default.
@@ -210,12 +207,15 @@ def hyperparameter_lines(configs: Mapping[str, Mapping[str, Any]]
   lines = ["| loss | hyperparameters | learnable | source |",
            "| --- | --- | --- | --- |"]
   for loss, cfg in configs.items():
-    lines.append(_hyperparameter_row(
-        f"`{loss}`", {**cfg.get("loss", {}), "name": loss}))
+    hyper = {k: v for k, v in cfg.get("loss", {}).items() if k != "name"}
+    lines.append(_hyperparameter_row(f"`{loss}`", loss, hyper))
     for key, term in (cfg.get("more_losses") or {}).items():
+      # A term's weight and miner are the combination's, not the loss's.
+      hyper = {k: v for k, v in term.items()
+               if k not in ("name", "weight", "miner")}
       lines.append(_hyperparameter_row(
           f"+ {term['weight']:g} x `{term['name']}` (more_losses.{key})",
-          term))
+          term["name"], hyper))
   return lines
 
 

@@ -152,7 +152,8 @@ def embed_test_split(s: Setup, states: state_lib.TrainState, *,
   return embedding_lib.embed_split(
       state_lib.model_variables(states),
       grid_lib.make_sweep_embed(s.model.apply, conv=conv), s.test_source,
-      config_facts.eval_preprocess(s.config, s.info), placement=grid_lib.PLACEMENT,
+      config_facts.eval_preprocess(s.config, s.info),
+      placement=grid_lib.PLACEMENT,
       batch_size=s.config.batch.eval_batch_size,
       num_threads=s.config.dataset.num_threads)
 

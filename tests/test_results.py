@@ -198,8 +198,6 @@ def test_hyperparameter_lines_mark_values_off_the_paper_default():
                        "(paper default 50.0), `base=0.5`, `epsilon=0.1` |")
 
 
-
-
 def test_terms_added_to_the_loss_get_their_own_rows_and_protocol_line():
   """A config with ``more_losses`` (HIER on Proxy-Anchor) names the added
   term in the protocol and lists its hyperparameters under the loss's, so
@@ -224,6 +222,7 @@ def test_terms_added_to_the_loss_get_their_own_rows_and_protocol_line():
   assert results.describe_more_losses({"loss": cfg["loss"]}) == ""
   assert len(results.hyperparameter_lines({"proxy_anchor": {
       "loss": cfg["loss"]}})) == 3
+
 
 def test_describe_data_names_class_copies_and_held_out_alphabets():
   cfg = {"dataset": {"name": "omniglot_small", "rotations": 4,

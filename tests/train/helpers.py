@@ -231,8 +231,8 @@ def write_run(config, workdir: str, *, latest: int = 4,
   from circle_jax.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   info = data_lib.get_dataset_info(config.dataset.name)
   model = run_lib.build_model(config, parallel.SingleDevice())
-  state, *_ = run_lib.init_state(
-      config, model, info, config_facts.train_preprocess(config, info).output_shape)
+  shape = config_facts.train_preprocess(config, info).output_shape
+  state, *_ = run_lib.init_state(config, model, info, shape)
   tree = parallel.SingleDevice().to_host(state_lib.state_to_tree(state))
   workdir_lib.record(workdir, workdir_lib.config_to_dict(config), step=0,
                      changes=[])
