@@ -1,7 +1,7 @@
 """The official Omniglot 20-way one-shot runs with a trained model or an ensemble.
 
   python -m experiments.tools.omniglot_oneshot --workdir W [--workdir W2 ...] \\
-      [--runs all_runs.zip | --stand_in [--stand_in_seed S]] \\
+      [--runs all_runs.zip | --stand_in [--stand_in_seed S] [--stand_in_draws N]] \\
       [--which best|latest] [--eval_shift S]
 
 By default it scores the 20 official runs (Lake et al. 2015,
@@ -13,7 +13,10 @@ downloaded. ``--stand_in`` draws 20 runs by the same protocol from the
 alphabets that ``omniglot_small`` holds out
 (:func:`circle_jax.evaluation.omniglot_oneshot.stand_in_runs`; not the
 official runs): choose models and settings there, never on the official
-runs, whose alphabets are the evaluation set. Each test image is classified
+runs, whose alphabets are the evaluation set. ``--stand_in_draws N`` scores
+N draws at once (seeds S to S + N - 1, 20 runs each; the stand-in set has
+two alphabets, so one draw of 20 runs is a noisy measure) and prints each
+draw's mean and the mean over all of them. Each test image is classified
 by 1-nearest neighbour (cosine) among its run's training images, embedded
 with the workdir's model and eval preprocessing
 (:mod:`circle_jax.evaluation.omniglot_oneshot`); ``--eval_shift`` replaces
@@ -24,6 +27,7 @@ member's mean first, for an ensemble).
 """
 
 import argparse
+import dataclasses
 import sys
 from typing import Optional, Sequence
 
@@ -35,9 +39,35 @@ from circle_jax.train import console
 from circle_jax.train import restore as restore_lib
 
 
+def _stand_in(seed: int, draws: int):
+  """The stand-in runs of seeds ``seed`` ... ``seed + draws - 1``, each run
+  named ``seed<k>/run<nn>`` when there are several draws."""
+  if draws == 1:
+    return omniglot_oneshot.stand_in_runs(seed)
+  return [dataclasses.replace(r, name=f"seed{k}/{r.name}")
+          for k in range(seed, seed + draws)
+          for r in omniglot_oneshot.stand_in_runs(k)]
+
+
+def _print_errors(result, draws: int) -> None:
+  """Each run's error (or each draw's mean, for several draws), then the
+  mean over all runs."""
+  if draws == 1:
+    for name, error in zip(result.runs, result.errors):
+      print(f"{name}  {error:6.2f}%")
+  else:
+    per_draw = {}
+    for name, error in zip(result.runs, result.errors):
+      per_draw.setdefault(name.split("/")[0], []).append(error)
+    for draw, errors in per_draw.items():
+      print(f"{draw}  {sum(errors) / len(errors):6.2f}% (mean of "
+            f"{len(errors)} runs)")
+  print(f"mean   {result.mean_error:6.2f}% over {len(result.runs)} runs")
+
+
 def _run(args):
   if args.stand_in:
-    runs = omniglot_oneshot.stand_in_runs(args.stand_in_seed)
+    runs = _stand_in(args.stand_in_seed, args.stand_in_draws)
   elif args.runs:
     runs = omniglot_oneshot.read_runs(args.runs)
   else:
@@ -54,8 +84,11 @@ def _run(args):
   # scored alone and then together on the same images.
   embedders = [omniglot_oneshot.cached_embedder(
       omniglot_oneshot.run_embedder(r)) for r in restored]
+  seeds = (f"seed {args.stand_in_seed}" if args.stand_in_draws == 1 else
+           f"seeds {args.stand_in_seed}-"
+           f"{args.stand_in_seed + args.stand_in_draws - 1}")
   what = ("official runs" if not args.stand_in else
-          f"stand-in runs (seed {args.stand_in_seed}), not the official runs")
+          f"stand-in runs ({seeds}), not the official runs")
   if len(restored) > 1:
     for run, embed in zip(restored, embedders):
       member = omniglot_oneshot.oneshot_errors(embed, runs)
@@ -69,9 +102,7 @@ def _run(args):
           f"at step {run.step}, {what}: 1-NN (cosine) one-shot error")
   result = omniglot_oneshot.oneshot_errors(
       omniglot_oneshot.ensemble_embedder(embedders), runs)
-  for name, error in zip(result.runs, result.errors):
-    print(f"{name}  {error:6.2f}%")
-  print(f"mean   {result.mean_error:6.2f}% over {len(result.runs)} runs")
+  _print_errors(result, args.stand_in_draws)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -86,6 +117,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                           help="runs drawn from omniglot_small's test "
                           "alphabets (not the official runs)")
   p.add_argument("--stand_in_seed", type=int, default=0)
+  p.add_argument("--stand_in_draws", type=int, default=1, metavar="N",
+                 help="with --stand_in: N draws of 20 runs, seeds "
+                 "--stand_in_seed onwards (default 1)")
   p.add_argument("--which", choices=("best", "latest"), default=None,
                  help="checkpoint (default: best if the run kept one)")
   p.add_argument("--eval_shift", type=int, default=None,
@@ -94,6 +128,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   p.add_argument("--verbose", action="store_true",
                  help="library INFO logs and full tracebacks")
   args = p.parse_args(argv)
+  if args.stand_in_draws < 1:
+    p.error(f"--stand_in_draws must be >= 1; got {args.stand_in_draws}.")
+  if args.stand_in_draws > 1 and not args.stand_in:
+    p.error("--stand_in_draws needs --stand_in (the official runs are one "
+            "fixed set of 20).")
   console.configure_logging(args.verbose)
   hostenv.enable_compilation_cache()
   return console.run_tool(lambda: _run(args), verbose=args.verbose)

@@ -100,3 +100,33 @@ def test_default_runs_are_the_official_runs_and_eval_shift_overrides(workdir):
       f"error: --eval_shift (for {workdir}): must be an int in "
       f"[0, {(size - 1) // 2}] (pixels of the {size} px evaluation image; "
       f"0: off); got {size}."]
+
+
+def test_several_stand_in_draws_print_each_draws_mean(workdir):
+  """--stand_in_draws 2 scores the draws of seeds 2 and 3 together: one line
+  per draw with its own mean (what --stand_in_seed alone gives for it), and
+  the mean over the 40 runs."""
+  proc = _cli(f"--workdir={workdir}", "--stand_in", "--stand_in_seed=2",
+              "--stand_in_draws=2", "--which=latest")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  run = restore_lib.restore_run(workdir, "latest")
+  draws = [omniglot_oneshot.evaluate_run(
+      run, omniglot_oneshot.stand_in_runs(seed=k))[0] for k in (2, 3)]
+  lines = proc.stdout.strip().splitlines()
+  assert "stand-in runs (seeds 2-3), not the official runs" in lines[0]
+  assert lines[1:] == [
+      f"seed2  {draws[0].mean_error:6.2f}% (mean of 20 runs)",
+      f"seed3  {draws[1].mean_error:6.2f}% (mean of 20 runs)",
+      f"mean   {(draws[0].mean_error + draws[1].mean_error) / 2:6.2f}% "
+      "over 40 runs"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--stand_in", "--stand_in_draws=0"], "--stand_in_draws must be >= 1; "
+     "got 0."),
+    (["--stand_in_draws=2"], "--stand_in_draws needs --stand_in"),
+])
+def test_bad_stand_in_draws_is_one_usage_line(workdir, args, message):
+  proc = _cli(f"--workdir={workdir}", *args)
+  assert proc.returncode == 2
+  assert message in proc.stderr.strip().splitlines()[-1]
