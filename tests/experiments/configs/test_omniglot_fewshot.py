@@ -81,3 +81,15 @@ def test_hier_variant_adds_only_hier_to_the_loss():
   expected = base.to_dict()
   assert expected.pop("more_losses") == {}
   assert without == expected
+
+
+def test_long_variant_changes_only_steps_and_eval_shift():
+  """':long' (the official one-shot runs' attempt) is the recipe with
+  16,000 steps and a 3 px test-time shift, nothing else, and its command is
+  in the docstring."""
+  long, base = omniglot_fewshot.get_config("long"), omniglot_fewshot.get_config()
+  config_checks.check_config(long, device_count=1)
+  assert (long.num_train_steps, long.eval_shift) == (16000, 3)
+  long.num_train_steps, long.eval_shift = base.num_train_steps, base.eval_shift
+  assert long.to_dict() == base.to_dict()
+  assert "omniglot_fewshot.py:long" in omniglot_fewshot.__doc__
