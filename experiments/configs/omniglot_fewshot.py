@@ -69,9 +69,9 @@ rows.
 
 The ``long`` variant is the attempt at Omniglot's official one-shot runs
 below people's 4.5 % error (issue 41): twice the steps (16,000) and a 3 px
-test-time shift, both chosen on the stand-in runs of
-``python -m experiments.tools.omniglot_oneshot --stand_in``, never on the
-official runs (experiments/results/compare/losses_omniglot_fewshot_long_notes.md).
+test-time shift, both chosen on the stand-in runs (``--stand_in`` of
+experiments/tools/omniglot_oneshot.py), never on the official runs
+(experiments/results/compare/losses_omniglot_fewshot_long_notes.md).
 One command trains 9 seeds and scores 3 ensembles of 3 on the official runs::
 
   python -m experiments.compare.losses \
