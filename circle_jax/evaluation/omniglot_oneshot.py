@@ -230,18 +230,21 @@ def oneshot_errors(embed: Callable[[Sequence[bytes]], np.ndarray],
   Returns:
     A :class:`OneShotResult` (errors in %).
   """
-  images = [im for r in runs for im in r.training_images + r.test_images]
+  # Each distinct image is embedded once: runs drawn from the same
+  # alphabets (several stand-in draws) share most of their images.
+  images = list(dict.fromkeys(
+      im for r in runs for im in r.training_images + r.test_images))
   emb = np.asarray(embed(images), np.float64)
   if emb.ndim != 2 or len(emb) != len(images) or not np.all(np.isfinite(emb)):
     raise ValueError(f"`embed` must return finite [{len(images)}, D] "
                      f"embeddings; got shape {emb.shape}.")
   norms = np.linalg.norm(emb, axis=1, keepdims=True)
   emb = emb / np.where(norms > 0, norms, 1.0)
-  errors, predictions, start = [], [], 0
+  row = {im: i for i, im in enumerate(images)}
+  errors, predictions = [], []
   for r in runs:
-    train = emb[start:start + len(r.training)]
-    test = emb[start + len(r.training):start + len(r.training) + len(r.test)]
-    start += len(r.training) + len(r.test)
+    train = emb[[row[im] for im in r.training_images]]
+    test = emb[[row[im] for im in r.test_images]]
     pred = np.argmax(test @ train.T, axis=1)
     predictions.append(tuple(int(p) for p in pred))
     errors.append(100.0 * float(np.mean(pred != np.asarray(r.answers))))

@@ -27,7 +27,6 @@ member's mean first, for an ensemble).
 """
 
 import argparse
-import dataclasses
 import sys
 from typing import Optional, Sequence
 
@@ -39,35 +38,27 @@ from circle_jax.train import console
 from circle_jax.train import restore as restore_lib
 
 
-def _stand_in(seed: int, draws: int):
-  """The stand-in runs of seeds ``seed`` ... ``seed + draws - 1``, each run
-  named ``seed<k>/run<nn>`` when there are several draws."""
-  if draws == 1:
-    return omniglot_oneshot.stand_in_runs(seed)
-  return [dataclasses.replace(r, name=f"seed{k}/{r.name}")
-          for k in range(seed, seed + draws)
-          for r in omniglot_oneshot.stand_in_runs(k)]
-
-
-def _print_errors(result, draws: int) -> None:
-  """Each run's error (or each draw's mean, for several draws), then the
-  mean over all runs."""
-  if draws == 1:
+def _print_errors(result, args) -> None:
+  """Each run's error (or each stand-in draw's mean, for several draws: the
+  runs come draw after draw, as many in each), then the mean over all
+  runs."""
+  if args.stand_in_draws == 1:
     for name, error in zip(result.runs, result.errors):
       print(f"{name}  {error:6.2f}%")
   else:
-    per_draw = {}
-    for name, error in zip(result.runs, result.errors):
-      per_draw.setdefault(name.split("/")[0], []).append(error)
-    for draw, errors in per_draw.items():
-      print(f"{draw}  {sum(errors) / len(errors):6.2f}% (mean of "
-            f"{len(errors)} runs)")
+    size = len(result.errors) // args.stand_in_draws
+    for i in range(args.stand_in_draws):
+      errors = result.errors[i * size:(i + 1) * size]
+      print(f"seed{args.stand_in_seed + i}  {sum(errors) / size:6.2f}% "
+            f"(mean of {size} runs)")
   print(f"mean   {result.mean_error:6.2f}% over {len(result.runs)} runs")
 
 
 def _run(args):
   if args.stand_in:
-    runs = _stand_in(args.stand_in_seed, args.stand_in_draws)
+    runs = [r for k in range(args.stand_in_seed,
+                             args.stand_in_seed + args.stand_in_draws)
+            for r in omniglot_oneshot.stand_in_runs(k)]
   elif args.runs:
     runs = omniglot_oneshot.read_runs(args.runs)
   else:
@@ -102,7 +93,7 @@ def _run(args):
           f"at step {run.step}, {what}: 1-NN (cosine) one-shot error")
   result = omniglot_oneshot.oneshot_errors(
       omniglot_oneshot.ensemble_embedder(embedders), runs)
-  _print_errors(result, args.stand_in_draws)
+  _print_errors(result, args)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
