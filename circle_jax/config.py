@@ -338,6 +338,7 @@ def base_config() -> ml_collections.ConfigDict:
   # averaged (circle_jax.evaluation.embedding.model_apply). 0: off.
   c.eval_shift = 0
   c.fewshot = _fewshot_section()   # few-shot evaluation (below)
+  c.oneshot = _oneshot_section()   # scoring on Omniglot's one-shot runs
   c.best_metric = "recall@1"       # selects the best step ("" : none)
   c.best_mode = "max"              # or "min"
   c.async_checkpoints = True       # write checkpoints in the background
@@ -445,6 +446,24 @@ def _fewshot_section() -> ml_collections.ConfigDict:
   c.episodes = 1000        # E, episodes per setting
   c.seed = 0               # the episodes drawn
   c.classifier = "prototype"  # "prototype" (Snell et al.) or "nn"
+  return c
+
+
+def _oneshot_section() -> ml_collections.ConfigDict:
+  """``config.oneshot``: how the one-shot tools (the official Omniglot runs,
+  :mod:`circle_jax.evaluation.omniglot_oneshot`) compare two images with this
+  run's model. The trainer does not read it.
+
+  With ``align``, two images are compared by alignment
+  (:func:`circle_jax.evaluation.omniglot_oneshot.aligned_similarity`): each
+  image's embedding against the best-matching of the other's views rotated
+  by ``align_angles`` (degrees) and shifted by up to ``align_shift`` pixels
+  (:func:`circle_jax.evaluation.embedding.affine_views`), both ways, averaged.
+  Without it: the cosine of the two embeddings."""
+  c = Config()
+  c.align = False                         # True: compare by alignment
+  c.align_shift = 3                       # views: every (dy, dx) in [-3, 3]^2
+  c.align_angles = (-10.0, 0.0, 10.0)     # ... under each of these rotations
   return c
 
 

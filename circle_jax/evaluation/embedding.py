@@ -9,13 +9,16 @@ functions, so every evaluation sees the model the same way:
   ``config.eval_shift`` (:func:`model_apply`, :func:`shifted_views`);
 * :func:`embed_split`: a whole split in padded, masked batches on a
   placement (:mod:`circle_jax.parallel`), returned in record order. It takes
-  any ``apply_fn``, e.g. a ``vmap`` over a stack of models.
+  any ``apply_fn``, e.g. a ``vmap`` over a stack of models;
+* :func:`views_apply`: each image's unit embeddings under a set of small
+  shifts and rotations (:func:`affine_views`), for matching by alignment
+  (:func:`circle_jax.evaluation.omniglot_oneshot.aligned_similarity`).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Callable, Tuple
+from typing import Callable, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +39,39 @@ def shifted_views(images: jax.Array, shift: int) -> jax.Array:
   offsets = ((0, 0), (-s, 0), (s, 0), (0, -s), (0, s))
   return jnp.stack([padded[:, s + dy:s + dy + h, s + dx:s + dx + w]
                     for dy, dx in offsets])
+
+
+def affine_views(images: jax.Array, *, shift: int,
+                 angles: Sequence[float] = (0.0,)) -> jax.Array:
+  """``[V, b, H, W, C]``: each image rotated by each of ``angles`` (degrees,
+  counter-clockwise about the image centre) and shifted by every ``(dy, dx)``
+  in ``[-shift, shift]^2`` (pixels, down and right): ``V = len(angles) *
+  (2 shift + 1)^2`` views, ordered angle, then ``dy``, then ``dx``.
+
+  Pixels are resampled bilinearly; positions outside the image take the
+  nearest edge pixel, as in :func:`shifted_views`. Angle 0 with integer
+  shifts moves pixels exactly.
+  """
+  s = int(shift)
+  h, w = images.shape[1:3]
+  yy, xx = jnp.meshgrid(jnp.arange(h, dtype=jnp.float32),
+                        jnp.arange(w, dtype=jnp.float32), indexing="ij")
+  cy, cx = (h - 1) / 2.0, (w - 1) / 2.0
+  views = []
+  for angle in angles:
+    t = np.deg2rad(float(angle))
+    cos, sin = float(np.cos(t)), float(np.sin(t))
+    for dy in range(-s, s + 1):
+      for dx in range(-s, s + 1):
+        # Output (y, x) reads the input where the inverse motion sends it:
+        # undo the shift, then rotate back about the centre.
+        y0, x0 = yy - cy - dy, xx - cx - dx
+        coords = [cos * y0 + sin * x0 + cy, -sin * y0 + cos * x0 + cx]
+        views.append(jax.vmap(jax.vmap(
+            lambda im, c=coords: jax.scipy.ndimage.map_coordinates(
+                im, c, order=1, mode="nearest"),
+            in_axes=-1, out_axes=-1))(images))
+  return jnp.stack(views)
 
 
 def model_apply(model, shift: int = 0) -> Callable:
@@ -73,6 +109,25 @@ def model_apply(model, shift: int = 0) -> Callable:
     return ops.l2_normalize(out).mean(axis=1)
 
   return apply_shifted
+
+
+def views_apply(model, *, shift: int, angles: Sequence[float] = (0.0,)
+                ) -> Callable:
+  """``apply_fn(variables, images) -> [b, V, D]``: the unit embedding of each
+  of an image's :func:`affine_views`, by the model in eval mode
+  (:func:`model_apply` without test-time shift).
+
+  The views are embedded one after the other (``lax.map``), each as one
+  batch of ``b``: memory stays that of one batch for any number of views.
+  """
+  apply = model_apply(model)
+
+  def apply_views(variables, images):
+    views = affine_views(images, shift=shift, angles=angles)
+    out = jax.lax.map(lambda v: ops.l2_normalize(apply(variables, v)), views)
+    return jnp.swapaxes(out, 0, 1)
+
+  return apply_views
 
 
 def eval_apply(config, model) -> Callable:

@@ -53,12 +53,15 @@ import tarfile
 import zipfile
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+import jax.numpy as jnp
 import numpy as np
 
+from circle_jax import ops
 from circle_jax.data.builders import base as builders_base
 from circle_jax.data.builders import omniglot as omniglot_builder
 from circle_jax.data.builders import sources as builders_sources
 from circle_jax.errors import UserError
+from circle_jax.evaluation import embedding as embedding_lib
 
 LABELS_FILE = "class_labels.txt"
 # The official runs, shipped with the package (MIT), and their md5.
@@ -218,13 +221,56 @@ def official_runs(path: Optional[str] = None) -> List[OneShotRun]:
   return read_runs(str(path))
 
 
-def oneshot_errors(embed: Callable[[Sequence[bytes]], np.ndarray],
-                   runs: Sequence[OneShotRun]) -> OneShotResult:
-  """Classifies each run's test images by 1-NN (cosine) among its training
-  images.
+def _unit(x: np.ndarray) -> np.ndarray:
+  norms = np.linalg.norm(x, axis=-1, keepdims=True)
+  return x / np.where(norms > 0, norms, 1.0)
+
+
+def aligned_similarity(test: np.ndarray, train: np.ndarray) -> np.ndarray:
+  """Similarity by alignment of ``M`` models' views: ``[t, n]``.
+
+  For one model, with ``e(x)`` an image's unit embedding and ``v_1(x) ..
+  v_V(x)`` the unit embeddings of its views (small shifts and rotations,
+  :func:`circle_jax.evaluation.embedding.affine_views`)::
+
+    sim(q, s) = ( max_j e(q) . v_j(s)  +  max_j e(s) . v_j(q) ) / 2
+
+  each image against the best-matching pose of the other, both ways, so
+  that ``sim(q, s) = sim(s, q)``. With ``M`` models, the mean of their
+  ``sim``. A test image whose stroke sits a few pixels or degrees off its
+  class's training image is matched in the pose where they overlap, as
+  Lake et al.'s people and Bayesian program learning compare characters
+  after aligning them (their distance is invariant to small motions); the
+  model's own test-time shift only averages them.
 
   Args:
-    embed: ``embed(list of encoded images) -> [n, D]`` float embeddings.
+    test: ``[t, M, 1 + V, D]``: for each image and model, ``e`` then the
+      ``V`` views.
+    train: ``[n, M, 1 + V, D]``, likewise.
+
+  Returns:
+    ``[t, n]`` float64 similarities in ``[-1, 1]``.
+  """
+  test, train = (_unit(np.asarray(x, np.float64)) for x in (test, train))
+  if (test.ndim != 4 or train.shape[1:] != test.shape[1:]
+      or test.shape[2] < 2):
+    raise ValueError(
+        "aligned_similarity takes [t, M, 1 + V, D] and [n, M, 1 + V, D] "
+        f"embeddings with V >= 1; got {test.shape} and {train.shape}.")
+  one = np.einsum("tmd,nmvd->tnmv", test[:, :, 0], train[:, :, 1:]).max(-1)
+  two = np.einsum("nmd,tmvd->tnmv", train[:, :, 0], test[:, :, 1:]).max(-1)
+  return ((one + two) / 2).mean(-1)
+
+
+def oneshot_errors(embed: Callable[[Sequence[bytes]], np.ndarray],
+                   runs: Sequence[OneShotRun]) -> OneShotResult:
+  """Classifies each run's test images by 1-NN among its training images.
+
+  Args:
+    embed: ``embed(list of encoded images)`` -> ``[n, D]`` float
+      embeddings, compared by cosine; or ``[n, M, 1 + V, D]`` (an
+      embedder with ``config.oneshot.align``), compared by
+      :func:`aligned_similarity`.
     runs: from :func:`read_runs`.
 
   Returns:
@@ -235,17 +281,22 @@ def oneshot_errors(embed: Callable[[Sequence[bytes]], np.ndarray],
   images = list(dict.fromkeys(
       im for r in runs for im in r.training_images + r.test_images))
   emb = np.asarray(embed(images), np.float64)
-  if emb.ndim != 2 or len(emb) != len(images) or not np.all(np.isfinite(emb)):
-    raise ValueError(f"`embed` must return finite [{len(images)}, D] "
-                     f"embeddings; got shape {emb.shape}.")
-  norms = np.linalg.norm(emb, axis=1, keepdims=True)
-  emb = emb / np.where(norms > 0, norms, 1.0)
+  if (emb.ndim not in (2, 4) or len(emb) != len(images)
+      or not np.all(np.isfinite(emb))):
+    raise ValueError(f"`embed` must return finite [{len(images)}, D] or "
+                     f"[{len(images)}, M, 1 + V, D] embeddings; got shape "
+                     f"{emb.shape}.")
+  if emb.ndim == 2:
+    emb = _unit(emb)
+    similarity = lambda test, train: test @ train.T  # noqa: E731
+  else:
+    similarity = aligned_similarity
   row = {im: i for i, im in enumerate(images)}
   errors, predictions = [], []
   for r in runs:
     train = emb[[row[im] for im in r.training_images]]
     test = emb[[row[im] for im in r.test_images]]
-    pred = np.argmax(test @ train.T, axis=1)
+    pred = np.argmax(similarity(test, train), axis=1)
     predictions.append(tuple(int(p) for p in pred))
     errors.append(100.0 * float(np.mean(pred != np.asarray(r.answers))))
   return OneShotResult(runs=tuple(r.name for r in runs), errors=tuple(errors),
@@ -253,16 +304,44 @@ def oneshot_errors(embed: Callable[[Sequence[bytes]], np.ndarray],
                        predictions=tuple(predictions))
 
 
+def comparison(config) -> str:
+  """How :func:`run_embedder` with this config compares images, in words:
+  ``cosine``, or ``aligned cosine: views shifted up to 3 px, rotated -10,
+  0, 10 deg``."""
+  o = config.oneshot
+  if not o.align:
+    return "cosine"
+  angles = ", ".join(f"{a:g}" for a in o.align_angles)
+  return (f"aligned cosine: views shifted up to {o.align_shift} px, rotated "
+          f"{angles} deg")
+
+
 def run_embedder(run) -> Callable[[Sequence[bytes]], np.ndarray]:
   """``embed(images)`` with a restored run's model and eval preprocessing.
+
+  Returns ``[n, D]`` embeddings (with the run's ``config.eval_shift``), or
+  with ``config.oneshot.align``, ``[n, 1, 1 + V, D]``: each image's
+  embedding, then its ``V`` views' (``config.oneshot.align_shift`` and
+  ``align_angles``), for :func:`aligned_similarity`.
 
   Args:
     run: a :class:`circle_jax.train.restore.Run` (``restore_run``).
   """
+  oneshot = run.config.oneshot
+  apply_fn = None
+  if oneshot.align:
+    plain = embedding_lib.eval_apply(run.config, run.model)
+    views = embedding_lib.views_apply(run.model, shift=oneshot.align_shift,
+                                      angles=tuple(oneshot.align_angles))
+
+    def apply_fn(variables, images):
+      e = ops.l2_normalize(plain(variables, images))[:, None]
+      return jnp.concatenate([e, views(variables, images)], axis=1)[:, None]
+
   def embed(images: Sequence[bytes]) -> np.ndarray:
     source = [{"image": data, "label": 0, "path": f"one-shot image {i}"}
               for i, data in enumerate(images)]
-    return run.embed_split(source=source)[0]
+    return run.embed_split(source=source, apply_fn=apply_fn)[0]
   return embed
 
 
@@ -382,23 +461,29 @@ def cached_embedder(embed: Callable[[Sequence[bytes]], np.ndarray]
 def ensemble_embedder(embedders: Sequence[Callable[[Sequence[bytes]],
                                                     np.ndarray]]
                       ) -> Callable[[Sequence[bytes]], np.ndarray]:
-  """One embedding of several models for cosine 1-NN.
+  """One embedding of several models for 1-NN.
 
-  Each model's embeddings are L2-normalised, concatenated and divided by
-  ``sqrt(n)``: the cosine similarity of two ensemble embeddings is the mean
-  of the ``n`` models' cosine similarities.
+  ``[n, D_m]`` embeddings (cosine) are L2-normalised, concatenated and
+  divided by ``sqrt(M)``: the cosine similarity of two ensemble embeddings
+  is the mean of the ``M`` models' cosine similarities. ``[n, 1, 1 + V, D]``
+  embeddings (alignment) are stacked on their model axis into ``[n, M, 1 +
+  V, D]``: :func:`aligned_similarity` averages the models'.
 
   Args:
-    embedders: ``embed(images) -> [N, D_m]`` functions (:func:`run_embedder`).
+    embedders: ``embed(images)`` functions (:func:`run_embedder`), all of
+      one kind.
   """
   if not embedders:
     raise ValueError("ensemble_embedder needs at least one model.")
 
   def embed(images: Sequence[bytes]) -> np.ndarray:
-    parts = []
-    for fn in embedders:
-      e = np.asarray(fn(images), np.float64)
-      norms = np.linalg.norm(e, axis=1, keepdims=True)
-      parts.append(e / np.where(norms > 0, norms, 1.0))
+    parts = [_unit(np.asarray(fn(images), np.float64)) for fn in embedders]
+    if len({p.ndim for p in parts}) != 1 or parts[0].ndim not in (2, 4):
+      raise ValueError(
+          "ensemble_embedder: the members must all return [n, D] (cosine) or "
+          "all [n, 1, 1 + V, D] (config.oneshot.align) embeddings; got "
+          f"shapes {[p.shape for p in parts]}.")
+    if parts[0].ndim == 4:
+      return np.concatenate(parts, axis=1)
     return np.concatenate(parts, axis=1) / np.sqrt(len(parts))
   return embed

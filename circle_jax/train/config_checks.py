@@ -422,10 +422,35 @@ def check_eval_shift(shift, size: int, *, name: str = "config.eval_shift"
         f"{size} px evaluation image; 0: off); got {shift!r}.")
 
 
+def check_oneshot(oneshot, size: int, *, name: str = "config.oneshot"
+                  ) -> None:
+  """Checks ``config.oneshot`` (alignment in the one-shot tools) for
+  ``size`` px evaluation images: ``align`` a bool, ``align_shift`` as
+  :func:`check_eval_shift`, ``align_angles`` a non-empty tuple of degrees in
+  ``[-45, 45]`` (the views are small motions, not the rotation classes).
+
+  Raises:
+    ConfigError: one line naming the field, the allowed values and the value.
+  """
+  if not isinstance(oneshot.align, bool):
+    raise ConfigError(f"{name}.align: must be True or False; got "
+                      f"{oneshot.align!r}.")
+  check_eval_shift(oneshot.align_shift, size, name=f"{name}.align_shift")
+  angles = oneshot.align_angles
+  if (not isinstance(angles, (tuple, list)) or not angles
+      or not all(isinstance(a, (int, float)) and not isinstance(a, bool)
+                 and -45 <= a <= 45 for a in angles)):
+    raise ConfigError(
+        f"{name}.align_angles: must be a non-empty tuple of degrees in "
+        f"[-45, 45], e.g. (-10.0, 0.0, 10.0); got {angles!r}.")
+
+
 def _check_evaluation(config, info, held_out: int) -> None:
-  """The test-time shift, the few-shot settings and the selection metric."""
-  check_eval_shift(config.eval_shift,
-                   facts.eval_preprocess(config, info).image_size)
+  """The test-time shift, the one-shot alignment, the few-shot settings and
+  the selection metric."""
+  size = facts.eval_preprocess(config, info).image_size
+  check_eval_shift(config.eval_shift, size)
+  check_oneshot(config.oneshot, size)
   ks = tuple(config.eval_ks or info.ks)
   _check_fewshot(config, info, held_out)
   metrics = facts.retrieval_metrics(config)

@@ -131,15 +131,18 @@ class Run:
   step: int
   meta: Dict[str, Any]
 
-  def embed_split(self, split: Optional[str] = None, *,
-                  source=None) -> Tuple[np.ndarray, np.ndarray]:
+  def embed_split(self, split: Optional[str] = None, *, source=None,
+                  apply_fn=None) -> Tuple[np.ndarray, np.ndarray]:
     """``(embeddings [N, D], labels [N])`` of ``split`` (default: the
-    dataset's first evaluation split) or of ``source``."""
+    dataset's first evaluation split) or of ``source``, by the evaluation's
+    ``eval_apply`` or by ``apply_fn(variables, images)`` (any trailing
+    shape)."""
     if source is None:
       source = run_lib.load_split(self.config, self.info,
                                   split or self.info.eval_splits[0])
     return embedding_lib.embed_split(
-        self.variables, embedding_lib.eval_apply(self.config, self.model),
+        self.variables,
+        apply_fn or embedding_lib.eval_apply(self.config, self.model),
         source, config_facts.eval_preprocess(self.config, self.info),
         placement=self.placement,
         batch_size=self.config.batch.eval_batch_size,

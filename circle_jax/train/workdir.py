@@ -34,7 +34,7 @@ RESUMABLE_FIELDS = (
     "async_checkpoints", "parallelism", "dataset.data_dir",
     "dataset.manual_dir", "dataset.num_workers", "dataset.num_threads",
     "batch.eval_batch_size", "fewshot", "eval_shift", "compilation_cache_dir",
-    "eval_metrics", "eval_avg_of_avgs",
+    "eval_metrics", "eval_avg_of_avgs", "oneshot",
     # Where the class matrix lives: the loss and the checkpoint are the same
     # sharded or whole (circle_jax.train.class_rows).
     "loss.shard_classes",
@@ -44,7 +44,7 @@ RESUMABLE_FIELDS = (
 # run resumed with other values is evaluated again at its last step (and at
 # its selected best step, which stays the one selected when it trained).
 EVALUATION_FIELDS = ("eval_ks", "eval_clustering", "eval_shift", "fewshot",
-                     "eval_metrics", "eval_avg_of_avgs")
+                     "eval_metrics", "eval_avg_of_avgs", "oneshot")
 
 
 def in_fields(path: str, fields) -> bool:

@@ -8,7 +8,8 @@ taken ``M`` at a time (seeds 0-2, 3-5, 6-8 for ``--seeds 9 --oneshot 3``), so
 that one command trains and evaluates independent ensembles and reports their
 mean and spread. Each ensemble is 1-NN by the mean of its members' cosine
 similarities (:func:`circle_jax.evaluation.omniglot_oneshot.ensemble_embedder`)
-with each run's eval preprocessing and test-time shift.
+with each run's eval preprocessing and test-time shift, compared as each
+run's ``config.oneshot`` says (cosine, or by alignment).
 """
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ def oneshot_lines(runs: Sequence[Any], losses: Sequence[str],
       "The 20-way one-shot runs of Lake, Salakhutdinov, Tenenbaum, "
       "\"Human-level concept learning through probabilistic program "
       "induction\", Science 2015 (`all_runs.zip`, shipped with the package), "
-      "scored by 1-NN (cosine) with each run's eval preprocessing and "
+      "scored by 1-NN ({how}) with each run's eval preprocessing and "
       f"test-time shift; an ensemble of {members} runs (seeds in order, "
-      f"{members} at a time) ranks by the mean of its members' cosine "
+      f"{members} at a time) ranks by the mean of its members' "
       f"similarities. Errors in %; people: {HUMAN_ERROR} % (Lake et al. "
       "2015). Summary: "
       "mean over the ensembles ± the half-width of the 95 % Student-t "
@@ -59,7 +60,7 @@ def oneshot_lines(runs: Sequence[Any], losses: Sequence[str],
   header = "| loss | seeds | members' errors | error | " + " | ".join(
       r.name for r in official) + " |"
   table = [header, "| --- | --- | --- | ---: |" + " ---: |" * len(official)]
-  summary = []
+  summary, hows = [], {}
   for loss in losses:
     own = [r for r in runs if not r.variant and r.loss == loss]
     errors = []
@@ -67,9 +68,11 @@ def oneshot_lines(runs: Sequence[Any], losses: Sequence[str],
       group = own[start:start + members]
       if any(r.metrics is None for r in group):  # a run did not finish
         continue
+      restored = [restore_lib.restore_run(r.workdir) for r in group]
+      hows.update(dict.fromkeys(omniglot_oneshot.comparison(r.config)
+                                for r in restored))
       embedders = [omniglot_oneshot.cached_embedder(
-          omniglot_oneshot.run_embedder(
-              restore_lib.restore_run(r.workdir))) for r in group]
+          omniglot_oneshot.run_embedder(r)) for r in restored]
       alone = [omniglot_oneshot.oneshot_errors(e, official).mean_error
                for e in embedders]
       result = omniglot_oneshot.oneshot_errors(
@@ -95,4 +98,5 @@ def oneshot_lines(runs: Sequence[Any], losses: Sequence[str],
       summary.append(f"- `{loss}`: {stat.mean:.2f}{spread} % over "
                      f"{compare_report.plural(stat.n, 'ensemble')} of "
                      f"{compare_report.plural(members, 'run')}: {verdict}.")
+  lines[2] = lines[2].replace("{how}", " / ".join(hows) or "cosine")
   return lines + summary + [""] + table + [""]

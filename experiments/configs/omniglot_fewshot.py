@@ -77,6 +77,16 @@ One command trains 9 seeds and scores 3 ensembles of 3 on the official runs::
   python -m experiments.compare.losses \
       --config experiments/configs/omniglot_fewshot.py:long \
       --losses circle --seeds 9 --oneshot 3
+
+The ``aligned`` variant trains as ``long`` and compares one-shot images by
+alignment (``config.oneshot.align``: each image's embedding against the
+best-matching of the other's views shifted by up to 3 px and rotated by
+-10, 0 or 10 degrees), chosen on the stand-in runs
+(experiments/results/compare/losses_omniglot_fewshot_aligned_notes.md)::
+
+  python -m experiments.compare.losses \
+      --config experiments/configs/omniglot_fewshot.py:aligned \
+      --losses circle --seeds 9 --oneshot 3
 """
 
 from circle_jax import config as config_lib
@@ -87,11 +97,12 @@ from experiments.configs import omniglot_small
 def get_config(variant: str = ""):
   """The recipe; ``variant='selection'``: its validation protocol;
   ``'round3'``: the previous recipe; ``'hier'``: HIER added to the loss;
-  ``'long'``: 16,000 steps and a 3 px test-time shift (the one-shot runs)."""
-  if variant not in ("", "selection", "round3", "hier", "long"):
+  ``'long'``: 16,000 steps and a 3 px test-time shift (the one-shot runs);
+  ``'aligned'``: ``long`` scored on the one-shot runs by alignment."""
+  if variant not in ("", "selection", "round3", "hier", "long", "aligned"):
     raise ValueError(f"omniglot_fewshot.py: unknown variant {variant!r}; "
-                     "use ':selection', ':round3', ':hier', ':long' or "
-                     "nothing.")
+                     "use ':selection', ':round3', ':hier', ':long', "
+                     "':aligned' or nothing.")
   c = omniglot_small.get_config()  # conv4 64-d, Circle, P x K = 16 x 4, adam
   c.dataset.rotations = 4
   c.dataset.mirror_classes = True  # x 8 classes: the square's symmetries
@@ -112,9 +123,11 @@ def get_config(variant: str = ""):
   c.best_metric = ""               # the last step: nothing to select on
   if variant == "hier":
     c.more_losses.hier = config_lib.more_loss("hier", weight=hier.HIER_WEIGHT)
-  if variant == "long":
+  if variant in ("long", "aligned"):
     c.num_train_steps = 16000
     c.eval_shift = 3
+  if variant == "aligned":
+    c.oneshot.align = True  # views: config.oneshot's 3 px and -10, 0, 10 deg
   if variant == "round3":
     c.num_train_steps = 3300
     c.eval_shift = 0

@@ -2,7 +2,8 @@
 
   python -m experiments.tools.omniglot_oneshot --workdir W [--workdir W2 ...] \\
       [--runs all_runs.zip | --stand_in [--stand_in_seed S] [--stand_in_draws N]] \\
-      [--which best|latest] [--eval_shift S]
+      [--which best|latest] [--eval_shift S] \\
+      [--align | --no-align] [--align_shift S] [--align_angles A,B,...]
 
 By default it scores the 20 official runs (Lake et al. 2015,
 ``python/one-shot-classification/all_runs.zip`` of
@@ -21,7 +22,13 @@ by 1-nearest neighbour (cosine) among its run's training images, embedded
 with the workdir's model and eval preprocessing
 (:mod:`circle_jax.evaluation.omniglot_oneshot`); ``--eval_shift`` replaces
 the runs' test-time shift (``config.eval_shift``); several ``--workdir``
-make one ensemble, the mean of their cosine similarities. Prints the error
+make one ensemble, the mean of their cosine similarities. ``--align``
+compares images by alignment instead
+(:func:`circle_jax.evaluation.omniglot_oneshot.aligned_similarity`: each
+image's embedding against the best of the other's views shifted by up to
+``--align_shift`` pixels and rotated by each of ``--align_angles``
+degrees); by default each run's ``config.oneshot`` decides, and these
+flags replace its fields. Prints the error
 of each run and their mean, in %, as the paper reports them (and each
 member's mean first, for an ensemble).
 """
@@ -54,6 +61,15 @@ def _print_errors(result, args) -> None:
   print(f"mean   {result.mean_error:6.2f}% over {len(result.runs)} runs")
 
 
+def _angles(text: str):
+  try:
+    return tuple(float(a) for a in text.split(","))
+  except ValueError:
+    raise argparse.ArgumentTypeError(
+        f"expected degrees separated by commas, e.g. -10,0,10; got "
+        f"{text!r}") from None
+
+
 def _run(args):
   if args.stand_in:
     runs = [r for k in range(args.stand_in_seed,
@@ -71,6 +87,14 @@ def _run(args):
           config_facts.eval_preprocess(run.config, run.info).image_size,
           name=f"--eval_shift (for {run.workdir})")
       run.config.eval_shift = args.eval_shift
+  for run in restored:
+    for field in ("align", "align_shift", "align_angles"):
+      if getattr(args, field) is not None:
+        run.config.oneshot[field] = getattr(args, field)
+    config_checks.check_oneshot(
+        run.config.oneshot,
+        config_facts.eval_preprocess(run.config, run.info).image_size,
+        name=f"the one-shot alignment of {run.workdir} (--align*)")
   # Each model embeds the runs' images once: an ensemble's members are
   # scored alone and then together on the same images.
   embedders = [omniglot_oneshot.cached_embedder(
@@ -80,17 +104,19 @@ def _run(args):
            f"{args.stand_in_seed + args.stand_in_draws - 1}")
   what = ("official runs" if not args.stand_in else
           f"stand-in runs ({seeds}), not the official runs")
+  how = " / ".join(dict.fromkeys(omniglot_oneshot.comparison(r.config)
+                                 for r in restored))
   if len(restored) > 1:
     for run, embed in zip(restored, embedders):
       member = omniglot_oneshot.oneshot_errors(embed, runs)
       print(f"member {run.workdir}, {run.which} checkpoint at step "
             f"{run.step}: mean {member.mean_error:6.2f}%")
-    print(f"ensemble of {len(restored)} models, {what}: 1-NN (cosine) "
+    print(f"ensemble of {len(restored)} models, {what}: 1-NN ({how}) "
           "one-shot error")
   else:
     run = restored[0]
     print(f"{run.workdir} ({run.config.dataset.name}), {run.which} checkpoint "
-          f"at step {run.step}, {what}: 1-NN (cosine) one-shot error")
+          f"at step {run.step}, {what}: 1-NN ({how}) one-shot error")
   result = omniglot_oneshot.oneshot_errors(
       omniglot_oneshot.ensemble_embedder(embedders), runs)
   _print_errors(result, args)
@@ -116,6 +142,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   p.add_argument("--eval_shift", type=int, default=None,
                  help="test-time shift in pixels (default: each run's "
                  "config.eval_shift)")
+  p.add_argument("--align", action=argparse.BooleanOptionalAction,
+                 default=None, help="compare images by alignment (default: "
+                 "each run's config.oneshot.align)")
+  p.add_argument("--align_shift", type=int, default=None,
+                 help="alignment's largest shift in pixels (default: "
+                 "config.oneshot.align_shift)")
+  p.add_argument("--align_angles", type=_angles, default=None,
+                 metavar="A,B,...", help="alignment's rotations in degrees "
+                 "(default: config.oneshot.align_angles)")
   p.add_argument("--verbose", action="store_true",
                  help="library INFO logs and full tracebacks")
   args = p.parse_args(argv)

@@ -138,3 +138,58 @@ def test_embed_split_returns_every_record_once_in_order(tmp_path):
   for i in (0, 1, 99, 100, n - 1):
     want = 2.0 * preprocess(source[i]["image"])[::4, ::4, 0]
     np.testing.assert_allclose(out[i], want, rtol=1e-6)
+
+
+def _bilinear_rotated(x, angle, dy, dx):
+  """Naive float64 loop: ``x`` [n, H, W, C] rotated by ``angle`` degrees
+  counter-clockwise about its centre, then moved by ``(dy, dx)``; positions
+  outside take the nearest edge pixel."""
+  n, h, w, c = x.shape
+  t = np.deg2rad(angle)
+  cy, cx = (h - 1) / 2, (w - 1) / 2
+  out = np.zeros(x.shape, np.float64)
+  for i in range(h):
+    for j in range(w):
+      y0, x0 = i - cy - dy, j - cx - dx
+      sy = min(max(np.cos(t) * y0 + np.sin(t) * x0 + cy, 0), h - 1)
+      sx = min(max(-np.sin(t) * y0 + np.cos(t) * x0 + cx, 0), w - 1)
+      fy, fx = int(np.floor(sy)), int(np.floor(sx))
+      gy, gx = min(fy + 1, h - 1), min(fx + 1, w - 1)
+      ay, ax = sy - fy, sx - fx
+      out[:, i, j] = ((1 - ay) * (1 - ax) * x[:, fy, fx]
+                      + (1 - ay) * ax * x[:, fy, gx]
+                      + ay * (1 - ax) * x[:, gy, fx] + ay * ax * x[:, gy, gx])
+  return out
+
+
+def test_affine_views_shift_exactly_and_rotate_like_a_naive_loop():
+  x = np.random.default_rng(3).normal(size=(2, 7, 6, 2)).astype(np.float32)
+  views = np.asarray(embedding_lib.affine_views(jnp.asarray(x), shift=1,
+                                                angles=(0.0, 10.0)))
+  assert views.shape == (18, 2, 7, 6, 2)
+  grid = [(dy, dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1)]
+  for k, (dy, dx) in enumerate(grid):  # angle 0: exact integer shifts
+    np.testing.assert_allclose(views[k], reference.shifted(x, dy, dx),
+                               atol=1e-6)
+    np.testing.assert_allclose(views[9 + k],
+                               _bilinear_rotated(x, 10.0, dy, dx), atol=1e-5)
+  square = np.arange(16.0, dtype=np.float32).reshape(1, 4, 4, 1)
+  turned = embedding_lib.affine_views(jnp.asarray(square), shift=0,
+                                      angles=(90.0,))[0, 0, :, :, 0]
+  np.testing.assert_allclose(turned, np.rot90(square[0, :, :, 0]), atol=1e-5)
+
+
+def test_views_apply_embeds_each_view_to_a_unit_vector():
+  model = _Tiny()
+  x = np.random.default_rng(4).normal(size=(3, 6, 6, 2)).astype(np.float32)
+  variables = model.init(jax.random.PRNGKey(0), x)
+  got = np.asarray(jax.jit(embedding_lib.views_apply(
+      model, shift=1, angles=(-10.0, 0.0)))(variables, x))
+  assert got.shape == (3, 18, 4)
+  views = embedding_lib.affine_views(jnp.asarray(x), shift=1,
+                                     angles=(-10.0, 0.0))
+  for v in range(18):
+    out = np.asarray(model.apply(variables, views[v]), np.float64)
+    np.testing.assert_allclose(
+        got[:, v], out / np.linalg.norm(out, axis=1, keepdims=True),
+        rtol=1e-5, atol=1e-6)

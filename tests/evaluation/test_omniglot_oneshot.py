@@ -18,6 +18,7 @@ import pytest
 from PIL import Image
 
 from circle_jax import config_facts
+from circle_jax.evaluation import embedding as embedding_lib
 from circle_jax.evaluation import omniglot_oneshot as oneshot
 from tests.evaluation.oneshot_fixture import (
     ERRORS,
@@ -146,6 +147,22 @@ def test_workdir_model_errors(trained_workdir, tmp_path):
     for i, wrong in RUNS[r.name][1].items():
       assert pred[i] == wrong
   assert result.mean_error == pytest.approx(np.mean(result.errors))
+  # With config.oneshot.align: each image's plain embedding, then its
+  # views, each the model applied to the shifted and rotated image.
+  run.config.oneshot.update(align=True, align_shift=1, align_angles=(5.0,))
+  images = list(oneshot.read_runs(path)[0].test_images[:3])
+  got = oneshot.run_embedder(run)(images)
+  assert got.shape == (3, 1, 10, direct(images).shape[1])
+  plain = direct(images)
+  np.testing.assert_allclose(
+      got[:, 0, 0], plain / np.linalg.norm(plain, axis=1, keepdims=True),
+      rtol=1e-5, atol=1e-6)
+  x = np.stack([preprocess(b, None, "image") for b in images])
+  turned = embedding_lib.affine_views(x, shift=1, angles=(5.0,))[8]  # (1, 1)
+  out = np.array(run.model.apply(run.variables, turned, train=False))
+  np.testing.assert_allclose(
+      got[:, 0, 9], out / np.linalg.norm(out, axis=1, keepdims=True),
+      rtol=1e-4, atol=1e-5)
 
 
 def _archive(root, sizes, drawers=4):
@@ -219,6 +236,76 @@ def test_ensemble_cosine_is_the_members_mean_cosine():
   np.testing.assert_allclose(e @ e.T, (cos(a) + cos(b)) / 2, atol=1e-12)
   with pytest.raises(ValueError, match="at least one model"):
     oneshot.ensemble_embedder([])
+
+
+def _naive_aligned(test, train):
+  """Loops, float64: per model, each image's embedding against the other's
+  best view, both ways, averaged; then the mean over the models."""
+  def unit(v):
+    return np.asarray(v, np.float64) / np.linalg.norm(v)
+  out = np.zeros((len(test), len(train)))
+  for i, q in enumerate(test):
+    for j, s in enumerate(train):
+      per_model = []
+      for m in range(q.shape[0]):
+        one = max(unit(q[m, 0]) @ unit(v) for v in s[m, 1:])
+        two = max(unit(s[m, 0]) @ unit(v) for v in q[m, 1:])
+        per_model.append((one + two) / 2)
+      out[i, j] = np.mean(per_model)
+  return out
+
+
+def test_aligned_similarity_matches_loops_and_is_symmetric():
+  rng = np.random.default_rng(5)
+  test, train = rng.normal(size=(4, 2, 6, 3)), rng.normal(size=(5, 2, 6, 3))
+  got = oneshot.aligned_similarity(test, train)
+  np.testing.assert_allclose(got, _naive_aligned(test, train), atol=1e-12)
+  np.testing.assert_allclose(oneshot.aligned_similarity(train, test), got.T,
+                             atol=1e-12)
+  # One view equal to the embedding itself: the plain cosine.
+  e = rng.normal(size=(4, 3))
+  one = np.stack([e, e], axis=1)[:, None]
+  unit = e / np.linalg.norm(e, axis=1, keepdims=True)
+  np.testing.assert_allclose(oneshot.aligned_similarity(one, one),
+                             unit @ unit.T, atol=1e-12)
+  with pytest.raises(ValueError, match=r"\[t, M, 1 \+ V, D\]"):
+    oneshot.aligned_similarity(test[:, :, :1], train[:, :, :1])
+  with pytest.raises(ValueError, match=r"\[t, M, 1 \+ V, D\]"):
+    oneshot.aligned_similarity(test, train[:, :1])
+
+
+def test_aligned_errors_and_ensembles(tmp_path):
+  """4-D embeddings are classified by alignment (equal to the loops); an
+  ensemble of aligned members stacks them on the model axis; members of
+  both kinds are refused."""
+  _, path = make_runs(tmp_path, as_zip=True, top_folder=True,
+                      run_relative=False, seed=2)
+  runs = oneshot.read_runs(path)
+  tables = {}
+
+  def views(seed):
+    def embed(images):
+      for im in images:
+        if im not in tables:
+          tables[im] = np.random.default_rng(len(tables) + seed).normal(
+              size=(1, 4, 5))
+      return np.stack([tables[im] for im in images])
+    return embed
+  one, two = views(0), views(100)
+  for embed in (one, oneshot.ensemble_embedder([one, two])):
+    result = oneshot.oneshot_errors(embed, runs)
+    for r, pred, error in zip(runs, result.predictions, result.errors):
+      sims = _naive_aligned(embed(r.test_images), embed(r.training_images))
+      assert list(pred) == list(np.argmax(sims, axis=1))
+      assert error == pytest.approx(
+          100 * np.mean(np.argmax(sims, axis=1) != np.asarray(r.answers)))
+  assert oneshot.ensemble_embedder([one, two])([runs[0].test[0]]).shape == (
+      1, 2, 4, 5)
+  with pytest.raises(ValueError, match="all return"):
+    oneshot.ensemble_embedder([one, pixels])(list(runs[0].test_images))
+  with pytest.raises(ValueError, match=r"M, 1 \+ V, D\] embeddings; got "
+                     r"shape \(19, 2, 3\)"):
+    oneshot.oneshot_errors(lambda ims: np.zeros((len(ims), 2, 3)), runs)
 
 
 # ---------------------------------------------------- the official runs --

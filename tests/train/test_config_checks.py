@@ -35,6 +35,11 @@ def test_default_configs_pass():
     ({"eval_shift": -1}, "config.eval_shift: must be an int in"),
     ({"eval_shift": 8}, "of the 16 px evaluation image; 0: off); got 8."),
     ({"eval_shift": True}, "config.eval_shift"),
+    ({"oneshot.align_shift": 8}, "config.oneshot.align_shift: must be an int "
+     "in"),
+    ({"oneshot.align_angles": ()}, "config.oneshot.align_angles: must be a "
+     "non-empty tuple of degrees in"),
+    ({"oneshot.align_angles": (0.0, 90.0)}, "config.oneshot.align_angles"),
     ({"eval_metrics": ("mAP",)}, "config.eval_metrics: must be a tuple of"),
     ({"best_metric": "mean_average_precision"}, "config.best_metric"),
     ({"loss.collective": "rign"}, "config.loss.collective: must be one of "

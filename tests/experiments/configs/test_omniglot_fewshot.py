@@ -93,3 +93,15 @@ def test_long_variant_changes_only_steps_and_eval_shift():
   long.num_train_steps, long.eval_shift = base.num_train_steps, base.eval_shift
   assert long.to_dict() == base.to_dict()
   assert "omniglot_fewshot.py:long" in omniglot_fewshot.__doc__
+
+
+def test_aligned_variant_is_long_scored_by_alignment():
+  """':aligned' trains exactly as ':long' (its runs resume a finished
+  ':long' workdir without training) and sets only config.oneshot.align."""
+  aligned = omniglot_fewshot.get_config("aligned")
+  long = omniglot_fewshot.get_config("long")
+  config_checks.check_config(aligned, device_count=1)
+  assert aligned.oneshot.align and not long.oneshot.align
+  aligned.oneshot.align = False
+  assert aligned.to_dict() == long.to_dict()
+  assert "omniglot_fewshot.py:aligned" in omniglot_fewshot.__doc__

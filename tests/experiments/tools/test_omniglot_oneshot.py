@@ -130,3 +130,33 @@ def test_bad_stand_in_draws_is_one_usage_line(workdir, args, message):
   proc = _cli(f"--workdir={workdir}", *args)
   assert proc.returncode == 2
   assert message in proc.stderr.strip().splitlines()[-1]
+
+
+def test_align_flags_replace_the_runs_oneshot_config(workdir):
+  """--align with --align_shift and --align_angles scores as the library
+  does with those config.oneshot fields, and says how it compares."""
+  proc = _cli(f"--workdir={workdir}", "--which=latest", "--align",
+              "--align_shift=1", "--align_angles=-5,5")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  run = restore_lib.restore_run(workdir, "latest")
+  assert not run.config.oneshot.align
+  run.config.oneshot.update(align=True, align_shift=1, align_angles=(-5., 5.))
+  result, _ = omniglot_oneshot.evaluate_run(run,
+                                            omniglot_oneshot.official_runs())
+  lines = proc.stdout.strip().splitlines()
+  assert lines[0].endswith(
+      "official runs: 1-NN (aligned cosine: views shifted up to 1 px, rotated "
+      "-5, 5 deg) one-shot error")
+  assert lines[1:] == [f"{n}  {e:6.2f}%" for n, e in zip(
+      result.runs, result.errors)] + [
+          f"mean   {result.mean_error:6.2f}% over 20 runs"]
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["--align_angles=a,b"], 2, "expected degrees separated by commas"),
+    (["--align", "--align_angles=90"], 1, "error: the one-shot alignment of "),
+])
+def test_bad_align_flags_are_one_line(workdir, args, code, message):
+  proc = _cli(f"--workdir={workdir}", "--which=latest", *args)
+  assert proc.returncode == code
+  assert message in proc.stderr.strip().splitlines()[-1]
