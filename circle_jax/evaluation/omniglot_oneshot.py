@@ -304,16 +304,19 @@ def oneshot_errors(embed: Callable[[Sequence[bytes]], np.ndarray],
                        predictions=tuple(predictions))
 
 
-def comparison(config) -> str:
-  """How :func:`run_embedder` with this config compares images, in words:
-  ``cosine``, or ``aligned cosine: views shifted up to 3 px, rotated -10,
-  0, 10 deg``."""
-  o = config.oneshot
-  if not o.align:
-    return "cosine"
-  angles = ", ".join(f"{a:g}" for a in o.align_angles)
-  return (f"aligned cosine: views shifted up to {o.align_shift} px, rotated "
-          f"{angles} deg")
+def comparison(configs: Sequence) -> str:
+  """How :func:`run_embedder` with these runs' configs compares images, in
+  words: ``cosine``, or ``aligned cosine: views shifted up to 3 px, rotated
+  -10, 0, 10 deg``; several distinct ways joined by `` / `` (``cosine``
+  for no config)."""
+  ways = []
+  for config in configs:
+    o = config.oneshot
+    angles = ", ".join(f"{a:g}" for a in o.align_angles)
+    ways.append("cosine" if not o.align else
+                f"aligned cosine: views shifted up to {o.align_shift} px, "
+                f"rotated {angles} deg")
+  return " / ".join(dict.fromkeys(ways)) or "cosine"
 
 
 def run_embedder(run) -> Callable[[Sequence[bytes]], np.ndarray]:

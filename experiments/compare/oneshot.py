@@ -45,22 +45,10 @@ def oneshot_lines(runs: Sequence[Any], losses: Sequence[str],
   the 95 % Student-t interval of that mean. Runs that did not finish leave
   their ensemble out."""
   official = omniglot_oneshot.official_runs()
-  lines = [
-      "## Omniglot one-shot: the 20 official runs", "",
-      "The 20-way one-shot runs of Lake, Salakhutdinov, Tenenbaum, "
-      "\"Human-level concept learning through probabilistic program "
-      "induction\", Science 2015 (`all_runs.zip`, shipped with the package), "
-      "scored by 1-NN ({how}) with each run's eval preprocessing and "
-      f"test-time shift; an ensemble of {members} runs (seeds in order, "
-      f"{members} at a time) ranks by the mean of its members' "
-      f"similarities. Errors in %; people: {HUMAN_ERROR} % (Lake et al. "
-      "2015). Summary: "
-      "mean over the ensembles ± the half-width of the 95 % Student-t "
-      "interval of that mean, and the sample standard deviation.", ""]
   header = "| loss | seeds | members' errors | error | " + " | ".join(
       r.name for r in official) + " |"
   table = [header, "| --- | --- | --- | ---: |" + " ---: |" * len(official)]
-  summary, hows = [], {}
+  summary, configs = [], []
   for loss in losses:
     own = [r for r in runs if not r.variant and r.loss == loss]
     errors = []
@@ -69,8 +57,7 @@ def oneshot_lines(runs: Sequence[Any], losses: Sequence[str],
       if any(r.metrics is None for r in group):  # a run did not finish
         continue
       restored = [restore_lib.restore_run(r.workdir) for r in group]
-      hows.update(dict.fromkeys(omniglot_oneshot.comparison(r.config)
-                                for r in restored))
+      configs += [r.config for r in restored]
       embedders = [omniglot_oneshot.cached_embedder(
           omniglot_oneshot.run_embedder(r)) for r in restored]
       alone = [omniglot_oneshot.oneshot_errors(e, official).mean_error
@@ -98,5 +85,17 @@ def oneshot_lines(runs: Sequence[Any], losses: Sequence[str],
       summary.append(f"- `{loss}`: {stat.mean:.2f}{spread} % over "
                      f"{compare_report.plural(stat.n, 'ensemble')} of "
                      f"{compare_report.plural(members, 'run')}: {verdict}.")
-  lines[2] = lines[2].replace("{how}", " / ".join(hows) or "cosine")
+  lines = [
+      "## Omniglot one-shot: the 20 official runs", "",
+      "The 20-way one-shot runs of Lake, Salakhutdinov, Tenenbaum, "
+      "\"Human-level concept learning through probabilistic program "
+      "induction\", Science 2015 (`all_runs.zip`, shipped with the package), "
+      f"scored by 1-NN ({omniglot_oneshot.comparison(configs)}) with each "
+      "run's eval preprocessing and "
+      f"test-time shift; an ensemble of {members} runs (seeds in order, "
+      f"{members} at a time) ranks by the mean of its members' "
+      f"similarities. Errors in %; people: {HUMAN_ERROR} % (Lake et al. "
+      "2015). Summary: "
+      "mean over the ensembles ± the half-width of the 95 % Student-t "
+      "interval of that mean, and the sample standard deviation.", ""]
   return lines + summary + [""] + table + [""]

@@ -80,20 +80,17 @@ def _run(args):
   else:
     runs = omniglot_oneshot.official_runs()
   restored = [restore_lib.restore_run(w, args.which) for w in args.workdir]
-  if args.eval_shift is not None:
-    for run in restored:
-      config_checks.check_eval_shift(
-          args.eval_shift,
-          config_facts.eval_preprocess(run.config, run.info).image_size,
-          name=f"--eval_shift (for {run.workdir})")
-      run.config.eval_shift = args.eval_shift
   for run in restored:
+    size = config_facts.eval_preprocess(run.config, run.info).image_size
+    if args.eval_shift is not None:
+      config_checks.check_eval_shift(args.eval_shift, size,
+                                     name=f"--eval_shift (for {run.workdir})")
+      run.config.eval_shift = args.eval_shift
     for field in ("align", "align_shift", "align_angles"):
       if getattr(args, field) is not None:
         run.config.oneshot[field] = getattr(args, field)
     config_checks.check_oneshot(
-        run.config.oneshot,
-        config_facts.eval_preprocess(run.config, run.info).image_size,
+        run.config.oneshot, size,
         name=f"the one-shot alignment of {run.workdir} (--align*)")
   # Each model embeds the runs' images once: an ensemble's members are
   # scored alone and then together on the same images.
@@ -104,8 +101,7 @@ def _run(args):
            f"{args.stand_in_seed + args.stand_in_draws - 1}")
   what = ("official runs" if not args.stand_in else
           f"stand-in runs ({seeds}), not the official runs")
-  how = " / ".join(dict.fromkeys(omniglot_oneshot.comparison(r.config)
-                                 for r in restored))
+  how = omniglot_oneshot.comparison([r.config for r in restored])
   if len(restored) > 1:
     for run, embed in zip(restored, embedders):
       member = omniglot_oneshot.oneshot_errors(embed, runs)
