@@ -87,6 +87,14 @@ best-matching of the other's views shifted by up to 3 px and rotated by
   python -m experiments.compare.losses \
       --config experiments/configs/omniglot_fewshot.py:aligned \
       --losses circle --seeds 9 --oneshot 3
+
+and, with 18 seeds, 3 ensembles of 6, the ensemble size chosen on the
+stand-in runs
+(experiments/results/compare/losses_omniglot_fewshot_aligned6_notes.md)::
+
+  python -m experiments.compare.losses \
+      --config experiments/configs/omniglot_fewshot.py:aligned \
+      --losses circle --seeds 18 --oneshot 6
 """
 
 from circle_jax import config as config_lib
